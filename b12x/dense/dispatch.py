@@ -1,0 +1,287 @@
+"""The declarative dispatch table of the dense trellis linear (design §4 "Dispatch"; R2).
+
+Layout
+------
+* A *case* is a plain mapping: ``capability`` ``(major, minor)``, ``m``, ``bits``, ``codebook``,
+  ``pair_kind`` (``None`` = unpaired), ``compute_dtype`` (``"float16"``/``"bfloat16"``; a
+  ``torch.dtype`` is accepted too), ``external_rotation`` (an external H128 callback is given) and
+  ``explicit_tile`` (a pinned tile spec, or ``None``). Missing optional fields take those defaults.
+* :data:`ROWS` are the paths, in priority order; each row is a :class:`Row` with a name, a
+  docstring-like ``description`` and a list of named :class:`Condition` s. A row's predicate is
+  the conjunction of its conditions, and a failed condition is the row's rejection reason.
+  1. ``k6_mcg_small_m`` — the K6/MCG small-M cooperative row (spec §5.5, PR #136 gate):
+     capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
+     explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
+  2. ``decode_matmul`` — large M: decode Wq once, then one dense GEMM (exllamav3's M ≥ 1024
+     route; ``b12x.dense_linear.LARGE_M``): M > 1024, unpaired, no explicit tile.
+  3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
+  Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
+  every row's reason (fail closed).
+* :func:`explain` returns an :class:`Explanation` ``(path, reasons)``: one reason per row
+  considered, ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
+* :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
+  K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
+  explicit pin, M 1024/1025). :data:`TABLE` bundles ``name``, ``paths``, ``boundaries`` and
+  ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields).
+
+Invariants
+----------
+* ``explain`` is a pure function of the case: it reads, never mutates, and gives the same answer
+  for equal cases.
+* Every gate constant lives in one :class:`Condition` of one row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "BOUNDARIES",
+    "DEFAULT_CASE",
+    "K6_CAPABILITIES",
+    "K6_MAX_M",
+    "LARGE_M",
+    "MIN_CAPABILITY",
+    "PATH_NAMES",
+    "ROWS",
+    "TABLE",
+    "Boundary",
+    "Condition",
+    "Explanation",
+    "Row",
+    "explain",
+    "normalize_case",
+]
+
+K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); SM121 falls through
+K6_MAX_M = 128
+LARGE_M = 1024  # same threshold as b12x.dense_linear.LARGE_M (M > 1024 decodes, then one GEMM)
+MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
+
+DEFAULT_CASE: Mapping[str, Any] = {
+    "capability": (12, 0),
+    "m": 1,
+    "bits": 6,
+    "codebook": "mcg",
+    "pair_kind": None,
+    "compute_dtype": "float16",
+    "external_rotation": False,
+    "explicit_tile": None,
+}
+
+
+def _dtype_name(value: Any) -> str:
+    text = str(value)
+    return text.removeprefix("torch.")
+
+
+def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
+    """A fresh dict with every field present and ``compute_dtype`` as a plain name."""
+    if not isinstance(case, Mapping):
+        raise TypeError(f"case: expected a mapping, got {type(case).__name__}")
+    unknown = sorted(set(case) - set(DEFAULT_CASE))
+    if unknown:
+        raise ValueError(f"case: unknown field(s) {unknown}; known: {sorted(DEFAULT_CASE)}")
+    out = {**DEFAULT_CASE, **case}
+    out["compute_dtype"] = _dtype_name(out["compute_dtype"])
+    cap = out["capability"]
+    if not (isinstance(cap, tuple | list) and len(cap) == 2):
+        raise ValueError(f"capability: expected (major, minor), got {cap!r}")
+    out["capability"] = (int(cap[0]), int(cap[1]))
+    m = out["m"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m: expected a positive int, got {m!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One named gate of a row: ``holds(case)``; ``describe(case)`` explains a failure."""
+
+    name: str
+    holds: Callable[[Mapping[str, Any]], bool]
+    describe: Callable[[Mapping[str, Any]], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    description: str
+    conditions: tuple[Condition, ...]
+
+    def failed(self, case: Mapping[str, Any]) -> Condition | None:
+        norm = normalize_case(case)
+        for cond in self.conditions:
+            if not cond.holds(norm):
+                return cond
+        return None
+
+    def predicate(self, case: Mapping[str, Any]) -> bool:
+        return self.failed(case) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    path: str
+    reasons: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
+
+    name: str
+    base: dict
+    field: str
+    below: Any
+    above: Any
+    expect_below: str
+    expect_above: str
+
+
+def _cond(name: str, holds, describe) -> Condition:
+    return Condition(name, holds, describe)
+
+
+_UNPAIRED = _cond(
+    "unpaired",
+    lambda c: c["pair_kind"] is None,
+    lambda c: f"pair_kind={c['pair_kind']!r} is paired",
+)
+_NO_PIN = _cond(
+    "no_explicit_tile",
+    lambda c: c["explicit_tile"] is None,
+    lambda c: f"explicit_tile={c['explicit_tile']!r} pins the generic GEMM",
+)
+_SM80 = _cond(
+    "capability>=8.0",
+    lambda c: c["capability"] >= MIN_CAPABILITY,
+    lambda c: f"capability={c['capability']} < {MIN_CAPABILITY}",
+)
+
+K6_ROW = Row(
+    "k6_mcg_small_m",
+    "cooperative K6/MCG small-M: owns both H128s, caller buffers only, no generic scratch",
+    (
+        _cond(
+            "capability",
+            lambda c: c["capability"] in K6_CAPABILITIES,
+            lambda c: f"capability={c['capability']} not in {sorted(K6_CAPABILITIES)}",
+        ),
+        _cond("m<=128", lambda c: c["m"] <= K6_MAX_M, lambda c: f"m={c['m']} > {K6_MAX_M}"),
+        _cond("bits==6", lambda c: c["bits"] == 6, lambda c: f"bits={c['bits']} != 6"),
+        _cond(
+            "codebook==mcg",
+            lambda c: c["codebook"] == "mcg",
+            lambda c: f"codebook={c['codebook']!r} != 'mcg'",
+        ),
+        _UNPAIRED,
+        _cond(
+            "fp16_compute",
+            lambda c: c["compute_dtype"] == "float16",
+            lambda c: f"compute_dtype={c['compute_dtype']} != float16",
+        ),
+        _cond(
+            "no_external_h128",
+            lambda c: not c["external_rotation"],
+            lambda c: "an external H128 callback is given (the kernel owns both rotations)",
+        ),
+        _NO_PIN,
+    ),
+)
+
+DECODE_MATMUL_ROW = Row(
+    "decode_matmul",
+    "large M: decode Wq once into a caller buffer, then one dense GEMM",
+    (
+        _SM80,
+        _cond("m>1024", lambda c: c["m"] > LARGE_M, lambda c: f"m={c['m']} <= {LARGE_M}"),
+        _UNPAIRED,
+        _NO_PIN,
+    ),
+)
+
+GENERIC_ROW = Row(
+    "generic",
+    "input rotation, trellis GEMM (split-K over c_tmp), output rotation",
+    (_SM80, _UNPAIRED),
+)
+
+ROWS: tuple[Row, ...] = (K6_ROW, DECODE_MATMUL_ROW, GENERIC_ROW)
+PATH_NAMES = tuple(r.name for r in ROWS)
+
+
+def explain(case: Mapping[str, Any]) -> Explanation:
+    """The chosen path and one reason per row considered (module docstring)."""
+    norm = normalize_case(case)
+    reasons = []
+    for row in ROWS:
+        failed = row.failed(norm)
+        if failed is None:
+            reasons.append(f"{row.name}: selected")
+            return Explanation(row.name, tuple(reasons))
+        reasons.append(f"{row.name}: {failed.describe(norm)}")
+    raise ValueError("case: no dense path supports it (" + "; ".join(reasons) + ")")
+
+
+def _k6(**changes: Any) -> dict:
+    return {**DEFAULT_CASE, "m": 64, **changes}
+
+
+BOUNDARIES: tuple[Boundary, ...] = (
+    Boundary("k6_small_m_M", _k6(), "m", 128, 129, "k6_mcg_small_m", "generic"),
+    Boundary("k6_bits", _k6(), "bits", 6, 5, "k6_mcg_small_m", "generic"),
+    Boundary("k6_codebook", _k6(), "codebook", "mcg", "sqg_fp16", "k6_mcg_small_m", "generic"),
+    Boundary("k6_codebook_3inst", _k6(), "codebook", "mcg", "3inst", "k6_mcg_small_m", "generic"),
+    Boundary(
+        "k6_compute_dtype",
+        _k6(),
+        "compute_dtype",
+        "float16",
+        "bfloat16",
+        "k6_mcg_small_m",
+        "generic",
+    ),
+    Boundary(
+        "k6_external_h128", _k6(), "external_rotation", False, True, "k6_mcg_small_m", "generic"
+    ),
+    Boundary("k6_cap_sm121", _k6(), "capability", (12, 0), (12, 1), "k6_mcg_small_m", "generic"),
+    Boundary("k6_cap_sm90", _k6(), "capability", (12, 0), (9, 0), "k6_mcg_small_m", "generic"),
+    Boundary("k6_cap_sm80", _k6(), "capability", (12, 0), (8, 0), "k6_mcg_small_m", "generic"),
+    Boundary(
+        "k6_explicit_tile",
+        _k6(),
+        "explicit_tile",
+        None,
+        (64, 256, 256),
+        "k6_mcg_small_m",
+        "generic",
+    ),
+    Boundary(
+        "large_m", _k6(capability=(9, 0), bits=4), "m", 1024, 1025, "generic", "decode_matmul"
+    ),
+    Boundary(
+        "large_m_explicit_tile",
+        _k6(m=2048),
+        "explicit_tile",
+        None,
+        (64, 256, 256),
+        "decode_matmul",
+        "generic",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    name: str = "dense"
+    paths: tuple[Row, ...] = ROWS
+    boundaries: tuple[Boundary, ...] = BOUNDARIES
+
+    def explain(self, case: Mapping[str, Any]) -> Explanation:
+        return explain(case)
+
+
+TABLE = _Table()

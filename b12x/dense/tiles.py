@@ -1,0 +1,300 @@
+"""The tile registry: ONE list of tile configurations and ONE qualification predicate (spec §5.4).
+
+Layout
+------
+* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` is a registry entry. :data:`ENTRIES` holds the
+  small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the large-batch / dense default
+  ``(64,256,256)`` and the wave-balanced FC2 tile :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
+* :class:`TileProblem` is what a tile is qualified for: the phase (``"dense"``, ``"fc1"``,
+  ``"fc2"``), GEMM dims M, K, N, trellis bits, the K/32 scale group, ``cta_m_blocks`` and, for
+  FC2, the FC1 launch it follows (``fc1_threads``, ``fc1_mn_tiles``) that the wave rule reads.
+* :func:`footprint` is the §5.4 shared-memory model (4 stages, ``wb = max(4, bits)``).
+* :func:`qualify` is the ONLY predicate: registry membership, phase restriction, divisibility,
+  floors, thread count and shared memory against ``device.max_shared_mem - 512``. Both
+  :func:`auto_select` and :func:`pin` go through it; no floor constant appears anywhere else.
+* :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema as a plain
+  ``[tile_k, tile_n, cta_threads]`` int list (``force_tile_config``); :func:`pin` validates it.
+* :data:`REGISTRY` bundles these as the object :mod:`oracle.tiles` checks (``name``, ``entries``,
+  ``qualify``, ``auto_select``, ``pin``, ``serialize``, ``deserialize``, ``key``, ``problems``).
+* :func:`kernel_geometry` maps a tile onto the dense GEMM kernel's launch shape:
+  ``warps = cta_threads / 32`` and ``n_tiles = tile_n / (16 · warps)`` N16 tiles per warp.
+
+The wave-balanced FC2 tile: PR #146 semantics, not PR #137
+----------------------------------------------------------
+The 512×32×256 tile waives the ``tile_k >= 64`` floor **for FC2 only** (b12x master e68f812,
+``allow_qualified_fc2_tile``), with no scale-group condition beyond ``tile_k % group == 0``. A pin
+on FC1 or on the dense linear is rejected, as are other sub-64 K tiles. PR #137 waived it for any
+phase when the scale group is 32; we follow the merged contract (spec §7 item 6), and since the
+same :func:`qualify` serves auto-selection and pins, the 9bbae67 disagreement cannot recur.
+
+Selection model (documented simplifications)
+--------------------------------------------
+* Dense: ``(64,256,256)`` when it qualifies (N % 256 == 0), else ``(64,128,128)`` (§5.4 "dense
+  trellis"); if neither qualifies, the best-occupancy qualifying entry.
+* FC1 / FC2: the small-batch table when ``cta_m_blocks == 1``, else the large-batch table; the
+  pick maximises CTAs/SM, estimated from shared memory only (no measured register table here),
+  capped at 4 (``cta_m_blocks == 1``) or 2; ties go to table order.
+* FC2 wave rule, checked first: hidden (N) % 512 == 0; the 256-wide default ``(64,256,256)``
+  qualifies; FC1 runs 256 threads; FC2's 256-wide mn-tile count exceeds FC1's and the SM count
+  (a second wave) while half of it fits in one wave; FC1's tiles fit in one wave. Then the
+  wave-balanced tile is chosen if :func:`qualify` accepts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "ENTRIES",
+    "LARGE_BATCH",
+    "PHASES",
+    "REGISTRY",
+    "SMALL_BATCH",
+    "WAVE_BALANCED_FC2",
+    "DeviceLimits",
+    "Tile",
+    "TileProblem",
+    "auto_select",
+    "deserialize",
+    "footprint",
+    "kernel_geometry",
+    "key",
+    "pin",
+    "qualify",
+    "serialize",
+]
+
+PHASES = ("dense", "fc1", "fc2")
+SMEM_RESERVE = 512  # bytes of the per-block opt-in maximum that a tile may not use
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Tile:
+    tile_k: int
+    tile_n: int
+    cta_threads: int
+
+    def __repr__(self) -> str:
+        return f"Tile({self.tile_k}x{self.tile_n}x{self.cta_threads})"
+
+
+SMALL_BATCH = (Tile(128, 128, 256), Tile(64, 128, 128), Tile(128, 64, 128))
+LARGE_BATCH = (Tile(64, 256, 256), Tile(64, 128, 128), Tile(128, 64, 128))
+DENSE_DEFAULTS = (Tile(64, 256, 256), Tile(64, 128, 128))
+WAVE_BALANCED_FC2 = Tile(32, 512, 256)
+ENTRIES: tuple[Tile, ...] = tuple(dict.fromkeys(SMALL_BATCH + LARGE_BATCH + (WAVE_BALANCED_FC2,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLimits:
+    """The device facts a tile needs (``oracle.tiles.SimulatedDevice`` has the same fields)."""
+
+    name: str
+    sm_count: int
+    max_shared_mem: int
+    capability: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileProblem:
+    phase: str
+    m: int
+    k: int
+    n: int
+    bits: int
+    scale_group: int = 32
+    cta_m_blocks: int = 1
+    fc1_threads: int | None = None
+    fc1_mn_tiles: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"phase: expected one of {PHASES}, got {self.phase!r}")
+        for name in ("m", "k", "n", "bits", "scale_group", "cta_m_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+    def mn_tiles(self, tile_n: int) -> int:
+        return -(-self.m // (16 * self.cta_m_blocks)) * -(-self.n // tile_n)
+
+
+def footprint(tile: Tile, problem: TileProblem) -> int:
+    """Shared-memory bytes of ``tile`` for ``problem`` (spec §5.4, 4 stages)."""
+    cta_m = 16 * problem.cta_m_blocks
+    weight_bits = max(4, problem.bits)
+    a_bytes = 4 * cta_m * tile.tile_k * 2
+    b_bytes = 4 * tile.tile_k * tile.tile_n * weight_bits // 8
+    reduce_bytes = cta_m * (tile.tile_n + 8) * 2
+    bias_bytes = 2 * tile.tile_n
+    staging = max(b_bytes, reduce_bytes, min(b_bytes, reduce_bytes) + bias_bytes)
+    scale_bytes = -(-tile.tile_k // problem.scale_group) * tile.tile_n * 2 * 4
+    return staging + a_bytes + scale_bytes + 16 * cta_m
+
+
+def qualify(tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
+    """THE qualification predicate: ``(ok, reason)``; every floor lives here and nowhere else."""
+    if not isinstance(tile, Tile):
+        return False, f"tile: expected a Tile, got {type(tile).__name__}"
+    if not isinstance(problem, TileProblem):
+        return False, f"problem: expected a TileProblem, got {type(problem).__name__}"
+    fc2_qualified = tile == WAVE_BALANCED_FC2
+    if fc2_qualified and problem.phase != "fc2":
+        return False, f"{tile!r} is qualified for fc2 only, not {problem.phase}"
+    if problem.n % tile.tile_n:
+        return False, f"N={problem.n} is not a multiple of tile_n={tile.tile_n}"
+    if problem.k % tile.tile_k:
+        return False, f"K={problem.k} is not a multiple of tile_k={tile.tile_k}"
+    if problem.k % problem.scale_group:
+        return False, f"K={problem.k} is not a multiple of the scale group {problem.scale_group}"
+    if tile.tile_k % problem.scale_group:
+        return False, f"tile_k={tile.tile_k} is not a multiple of the scale group"
+    if tile.tile_n < 64:
+        return False, f"tile_n={tile.tile_n} is below the floor 64"
+    if tile.tile_k < 64 and not fc2_qualified:
+        return False, f"tile_k={tile.tile_k} is below the floor 64"
+    if tile.cta_threads < 128:
+        return False, f"cta_threads={tile.cta_threads} is below the floor 128"
+    if tile.cta_threads not in (128, 256) or tile.cta_threads * 64 != tile.tile_n * tile.tile_k:
+        return False, f"cta_threads={tile.cta_threads} must be tile_n*tile_k/64 and 128 or 256"
+    if tile not in ENTRIES:
+        return False, f"{tile!r} is not a registry entry"
+    need = footprint(tile, problem)
+    limit = device.max_shared_mem - SMEM_RESERVE
+    if need > limit:
+        return False, f"shared memory {need} B exceeds {limit} B on {device.name}"
+    return True, "ok"
+
+
+def _occupancy(tile: Tile, problem: TileProblem, device: Any) -> int:
+    cap = 4 if problem.cta_m_blocks == 1 else 2
+    return min(cap, (device.max_shared_mem - SMEM_RESERVE) // footprint(tile, problem))
+
+
+def _wave_rule_fires(problem: TileProblem, device: Any) -> bool:
+    default = LARGE_BATCH[0]
+    if problem.phase != "fc2" or problem.n % WAVE_BALANCED_FC2.tile_n:
+        return False
+    if problem.fc1_threads is None or problem.fc1_mn_tiles is None:
+        return False
+    if not qualify(default, problem, device)[0] or problem.fc1_threads != default.cta_threads:
+        return False
+    fc2_tiles = problem.mn_tiles(default.tile_n)
+    return (
+        fc2_tiles > problem.fc1_mn_tiles
+        and fc2_tiles > device.sm_count
+        and -(-fc2_tiles // 2) <= device.sm_count
+        and problem.fc1_mn_tiles <= device.sm_count
+    )
+
+
+def _best(candidates: Sequence[Tile], problem: TileProblem, device: Any) -> Tile | None:
+    fitting = [t for t in candidates if qualify(t, problem, device)[0]]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda t: (_occupancy(t, problem, device), -fitting.index(t)))
+
+
+def auto_select(problem: TileProblem, device: Any) -> Tile:
+    """The auto-selected tile (module docstring); always one that :func:`qualify` accepts."""
+    if not isinstance(problem, TileProblem):
+        raise TypeError(f"problem: expected a TileProblem, got {type(problem).__name__}")
+    if _wave_rule_fires(problem, device) and qualify(WAVE_BALANCED_FC2, problem, device)[0]:
+        return WAVE_BALANCED_FC2
+    if problem.phase == "dense":
+        for tile in DENSE_DEFAULTS:
+            if qualify(tile, problem, device)[0]:
+                return tile
+        table: Sequence[Tile] = ENTRIES
+    else:
+        table = SMALL_BATCH if problem.cta_m_blocks == 1 else LARGE_BATCH
+    chosen = _best(table, problem, device)
+    if chosen is None:
+        reasons = "; ".join(f"{t!r}: {qualify(t, problem, device)[1]}" for t in table)
+        raise ValueError(f"problem: no tile qualifies for {problem} on {device.name} ({reasons})")
+    return chosen
+
+
+def serialize(tile: Tile) -> list[int]:
+    """``[tile_k, tile_n, cta_threads]`` for the custom-op schema (``int[]``)."""
+    if not isinstance(tile, Tile):
+        raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
+    return [tile.tile_k, tile.tile_n, tile.cta_threads]
+
+
+def deserialize(spec: Any) -> Tile:
+    if not isinstance(spec, list | tuple) or len(spec) != 3:
+        raise ValueError(f"tile: expected [tile_k, tile_n, cta_threads], got {spec!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
+        raise TypeError(f"tile: expected three ints, got {spec!r}")
+    return Tile(*spec)
+
+
+def pin(spec: Any, problem: TileProblem, device: Any) -> Tile:
+    """An explicit pin, validated by :func:`qualify`; raises ``ValueError`` with its reason."""
+    tile = spec if isinstance(spec, Tile) else deserialize(spec)
+    ok, reason = qualify(tile, problem, device)
+    if not ok:
+        raise ValueError(f"tile: pinned {tile!r} rejected: {reason}")
+    return tile
+
+
+def kernel_geometry(tile: Tile) -> tuple[int, int]:
+    """``(warps, n_tiles)`` of the dense GEMM kernel for ``tile`` (module docstring)."""
+    warps = tile.cta_threads // 32
+    return warps, tile.tile_n // (16 * warps)
+
+
+def key(tile: Tile, problem: TileProblem, device: Any) -> tuple:
+    """The compile identity a tile contributes: kernel geometry, bits and the device arch."""
+    warps, n_tiles = kernel_geometry(tile)
+    major, minor = device.capability
+    return (f"sm_{major}{minor}", problem.bits, warps, n_tiles, tile.tile_k)
+
+
+def _problems() -> tuple[TileProblem, ...]:
+    dense = [
+        TileProblem("dense", m, k, n, bits)
+        for (k, n) in ((2048, 4096), (6144, 1024), (512, 6144), (4096, 6144))
+        for m, bits in ((1, 6), (128, 4), (129, 3))
+    ]
+    moe = [
+        TileProblem("fc1", 8, 4096, 1024, 4),
+        TileProblem("fc1", 64, 6144, 1024, 6, cta_m_blocks=2),
+        TileProblem("fc2", 8, 512, 4096, 4),
+        TileProblem("fc2", 64, 512, 4096, 4, fc1_threads=256, fc1_mn_tiles=40),
+        TileProblem("fc2", 512, 512, 4096, 4, cta_m_blocks=2, fc1_threads=256, fc1_mn_tiles=96),
+    ]
+    return tuple(dense + moe)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Registry:
+    """The registry object :mod:`oracle.tiles` checks (module docstring)."""
+
+    name: str = "dense_trellis_tiles"
+    entries: tuple[Tile, ...] = ENTRIES
+    problems: tuple[TileProblem, ...] = dataclasses.field(default_factory=_problems)
+
+    def qualify(self, tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
+        return qualify(tile, problem, device)
+
+    def auto_select(self, problem: TileProblem, device: Any) -> Tile:
+        return auto_select(problem, device)
+
+    def pin(self, spec: Any, problem: TileProblem, device: Any) -> Tile:
+        return pin(spec, problem, device)
+
+    def serialize(self, tile: Tile) -> list[int]:
+        return serialize(tile)
+
+    def deserialize(self, spec: Any) -> Tile:
+        return deserialize(spec)
+
+    def key(self, tile: Tile, problem: TileProblem, device: Any) -> tuple:
+        return key(tile, problem, device)
+
+
+REGISTRY = _Registry()

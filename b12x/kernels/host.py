@@ -1,0 +1,229 @@
+"""Host wrappers that launch the trellis kernels on torch CUDA tensors.
+
+Layout
+------
+* :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 ``[K, N]``.
+* :func:`trellis_matmul` — already-rotated activations ``[M, K]`` (fp16/bf16) × decoded Wq →
+  ``[M, N]`` in the activation dtype, with optional split-K over an fp32 scratch arena
+  ``[S, M, N]`` reduced deterministically.
+* :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
+* :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
+
+Invariants
+----------
+* Every wrapper validates dtype, shape, contiguity, 16-byte alignment and device *before* any
+  launch and raises ``TypeError``/``ValueError`` naming the argument.
+* Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
+  are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from b12x.formats import DecodeFormat, lut_bytes, resolve_format
+from b12x.kernels.specs import KernelSpec, compiled
+
+__all__ = [
+    "device_arch",
+    "lut_tensor",
+    "decode_weight",
+    "trellis_matmul",
+    "rotate_input",
+    "rotate_output",
+    "choose_split_k",
+    "choose_tiles",
+]
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def device_arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def lut_tensor(fmt: DecodeFormat, device: torch.device) -> torch.Tensor | None:
+    """The codebook's table on ``device`` (None for table-free codebooks); cached per device."""
+    if not fmt.reads_lut:
+        return None
+    return _lut_cached(fmt.name, str(torch.device(device)))
+
+
+@functools.cache
+def _lut_cached(codebook: str, device: str) -> torch.Tensor:
+    data = torch.frombuffer(bytearray(lut_bytes(codebook)), dtype=torch.uint8)
+    return data.to(device)
+
+
+def _lut_addr(fmt: DecodeFormat, device: torch.device) -> int:
+    table = lut_tensor(fmt, device)
+    return 0 if table is None else table.data_ptr()
+
+
+def _check_tensor(name: str, t, *, dtypes, ndim: int | None = None, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if not t.is_cuda:
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+
+
+def _check_payload(trellis, codebook: str) -> tuple[DecodeFormat, int]:
+    if not isinstance(trellis, torch.Tensor):
+        raise TypeError(f"trellis: expected a torch.Tensor, got {type(trellis).__name__}")
+    if trellis.dtype != torch.int16:
+        raise TypeError(f"trellis: expected dtype torch.int16, got {trellis.dtype}")
+    if trellis.dim() != 3 or trellis.shape[-1] % 16 != 0 or 0 in trellis.shape:
+        raise ValueError(f"trellis: expected shape [K/16, N/16, 16·bits], got {tuple(trellis.shape)}")
+    bits = trellis.shape[-1] // 16
+    fmt = resolve_format(codebook, bits)
+    _check_tensor("trellis", trellis, dtypes=(torch.int16,), ndim=3)
+    return fmt, bits
+
+
+def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | None = None):
+    """Decode a layer payload ``int16[K/16, N/16, 16b]`` to fp16 ``[K, N]`` on the GPU."""
+    fmt, bits = _check_payload(trellis, codebook)
+    k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
+    if out is None:
+        out = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
+    _check_tensor("out", out, dtypes=(torch.float16,), ndim=2, device=trellis.device)
+    if tuple(out.shape) != (k, n):
+        raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
+    fn = compiled(KernelSpec("decode", fmt.name, bits), device_arch(trellis.device))
+    fn(trellis.view(torch.int32), out.view(torch.int16), _lut_addr(fmt, trellis.device))
+    return out
+
+
+def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
+    """(m_tiles, n_tiles) per warp (H200 sweep: 4 N16 tiles per warp is fastest when N allows;
+    without ``n`` the N-agnostic 2 is returned, valid for any N % 128 == 0)."""
+    if n is None:
+        n_tiles = 2
+    else:
+        n_tiles = 4 if n % 256 == 0 else 2 if n % 128 == 0 else 1
+    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
+    return m_tiles, n_tiles
+
+
+def choose_split_k(m: int, k: int, n: int, *, m_tiles: int, n_tiles: int, warps: int,
+                   sm_count: int) -> int:
+    """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each."""
+    ctas = (n // (16 * n_tiles * warps)) * -(-m // (16 * m_tiles))
+    depth = 12 if m <= 16 else 4
+    want = max(1, -(-depth * sm_count // max(ctas, 1)))
+    return max(1, min(want, (k // 16) // 16, 64))
+
+
+def trellis_matmul(
+    a: torch.Tensor,
+    trellis: torch.Tensor,
+    codebook: str,
+    *,
+    split_k: int | None = None,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+    tiles: tuple[int, int] | None = None,
+    warps: int = 4,
+    unroll: int = 1,
+    depth: int = 1,
+) -> torch.Tensor:
+    """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation."""
+    if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
+        got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
+        raise TypeError(f"a: expected dtype torch.float16 or torch.bfloat16, got {got}")
+    fmt, bits = _check_payload(trellis, codebook)
+    _check_tensor("a", a, dtypes=_HALF_DTYPES, ndim=2, device=trellis.device)
+    m, k = a.shape
+    n = trellis.shape[1] * 16
+    if k != trellis.shape[0] * 16:
+        raise ValueError(f"a: K={k} does not match trellis K={trellis.shape[0] * 16}")
+    if m == 0:
+        raise ValueError("a: M must be positive")
+    m_tiles, n_tiles = tiles if tiles is not None else choose_tiles(m, n)
+    group = 16 * n_tiles * warps
+    if n % group != 0:
+        raise ValueError(f"trellis: N={n} must be a multiple of {group} for this tile shape")
+    if split_k is None:
+        split_k = choose_split_k(m, k, n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+                                 sm_count=_sm_count(trellis.device.index or 0))
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"split_k: expected a positive int, got {split_k!r}")
+    k_rows = k // 16
+    rows_per_split = -(-k_rows // split_k)
+    splits = -(-k_rows // rows_per_split)
+    bf16 = a.dtype == torch.bfloat16
+    if out is None:
+        out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    _check_tensor("out", out, dtypes=(a.dtype,), ndim=2, device=a.device)
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
+    arch = device_arch(a.device)
+    lut = _lut_addr(fmt, a.device)
+    spec = KernelSpec("gemm", fmt.name, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles,
+                      warps=warps, write_partials=splits > 1, unroll=unroll,
+                      depth=depth)
+    if splits == 1:
+        compiled(spec, arch)(a.view(torch.int32), trellis.view(torch.int32),
+                             out.view(torch.int32), lut, rows_per_split, 1)
+        return out
+    if scratch is None:
+        scratch = torch.empty(splits * m * n, dtype=torch.float32, device=a.device)
+    _check_tensor("scratch", scratch, dtypes=(torch.float32,), device=a.device)
+    if scratch.numel() < splits * m * n:
+        raise ValueError(f"scratch: needs {splits * m * n} fp32 elements, has {scratch.numel()}")
+    partials = scratch.view(-1)[: splits * m * n].view(splits, m, n)
+    compiled(spec, arch)(a.view(torch.int32), trellis.view(torch.int32), partials, lut,
+                         rows_per_split, splits)
+    compiled(KernelSpec("reduce", bf16=bf16), arch)(partials, out.view(torch.int32))
+    return out
+
+
+def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: str, out):
+    _check_tensor(name, x, dtypes=_HALF_DTYPES, ndim=2)
+    _check_tensor("scale", scale, dtypes=(torch.float16,), ndim=1, device=x.device)
+    if x.shape[1] % 128 != 0:
+        raise ValueError(f"{name}: feature dim must be a multiple of 128, got {x.shape[1]}")
+    if scale.shape[0] != x.shape[1]:
+        raise ValueError(f"scale: expected {x.shape[1]} entries, got {scale.shape[0]}")
+    if out_dtype not in _HALF_DTYPES:
+        raise TypeError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
+    if out is None:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    _check_tensor("out", out, dtypes=(out_dtype,), ndim=2, device=x.device)
+    if out.shape != x.shape:
+        raise ValueError(f"out: expected shape {tuple(x.shape)}, got {tuple(out.shape)}")
+    spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16,
+                      out_bf16=out_dtype == torch.bfloat16)
+    compiled(spec, device_arch(x.device))(
+        x.view(torch.int32), scale.view(torch.int32), out.view(torch.int32)
+    )
+    return out
+
+
+def rotate_input(x, suh, *, out_dtype=torch.float16, out=None):
+    """``fp16(H128(fp16(fp16(x) · suh)))`` per 128-block, cast to ``out_dtype``."""
+    return _rotate("rotate_in", x, suh, out_dtype, "x", out)
+
+
+def rotate_output(y, svh, *, out_dtype=torch.float16, out=None):
+    """``fp16(fp16(H128(y)) · svh)`` per 128-block, cast to ``out_dtype``."""
+    return _rotate("rotate_out", y, svh, out_dtype, "y", out)

@@ -1,0 +1,283 @@
+"""Inline-PTX primitives used by the trellis kernels (CuTe DSL ``dsl_user_op`` wrappers).
+
+Layout
+------
+Each helper wraps one short PTX sequence through ``llvm.inline_asm`` and returns a DSL numeric
+(``Uint32``, ``Float32``). They are pure functions of their operands (no side effects), so the
+compiler may schedule them freely; the only memory-reading helpers are :func:`ld_global_nc_u8`,
+:func:`ld_global_nc_u32` and :func:`ld_shared_u8`, which read read-only tables.
+
+Invariants
+----------
+* Packed fp16/bf16 pairs live in one ``Uint32``: the lower-index element in the low half.
+* All floating-point ops round to nearest even (``.rn``), matching the spec's rounding points.
+* Helpers accept DSL values or Python ints (converted to ``Uint32``/``Int64`` first).
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+__all__ = [
+    "asm_u32",
+    "lop3_hash_pair_to_half2",
+    "dp4a_bytesum",
+    "pack_lo16",
+    "e4m3x2_to_half2",
+    "half2_to_bfloat2",
+    "ld_global_nc_u8",
+    "ld_global_nc_u32",
+    "ld_shared_u8",
+    "d3l_fma_half",
+    "bfind_u32",
+    "brev_u32",
+    "mma_m16n8k16",
+    "f32x2_to_half2",
+    "f32x2_to_bfloat2",
+    "u32_as_f32",
+    "shf_r_clamp",
+    "bfe16",
+    "ld_global_nc_u32_imm",
+    "st_shared_u16",
+    "ld_shared_v4",
+    "st_global_v4",
+]
+
+
+def _u32_values(args, loc, ip):
+    return [Uint32(a).ir_value(loc=loc, ip=ip) for a in args]
+
+
+def _asm(result_type, operands, text, constraints, loc, ip):
+    return llvm.inline_asm(
+        result_type,
+        operands,
+        text,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def asm_u32(text: str, *args, loc=None, ip=None) -> Uint32:
+    """One u32 result from ``len(args)`` u32 operands: ``$0`` is the result, ``$1..`` the args."""
+    constraints = ",".join(["=r"] + ["r"] * len(args))
+    return Uint32(_asm(T.i32(), _u32_values(args, loc, ip), text, constraints, loc, ip))
+
+
+def lop3_hash_pair_to_half2(x_lo, x_hi, mask: int, xor: int) -> Uint32:
+    """§2.0 for two hashes: half2(value(x_lo), value(x_hi)), value = fp16(h.lo) + fp16(h.hi)."""
+    text = (
+        "{ .reg .b32 h0, h1, lo, hi;\n"
+        f"lop3.b32 h0, $1, {mask:#010x}, {xor:#010x}, 0x6a;\n"
+        f"lop3.b32 h1, $2, {mask:#010x}, {xor:#010x}, 0x6a;\n"
+        "prmt.b32 lo, h0, h1, 0x5410;\n"
+        "prmt.b32 hi, h0, h1, 0x7632;\n"
+        "add.rn.f16x2 $0, lo, hi; }"
+    )
+    return asm_u32(text, x_lo, x_hi)
+
+
+def dp4a_bytesum(x, base: int) -> Uint32:
+    """``base + sum of the four bytes of x`` (dp4a.u32.u32 with 0x01010101)."""
+    return asm_u32(f"dp4a.u32.u32 $0, $1, 0x01010101, {base:#x};", x)
+
+
+def pack_lo16(lo, hi) -> Uint32:
+    """``(hi & 0xFFFF) << 16 | (lo & 0xFFFF)`` with one prmt."""
+    return asm_u32("prmt.b32 $0, $1, $2, 0x5410;", lo, hi)
+
+
+def e4m3x2_to_half2(byte_lo, byte_hi) -> Uint32:
+    """Two E4M3FN bytes (each in the low 8 bits of a u32) to an exact half2.
+
+    ``(byte & 0x7F) << 7`` read as fp16 is the E4M3 value times 2^-8 (normals and subnormals
+    alike), so one exact ``mul.rn.f16x2`` by 256 restores it; the sign bit moves to bit 15.
+    Works on every arch (no ``cvt.e4m3x2`` needed). NaN codes are never produced by the tables.
+    """
+    text = (
+        "{ .reg .b32 p, m, s, k;\n"
+        "prmt.b32 p, $1, $2, 0x5410;\n"
+        "and.b32 m, p, 0x007f007f;\n"
+        "shl.b32 m, m, 7;\n"
+        "and.b32 s, p, 0x00800080;\n"
+        "shl.b32 s, s, 8;\n"
+        "or.b32 m, m, s;\n"
+        "mov.b32 k, 0x5c005c00;\n"
+        "mul.rn.f16x2 $0, m, k; }"
+    )
+    return asm_u32(text, byte_lo, byte_hi)
+
+
+def half2_to_bfloat2(h2) -> Uint32:
+    """Round a packed half2 to a packed bf16x2 (via exact fp32, one RN rounding each)."""
+    text = (
+        "{ .reg .b16 l, h; .reg .f32 fl, fh;\n"
+        "mov.b32 {l, h}, $1;\n"
+        "cvt.f32.f16 fl, l;\n"
+        "cvt.f32.f16 fh, h;\n"
+        "cvt.rn.bf16x2.f32 $0, fh, fl; }"
+    )
+    return asm_u32(text, h2)
+
+
+@dsl_user_op
+def ld_global_nc_u8(addr, loc=None, ip=None) -> Uint32:
+    """Zero-extended byte at global address ``addr`` (read-only path)."""
+    a = Int64(addr).ir_value(loc=loc, ip=ip)
+    text = "{ .reg .b16 v; ld.global.nc.u8 v, [$1]; cvt.u32.u16 $0, v; }"
+    return Uint32(_asm(T.i32(), [a], text, "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_global_nc_u32(addr, loc=None, ip=None) -> Uint32:
+    """u32 at global address ``addr`` (read-only path, 4-byte aligned)."""
+    a = Int64(addr).ir_value(loc=loc, ip=ip)
+    return Uint32(_asm(T.i32(), [a], "ld.global.nc.u32 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_shared_u8(addr, loc=None, ip=None) -> Uint32:
+    """Zero-extended byte at 32-bit shared-window address ``addr``."""
+    a = Uint32(addr).ir_value(loc=loc, ip=ip)
+    text = "{ .reg .b16 v; ld.shared.u8 v, [$1]; cvt.u32.u16 $0, v; }"
+    return Uint32(_asm(T.i32(), [a], text, "=r,r", loc, ip))
+
+
+def d3l_fma_half(desc, x) -> Uint32:
+    """D3L magnitude: ``fma.rn.f16(slope, fp16(x), base)`` with desc = base | slope << 16.
+
+    Returns the fp16 bits in the low half of a u32 (high half zero).
+    """
+    text = (
+        "{ .reg .b16 b, s, xh, r;\n"
+        "mov.b32 {b, s}, $1;\n"
+        "cvt.rn.f16.u32 xh, $2;\n"
+        "fma.rn.f16 r, s, xh, b;\n"
+        "cvt.u32.u16 $0, r; }"
+    )
+    return asm_u32(text, desc, x)
+
+
+def bfind_u32(v) -> Uint32:
+    """Index of the most significant set bit of ``v`` (0xFFFFFFFF for v == 0)."""
+    return asm_u32("bfind.u32 $0, $1;", v)
+
+
+def brev_u32(v) -> Uint32:
+    return asm_u32("brev.b32 $0, $1;", v)
+
+
+def f32x2_to_half2(lo, hi) -> Uint32:
+    """Pack two fp32 values into a half2 with RN rounding (``lo`` in the low half)."""
+    return _f32x2_pack("cvt.rn.f16x2.f32 $0, $2, $1;", lo, hi)
+
+
+def f32x2_to_bfloat2(lo, hi) -> Uint32:
+    """Pack two fp32 values into a bf16x2 with RN rounding (``lo`` in the low half)."""
+    return _f32x2_pack("cvt.rn.bf16x2.f32 $0, $2, $1;", lo, hi)
+
+
+@dsl_user_op
+def _f32x2_pack(text: str, lo, hi, loc=None, ip=None) -> Uint32:
+    ops = [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)]
+    return Uint32(_asm(T.i32(), ops, text, "=r,f,f", loc, ip))
+
+
+@dsl_user_op
+def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
+    """One ``mma.sync.aligned.m16n8k16.row.col.f32.{f16|bf16}`` with fp32 accumulators.
+
+    ``a``: 4 u32 (A fragment), ``b``: 2 u32 (B fragment), ``c``: 4 fp32. Returns 4 Float32.
+    """
+    kind = "bf16" if bf16 else "f16"
+    text = (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+    )
+    operands = _u32_values(list(a) + list(b), loc, ip)
+    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    struct = llvm.StructType.get_literal([T.f32()] * 4)
+    res = _asm(struct, operands, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
+    return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+
+@dsl_user_op
+def u32_as_f32(bits, loc=None, ip=None) -> Float32:
+    """Reinterpret the bits of a u32 as fp32."""
+    return Float32(llvm.bitcast(T.f32(), Uint32(bits).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+def shf_r_clamp(lo, hi, shift) -> Uint32:
+    """Low 32 bits of ``(hi:lo) >> min(shift, 32)``."""
+    return asm_u32("shf.r.clamp.b32 $0, $1, $2, $3;", lo, hi, shift)
+
+
+def bfe16(x, pos: int) -> Uint32:
+    """``(x >> pos) & 0xFFFF`` for a constant ``pos`` (pos + 16 <= 32)."""
+    if pos == 0:
+        return Uint32(x) & Uint32(0xFFFF)
+    if pos == 16:
+        return Uint32(x) >> Uint32(16)
+    return asm_u32(f"bfe.u32 $0, $1, {pos}, 16;", x)
+
+
+@dsl_user_op
+def ld_global_nc_u32_imm(addr, offset: int, loc=None, ip=None) -> Uint32:
+    """u32 at global address ``addr + offset`` (``offset`` a constant byte immediate)."""
+    a = Int64(addr).ir_value(loc=loc, ip=ip)
+    return Uint32(_asm(T.i32(), [a], f"ld.global.nc.u32 $0, [$1+{offset}];", "=r,l", loc, ip))
+
+
+def _asm_void(operands, text, constraints, loc, ip):
+    llvm.inline_asm(
+        None,
+        operands,
+        text,
+        constraints,
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_shared_u16(addr, value, loc=None, ip=None) -> None:
+    """Store the low 16 bits of ``value`` at 32-bit shared address ``addr``."""
+    ops = _u32_values([addr, value], loc, ip)
+    text = "{ .reg .b16 t; cvt.u16.u32 t, $1; st.shared.u16 [$0], t; }"
+    _asm_void(ops, text, "r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def ld_shared_v4(addr, loc=None, ip=None) -> tuple:
+    """Four u32 from 16-byte-aligned shared address ``addr``."""
+    struct = llvm.StructType.get_literal([T.i32()] * 4)
+    res = llvm.inline_asm(
+        struct,
+        _u32_values([addr], loc, ip),
+        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def st_global_v4(addr, values, loc=None, ip=None) -> None:
+    """Store four u32 at 16-byte-aligned global address ``addr``."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values(list(values), loc, ip)
+    _asm_void(ops, "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", loc, ip)

@@ -1,0 +1,170 @@
+"""Compile specifications of every kernel in :mod:`b12x.kernels`, and a private compile cache.
+
+Layout
+------
+* :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one kernel
+  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll). Together with the
+  target arch it is the cache key: two specs that compile differently are never equal.
+* :func:`build_kernel` maps a spec to its kernel object and the fake (symbolic-shape) arguments
+  that :func:`cute.compile` needs; the same builder serves CPU compile checks
+  (:mod:`b12x.support`) and GPU launches (:func:`compiled`).
+* :func:`compiled` compiles once per ``(spec, arch)`` with ``--enable-tvm-ffi`` and keeps the
+  result in a process-local dict; :func:`freeze` makes any further compile an error (nothing may
+  compile during CUDA-graph capture).
+
+Invariants
+----------
+* Fake tensors are int32/fp32 views with symbolic dims and 16-byte alignment; callers pass torch
+  tensors viewed the same way (fp16/bf16 pairs as int32, the int16 payload as int32).
+* The tvm-ffi path launches on torch's current stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+__all__ = ["KernelSpec", "build_kernel", "compiled", "freeze", "compile_options", "KINDS"]
+
+KINDS = ("decode", "gemm", "reduce", "rotate_in", "rotate_out")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Every codegen input of one kernel specialisation (the arch is added by the caller)."""
+
+    kind: str
+    codebook: str | None = None
+    bits: int | None = None
+    bf16: bool = False
+    in_bf16: bool = False
+    out_bf16: bool = False
+    m_tiles: int = 1
+    n_tiles: int = 1
+    warps: int = 4
+    write_partials: bool = False
+    unroll: int = 1
+    depth: int = 1
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.kind in ("decode", "gemm") and (self.codebook is None or self.bits is None):
+            raise ValueError(f"codebook/bits: a {self.kind} spec needs both")
+
+    @property
+    def uses_mma(self) -> bool:
+        return self.kind == "gemm"
+
+
+#: ptxas at the DSL's default level 3 spills a few bytes in some GEMM specialisations at ~80
+#: registers (e.g. mul1 K5 on sm_80); level 2 gives the same PTX and no spills.
+OPT_LEVEL = 2
+
+
+def compile_options(arch: str, *, ptx: bool = False, remarks: bool = False) -> str:
+    opts = [f"--gpu-arch {arch}", "--enable-tvm-ffi", f"--opt-level {OPT_LEVEL}"]
+    if ptx:
+        opts.append("--keep-ptx")
+    if remarks:
+        opts.append("remarks{ptx}")
+    return " ".join(opts)
+
+
+def build_kernel(spec: KernelSpec):
+    """(kernel object, fake argument tuple) for ``cute.compile``."""
+    import cutlass.cute as cute
+    from cutlass import Float32, Int16, Int32, Int64
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from b12x.formats import resolve_format
+
+    def fake(dtype, shape):
+        order = tuple(range(len(shape) - 1, -1, -1))
+        return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    if spec.kind == "decode":
+        from b12x.kernels.trellis_decode import TrellisDecodeKernel
+
+        fmt = resolve_format(spec.codebook, spec.bits)
+        payload = fake(Int32, (cute.sym_int(), cute.sym_int(), 8 * spec.bits))
+        out = fake(Int16, (cute.sym_int(divisibility=16), cute.sym_int(divisibility=16)))
+        kernel = TrellisDecodeKernel(fmt, spec.bits, warps_per_cta=spec.warps)
+        return kernel, (payload, out, Int64(0), stream)
+    if spec.kind == "gemm":
+        from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
+
+        fmt = resolve_format(spec.codebook, spec.bits)
+        m = cute.sym_int()
+        a = fake(Int32, (m, cute.sym_int(divisibility=8)))
+        n_group = 16 * spec.n_tiles * spec.warps
+        payload = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=n_group // 16),
+                               8 * spec.bits))
+        if spec.write_partials:
+            out = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=n_group)))
+        else:
+            out = fake(Int32, (m, cute.sym_int(divisibility=n_group // 2)))
+        kernel = DenseTrellisGemmKernel(
+            fmt,
+            spec.bits,
+            bf16=spec.bf16,
+            m_tiles=spec.m_tiles,
+            n_tiles=spec.n_tiles,
+            warps=spec.warps,
+            write_partials=spec.write_partials,
+            unroll=spec.unroll,
+            depth=spec.depth,
+        )
+        return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
+    if spec.kind == "reduce":
+        from b12x.kernels.dense_gemm import SplitKReduceKernel
+
+        m = cute.sym_int()
+        partials = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=2)))
+        out = fake(Int32, (m, cute.sym_int()))
+        return SplitKReduceKernel(bf16=spec.bf16), (partials, out, stream)
+    from b12x.kernels.hadamard import InputRotationKernel, OutputRotationKernel
+
+    cls = InputRotationKernel if spec.kind == "rotate_in" else OutputRotationKernel
+    m = cute.sym_int()
+    half = cute.sym_int(divisibility=64)
+    x = fake(Int32, (m, half))
+    scale = fake(Int32, (half,))
+    out = fake(Int32, (m, half))
+    return cls(in_bf16=spec.in_bf16, out_bf16=spec.out_bf16, warps=spec.warps), (
+        x,
+        scale,
+        out,
+        stream,
+    )
+
+
+_CACHE: dict[tuple[KernelSpec, str], object] = {}
+_LOCK = threading.Lock()
+_FROZEN = False
+
+
+def freeze(frozen: bool = True) -> None:
+    """After ``freeze()``, a cache miss raises instead of compiling (graph-capture safety)."""
+    global _FROZEN
+    _FROZEN = bool(frozen)
+
+
+def compiled(spec: KernelSpec, arch: str):
+    """The tvm-ffi callable of ``spec`` for ``arch`` (compiled at most once per process)."""
+    key = (spec, arch)
+    fn = _CACHE.get(key)
+    if fn is not None:
+        return fn
+    with _LOCK:
+        fn = _CACHE.get(key)
+        if fn is None:
+            if _FROZEN:
+                raise RuntimeError(f"kernel cache is frozen: {spec} for {arch} was never warmed up")
+            import cutlass.cute as cute
+
+            kernel, args = build_kernel(spec)
+            fn = cute.compile(kernel, *args, options=compile_options(arch))
+            _CACHE[key] = fn
+    return fn

@@ -1,0 +1,311 @@
+"""Trellis decode on the device: window extraction (spec §1.4) and per-codebook decoders (§2).
+
+Layout
+------
+* **Ring words.** A tile payload ``int16[16b]`` read as little-endian u32 is the ring of
+  ``W32 = 8b`` words; ring word i holds stream bits ``[32i, 32i+32)`` MSB-first (§1.2).
+* **Per lane.** Lane ``l`` decodes steps ``t = 8l .. 8l+7``. Window 0 starts at stream bit
+  ``b0 = (8l + 257)·b − 16`` (mod ``256b``); the eight windows span ``16 + 7b`` bits, which fit in
+  :func:`ring_words_per_lane` consecutive ring words (2 for b ≤ 4, 3 for b ≤ 8; the word offset of
+  ``b0`` is at most 31). :func:`lane_ring_start` returns ``(first word, bit offset)`` and
+  :func:`lane_windows` cuts the eight 16-bit states out of the loaded words, window j ending at
+  bit ``off + 16 + j·b`` of the concatenated words.
+* **Decoders** (:func:`decode_states_to_half2x4`) turn eight states into four packed registers
+  ``(w0,w1), (w2,w3), (w4,w5), (w6,w7)``, lower index in the low half: exactly the two m16n8k16
+  B fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)``
+  n-block 1. With ``to_bf16`` each half2 is rounded to bf16 (exact for sqg_e4m3).
+* **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` (the int16
+  payload viewed as int32) → ``int16[K, N]`` (fp16 bits), one warp per tile, written with the
+  §1.5 map ``k = 2r + (0,1,8,9)[j%4]``, ``n = g + 8·(j//4)`` (r = lane % 4, g = lane // 4).
+
+Invariants
+----------
+* Everything that depends on the codebook or bitrate is a Python constant at trace time (the
+  :class:`~b12x.formats.DecodeFormat` fields); no codebook string reaches device code.
+* Table-reading codebooks get the table through one 64-bit LUT slot (§2.8): a global address, or
+  (``lut_in_smem``) a 32-bit shared-window address carried in the same slot.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+from cutlass import Int16, Int32, Int64, Uint32, Uint64
+
+from b12x.formats import (
+    LOP3_MASK,
+    LOP3_XOR,
+    MUL1_ACC_BASE,
+    MUL1_K_BIAS,
+    MUL1_K_INV,
+    SQG_AFFINE_ADD,
+    SQG_AFFINE_MUL,
+    DecodeFormat,
+)
+from b12x.kernels import ptx
+
+__all__ = [
+    "ring_words_per_lane",
+    "lane_ring_start",
+    "load_lane_words",
+    "lane_windows",
+    "decode_states_to_half2x4",
+    "TrellisDecodeKernel",
+]
+
+
+def ring_words_per_lane(bits: int) -> int:
+    """How many consecutive ring words hold one lane's eight windows."""
+    return 2 if bits <= 4 else 3
+
+
+def lane_ring_start(lane, bits: int):
+    """(first ring word, bit offset inside it) of window 0 of ``lane`` (§1.4 rule)."""
+    start = (Int32(lane) * 8 + 257) * bits - 16
+    return (start >> 5) % (8 * bits), start & 31
+
+
+def load_lane_words(read_word, first, bits: int) -> list:
+    """Load the lane's ring words ``first, first+1, ...`` (mod W32) through ``read_word(i)``."""
+    ring = 8 * bits
+    words = []
+    for i in range(ring_words_per_lane(bits)):
+        index = first + i
+        index = Int32(cutlass.select_(index >= ring, index - ring, index))
+        words.append(Uint32(read_word(index)))
+    return words
+
+
+def _funnel64(words: list, shift):
+    """Low 64 bits of ``(w0:w1[:w2]) >> shift`` as (lo, hi) u32, for 0 <= shift < 64."""
+    c = Int32(shift) >= 32
+    s = Uint32(Int32(shift) & 31)
+    if len(words) == 2:
+        a0 = Uint32(cutlass.select_(c, words[0], words[1]))
+        a1 = Uint32(cutlass.select_(c, Uint32(0), words[0]))
+        return ptx.shf_r_clamp(a0, a1, s), a1 >> s
+    a0 = Uint32(cutlass.select_(c, words[1], words[2]))
+    a1 = Uint32(cutlass.select_(c, words[0], words[1]))
+    a2 = Uint32(cutlass.select_(c, Uint32(0), words[0]))
+    return ptx.shf_r_clamp(a0, a1, s), ptx.shf_r_clamp(a1, a2, s)
+
+
+def _window_at(lo, hi, pos: int):
+    """Bits ``[pos, pos+16)`` of the 64-bit value (lo, hi), ``pos`` a Python int."""
+    if pos + 16 <= 32:
+        return ptx.bfe16(lo, pos)
+    if pos >= 32:
+        return ptx.bfe16(hi, pos - 32)
+    return ptx.shf_r_clamp(lo, hi, Uint32(pos)) & Uint32(0xFFFF)
+
+
+def lane_windows(words: list, off, bits: int) -> list:
+    """The eight 16-bit states of a lane, as ``Uint32`` (window j ends at off + 16 + j·b).
+
+    The words are funnel-shifted once per group so that the group's last window ends at bit 0
+    of a 64-bit value; each window is then one ``bfe`` (or a funnel shift and a mask). One
+    group of eight when the span ``16 + 7b`` fits in 64 bits, else two groups of four.
+    """
+    off = Int32(off)
+    total = 32 * len(words)
+    groups = [range(8)] if 16 + 7 * bits <= 64 else [range(4), range(4, 8)]
+    states = [None] * 8
+    for group in groups:
+        last = group[-1]
+        lo, hi = _funnel64(words, total - 16 - last * bits - off)
+        for j in group:
+            states[j] = _window_at(lo, hi, (last - j) * bits)
+    return states
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-codebook decoders: eight states -> four packed half2
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode_fp16_hash(fmt: DecodeFormat, states: list) -> list:
+    hashes = [s * Uint32(fmt.hash_multiplier) + Uint32(fmt.hash_addend) for s in states]
+    return [
+        ptx.lop3_hash_pair_to_half2(hashes[2 * i], hashes[2 * i + 1], LOP3_MASK, LOP3_XOR)
+        for i in range(4)
+    ]
+
+
+def _decode_mul1(fmt: DecodeFormat, states: list) -> list:
+    sums = [ptx.dp4a_bytesum(s * Uint32(fmt.hash_multiplier), MUL1_ACC_BASE) for s in states]
+    k_inv = MUL1_K_INV * 0x10001
+    k_bias = MUL1_K_BIAS * 0x10001
+    out = []
+    for i in range(4):
+        pair = ptx.pack_lo16(sums[2 * i], sums[2 * i + 1])
+        text = (
+            "{ .reg .b32 a, c;\n"
+            f"mov.b32 a, {k_inv:#010x};\n"
+            f"mov.b32 c, {k_bias:#010x};\n"
+            "fma.rn.f16x2 $0, $1, a, c; }"
+        )
+        out.append(ptx.asm_u32(text, pair))
+    return out
+
+
+def _sqg_stratum_phase(state, bits: int):
+    """§2.5 graph pieces of one codeword: (stratum, p) with phase = p & (2^(16-b) - 1)."""
+    width = 16 - bits
+    hmask = (1 << width) - 1
+    h = state >> Uint32(bits)
+    if width > 11:
+        h = h ^ (h >> Uint32(11))
+        h = h ^ ((h << Uint32(11)) & Uint32(hmask))
+    p = h * Uint32(SQG_AFFINE_MUL) + Uint32(SQG_AFFINE_ADD)
+    beta_rev = ptx.brev_u32(state) >> Uint32(32 - bits)
+    stratum = beta_rev ^ (p >> Uint32(32 - bits))
+    return stratum, p
+
+
+def _read_lut_u8(lut_addr, index, lut_in_smem: bool):
+    if lut_in_smem:
+        return ptx.ld_shared_u8(Uint32(lut_addr) + Uint32(index))
+    return ptx.ld_global_nc_u8(Int64(lut_addr) + Int64(index))
+
+
+def _decode_sqg_t12(bits: int, states: list, lut_addr, lut_in_smem: bool) -> list:
+    width = 16 - bits
+    low_mask = (1 << (width - 4)) - 1
+    codes = []
+    for s in states:
+        stratum, p = _sqg_stratum_phase(s, bits)
+        index = (stratum << Uint32(width - 4)) | ((p >> Uint32(4)) & Uint32(low_mask))
+        codes.append(_read_lut_u8(lut_addr, index, lut_in_smem))
+    return [ptx.e4m3x2_to_half2(codes[2 * i], codes[2 * i + 1]) for i in range(4)]
+
+
+def _d3l_half(state, bits: int, lut_addr) -> Uint32:
+    width = 16 - bits
+    stratum, p = _sqg_stratum_phase(state, bits)
+    rank = (stratum << Uint32(width)) | (p & Uint32((1 << width) - 1))
+    positive = rank >> Uint32(15)  # 1 when rank >= 0x8000
+    neg_mask = (positive ^ Uint32(1)) * Uint32(0x7FFF)
+    m = Int32((rank & Uint32(0x7FFF)) ^ neg_mask)
+    v = Int32(65535) - m * 2
+    e = Int32(ptx.bfind_u32(Uint32(v)))
+    # Head (e <= 3): idx = 2^max(e-1, 0) + ((v - 2^e - 1) >> 1), x = 0.
+    pow_e = Int32(1) << e
+    head_base = Int32(1) << Int32(cutlass.select_(e > 1, e - 1, Int32(0)))
+    head_idx = head_base + ((v - pow_e - 1) >> 1)
+    # Tail: sh = e - 3, sub = (v - 2^e) >> sh, idx = 8 sh + sub,
+    # x = (2^e + (sub << sh) + 2^sh - 1 - v) >> 1.
+    sh = Int32(cutlass.select_(e > 3, e - 3, Int32(0)))
+    sub = (v - pow_e) >> sh
+    tail_idx = sh * 8 + sub
+    tail_x = (pow_e + (sub << sh) + (Int32(1) << sh) - 1 - v) >> 1
+    is_tail = e > 3
+    idx = Int32(cutlass.select_(is_tail, tail_idx, head_idx))
+    x = Int32(cutlass.select_(is_tail, tail_x, Int32(0)))
+    desc = ptx.ld_global_nc_u32(Int64(lut_addr) + Int64(idx) * 4)
+    mag = ptx.d3l_fma_half(desc, Uint32(x))
+    return mag ^ ((positive ^ Uint32(1)) << Uint32(15))
+
+
+def _decode_sqg_d3l(bits: int, states: list, lut_addr) -> list:
+    halves = [_d3l_half(s, bits, lut_addr) for s in states]
+    return [ptx.pack_lo16(halves[2 * i], halves[2 * i + 1]) for i in range(4)]
+
+
+def decode_states_to_half2x4(
+    fmt: DecodeFormat, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool
+) -> list:
+    """Decode eight states (w0..w7) to four packed half2 (bf16x2 when ``to_bf16``)."""
+    if fmt.family == "fp16_hash":
+        regs = _decode_fp16_hash(fmt, states)
+    elif fmt.family == "mul1":
+        regs = _decode_mul1(fmt, states)
+    elif fmt.family == "sqg_t12":
+        regs = _decode_sqg_t12(bits, states, lut_addr, lut_in_smem)
+    elif fmt.family == "sqg_d3l":
+        regs = _decode_sqg_d3l(bits, states, lut_addr)
+    else:  # pragma: no cover - the registry only holds the four families
+        raise ValueError(f"fmt: unknown decoder family {fmt.family!r}")
+    if to_bf16:
+        regs = [ptx.half2_to_bfloat2(r) for r in regs]
+    return regs
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode kernel: payload -> fp16 weight (exactness checks, large-M path)
+# ---------------------------------------------------------------------------------------------
+
+_K_LOCAL = (0, 1, 8, 9)
+#: N16 tiles per warp in the decode kernel, and the bytes of its shared staging block.
+STRIP = 8
+_STRIP_BYTES = 16 * 16 * STRIP * 2
+
+
+class TrellisDecodeKernel:
+    """``payload int32[K/16, N/16, 8b] -> out int16[K, N]`` (fp16 bits).
+
+    One warp per strip of :data:`STRIP` consecutive N16 tiles of one K16 row: the lanes decode
+    each tile into a per-warp shared-memory block ``[16][16·STRIP]`` (§1.5 map), then copy it
+    out with coalesced 16-byte stores. Tiles and columns past N (a partial last strip) are
+    skipped.
+    """
+
+    def __init__(self, fmt: DecodeFormat, bits: int, *, warps_per_cta: int = 4):
+        fmt.check_bits(bits)
+        self.fmt = fmt
+        self.bits = bits
+        self.warps_per_cta = warps_per_cta
+
+    @cute.jit
+    def __call__(self, payload: cute.Tensor, out: cute.Tensor, lut_addr: Int64, stream):
+        strips = (payload.shape[1] + STRIP - 1) // STRIP
+        total = payload.shape[0] * strips
+        ctas = (total + self.warps_per_cta - 1) // self.warps_per_cta
+        self.kernel(payload, out, lut_addr).launch(
+            grid=(ctas, 1, 1),
+            block=(32 * self.warps_per_cta, 1, 1),
+            smem=self.warps_per_cta * _STRIP_BYTES,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, payload: cute.Tensor, out: cute.Tensor, lut_addr: Int64):
+        tid = cute.arch.thread_idx()[0]
+        lane = tid % 32
+        warp = tid // 32
+        job = cute.arch.block_idx()[0] * self.warps_per_cta + warp
+        n_tiles = payload.shape[1]
+        strips = (n_tiles + STRIP - 1) // STRIP
+        allocator = cutlass.memory.SmemAllocator()
+        smem = allocator.allocate(self.warps_per_cta * _STRIP_BYTES, byte_alignment=16)
+        sbase = Uint32(smem.toint()) + Uint32(warp * _STRIP_BYTES)
+        if job < payload.shape[0] * strips:
+            kt = job // strips
+            nt0 = (job - kt * strips) * STRIP
+            first, off = lane_ring_start(lane, self.bits)
+            r = lane % 4
+            g = lane // 4
+            for t in cutlass.range_constexpr(STRIP):
+                if nt0 + t < n_tiles:
+                    words = load_lane_words(lambda i, t=t: payload[kt, nt0 + t, i], first, self.bits)
+                    states = lane_windows(words, off, self.bits)
+                    regs = decode_states_to_half2x4(
+                        self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=False
+                    )
+                    for j in cutlass.range_constexpr(8):
+                        k_local = 2 * r + _K_LOCAL[j % 4]
+                        n_local = t * 16 + g + 8 * (j // 4)
+                        addr = sbase + Uint32((k_local * 16 * STRIP + n_local) * 2)
+                        ptx.st_shared_u16(addr, regs[j // 2] >> Uint32(16 * (j % 2)))
+            cute.arch.sync_warp()
+            n = out.shape[1]
+            out_base = out.iterator.toint()
+            chunks_per_row = 2 * STRIP  # 16-byte chunks (8 fp16) per strip row
+            for i in cutlass.range_constexpr(16 * chunks_per_row // 32):
+                c = lane + 32 * i
+                row = c // chunks_per_row
+                col = nt0 * 16 + (c % chunks_per_row) * 8
+                if col < n:
+                    v = ptx.ld_shared_v4(sbase + Uint32(c * 16))
+                    dst = out_base + (Int64(kt * 16 + row) * n + col) * 2
+                    ptx.st_global_v4(dst, v)

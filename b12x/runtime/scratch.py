@@ -1,0 +1,161 @@
+"""Named caller-owned buffers: their specs, plan-time allocation, and bind-time checks.
+
+Layout
+------
+* :class:`BufferSpec` — ``(name, shape, dtype, role)`` of one buffer an op needs; ``role`` is
+  ``"output"`` (the result the caller reads) or ``"scratch"`` (anything else the op writes).
+  A plan carries a tuple of them, exactly the buffers its path uses and nothing more.
+* :func:`allocate_buffers` — plan-time only: ``torch.empty`` for every spec (or ``torch.zeros``
+  for specs marked ``zeroed``, e.g. a lock workspace). It refuses to run while a CUDA graph is
+  being captured.
+* :func:`require_buffer` — bind-time: the caller's tensor must exist and match the spec exactly
+  (dtype, shape, device, contiguity, 16-byte alignment); it is returned as is (a view, never a
+  copy). A missing or mismatched buffer raises :class:`BufferNotProvided` naming it; during
+  capture the message reads "scratch `c_tmp` is not initialized for CUDA graph capture".
+
+Invariants
+----------
+* Nothing in this module allocates except :func:`allocate_buffers`.
+* A one-element placeholder never satisfies a larger spec: shapes are compared exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from b12x.runtime.compile_cache import capture_active
+from b12x.runtime.validate import check_tensor
+
+__all__ = [
+    "BufferNotProvided",
+    "BufferSpec",
+    "allocate_buffers",
+    "check_known_names",
+    "require_buffer",
+]
+
+ROLES = ("output", "scratch")
+
+
+class BufferNotProvided(ValueError):
+    """A buffer the plan needs is missing or does not match its spec."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferSpec:
+    """One named buffer: exact shape and dtype, its role, and whether it must start zeroed."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    role: str = "scratch"
+    zeroed: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"name: expected an identifier, got {self.name!r}")
+        if not isinstance(self.shape, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.shape
+        ):
+            raise ValueError(f"shape: expected a tuple of non-negative ints, got {self.shape!r}")
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"dtype: expected a torch.dtype, got {type(self.dtype).__name__}")
+        if self.role not in ROLES:
+            raise ValueError(f"role: expected one of {ROLES}, got {self.role!r}")
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for s in self.shape:
+            count *= s
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    def describe(self) -> str:
+        return f"{self.role} `{self.name}` {list(self.shape)} {self.dtype}"
+
+
+def allocate_buffers(
+    specs: Iterable[BufferSpec], device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Plan-time allocation of every spec on ``device`` (never during capture)."""
+    specs = tuple(specs)
+    for spec in specs:
+        if not isinstance(spec, BufferSpec):
+            raise TypeError(f"specs: expected BufferSpec entries, got {type(spec).__name__}")
+    if capture_active():
+        names = ", ".join(f"`{s.name}`" for s in specs)
+        raise RuntimeError(
+            f"allocate_buffers: refusing to allocate {names} during CUDA graph capture; "
+            "allocate at plan time, before capture"
+        )
+    device = torch.device(device)
+    out = {}
+    for spec in specs:
+        factory = torch.zeros if spec.zeroed else torch.empty
+        out[spec.name] = factory(spec.shape, dtype=spec.dtype, device=device)
+    return out
+
+
+def require_buffer(
+    spec: BufferSpec | str,
+    tensor: object,
+    *,
+    shape: tuple[int, ...] | None = None,
+    dtype: torch.dtype | None = None,
+    role: str = "scratch",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The caller's tensor for ``spec``, checked and returned by identity (module docstring).
+
+    ``spec`` is a :class:`BufferSpec`, or a buffer name together with ``shape`` and ``dtype``
+    (and optionally ``role``): ``require_buffer("c_tmp", t, shape=(4, 8, 256), dtype=f32)``."""
+    if isinstance(spec, str):
+        if shape is None or dtype is None:
+            raise ValueError(f"spec: a buffer name ({spec!r}) needs shape= and dtype=")
+        spec = BufferSpec(spec, tuple(shape), dtype, role=role)
+    elif not isinstance(spec, BufferSpec):
+        raise TypeError(f"spec: expected BufferSpec or a name, got {type(spec).__name__}")
+    elif shape is not None or dtype is not None:
+        raise ValueError("spec: shape/dtype are given by the BufferSpec; pass a name instead")
+    capturing = capture_active()
+    label = f"{spec.role} `{spec.name}`"
+    if tensor is None:
+        if capturing:
+            raise BufferNotProvided(
+                f"{label} is not initialized for CUDA graph capture "
+                f"(needs {list(spec.shape)} {spec.dtype}; allocate it before capture)"
+            )
+        raise BufferNotProvided(f"{label} is missing: needs {list(spec.shape)} {spec.dtype}")
+    try:
+        check_tensor(
+            label,
+            tensor,
+            dtypes=(spec.dtype,),
+            shape=spec.shape,
+            device=None if device is None else torch.device(device),
+        )
+    except (TypeError, ValueError) as exc:
+        if capturing:
+            raise BufferNotProvided(
+                f"{label} is not initialized for CUDA graph capture: {exc}"
+            ) from exc
+        raise BufferNotProvided(str(exc)) from exc
+    return tensor  # type: ignore[return-value]
+
+
+def check_known_names(known: Iterable[str], given: Mapping[str, object]) -> None:
+    """Reject buffer names outside ``known`` (a typo must not silently drop a buffer).
+
+    Names in ``known`` that the plan does not use are allowed and ignored: a consumer provisions
+    one buffer set (e.g. a one-element generic ``c_tmp``) for every path of an op."""
+    known = set(known)
+    extra = sorted(name for name in given if name not in known)
+    if extra:
+        raise ValueError(f"buffers: unknown buffer name(s) {extra}; known: {sorted(known)}")

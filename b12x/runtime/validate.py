@@ -1,0 +1,107 @@
+"""Validation before any launch: dtype, shape, contiguity, 16-byte alignment, device, legality.
+
+Layout
+------
+* :func:`check_tensor` — one tensor against a dtype set, a rank or exact shape, contiguity,
+  16-byte alignment and a device. Every failure raises ``TypeError`` (wrong type or dtype) or
+  ``ValueError`` (everything else) whose message starts with the argument's name.
+* :func:`is_16b_aligned` — alignment that also works under FakeTensor / meta tracing (where no data
+  pointer exists): the storage offset in bytes must then be a multiple of 16, since allocator
+  bases are always at least 16-byte aligned.
+* :func:`check_codebook_bits` — (codebook, bits) legality through the kernel registry
+  :func:`b12x.formats.resolve_format`; :func:`check_positive_int` and :func:`check_dtype_choice`
+  for scalar arguments.
+
+Invariants
+----------
+* Checks never launch, allocate or synchronise; they read metadata only.
+* The order is fixed (type, dtype, rank/shape, device, contiguity, alignment) so one bad tensor
+  always produces the same message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+
+from b12x.formats import resolve_format
+
+__all__ = [
+    "HALF_DTYPES",
+    "check_codebook_bits",
+    "check_dtype_choice",
+    "check_positive_int",
+    "check_tensor",
+    "is_16b_aligned",
+]
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d) for d in dtypes)
+
+
+def is_16b_aligned(t: torch.Tensor) -> bool:
+    """16-byte alignment of ``t``'s first element (metadata only under fake/meta tensors)."""
+    offset_bytes = t.storage_offset() * t.element_size()
+    if t.device.type == "meta" or is_fake(t):  # tracing: no data pointer to read
+        return offset_bytes % 16 == 0
+    return t.data_ptr() % 16 == 0
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    dtypes: Sequence[torch.dtype],
+    ndim: int | None = None,
+    shape: Sequence[int] | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = True,
+    aligned: bool = True,
+) -> torch.Tensor:
+    """Validate one tensor argument (module docstring); return it unchanged."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in tuple(dtypes):
+        raise TypeError(f"{name}: expected dtype {_dtype_names(dtypes)}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (strides {tuple(t.stride())})")
+    if aligned and not is_16b_aligned(t):
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+    return t
+
+
+def check_codebook_bits(codebook: object, bits: object) -> tuple[str, int]:
+    """Legal (codebook, bits) for the kernels; raises naming ``codebook`` or ``bits``."""
+    if not isinstance(codebook, str):
+        raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"bits: expected int, got {type(bits).__name__}")
+    fmt = resolve_format(codebook, bits)
+    return fmt.name, bits
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {value}")
+    return value
+
+
+def check_dtype_choice(name: str, value: object, allowed: Sequence[torch.dtype]) -> torch.dtype:
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name}: expected a torch.dtype, got {type(value).__name__}")
+    if value not in tuple(allowed):
+        raise TypeError(f"{name}: expected {_dtype_names(allowed)}, got {value}")
+    return value

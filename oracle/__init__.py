@@ -1,0 +1,1 @@
+"""The differential oracle: judges :mod:`b12x` against :mod:`reference`."""

@@ -1,0 +1,95 @@
+"""The checks ``python -m oracle`` runs, one module per layer (design §5, §8).
+
+Layout
+------
+* :class:`CheckContext` carries what a family needs: the tier (``"cpu"`` or ``"gpu"``), whether
+  CUDA is usable, the grid filter, the results directory (failing cases are saved there), and an
+  optional ``progress(total) -> advance()`` factory for long loops.
+* Every family module exposes ``run(ctx) -> list[CheckResult]`` and never raises for a failing
+  check: a crash inside a family becomes one ``fail`` result naming the family (see :func:`run`).
+* :data:`FAMILIES` is the default job's order: fingerprints, layout, contracts, dispatch/tiles,
+  compile (all CPU tier) then gpu (the differential grid, decode exactness, graph protocol).
+  On a CPU machine the gpu family reports one ``skip`` line per check family, with the reason.
+* Families import b12x lazily; when b12x declares nothing for a family, its check is a ``skip``
+  with a plain reason, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from oracle.report import CheckResult
+
+__all__ = ["FAMILIES", "CheckContext", "cuda_available", "run", "run_family"]
+
+FAMILIES: tuple[str, ...] = (
+    "fingerprints",
+    "layout",
+    "contracts",
+    "dispatch_tiles",
+    "compile",
+    "gpu",
+)
+CPU_FAMILIES = FAMILIES[:-1]
+
+
+def cuda_available() -> bool:
+    """True when torch sees a usable CUDA device (a broken driver counts as none)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclasses.dataclass
+class CheckContext:
+    tier: str = "cpu"
+    cuda: bool = False
+    filter: str | None = None
+    case: str | None = None
+    tile: str | None = None
+    results_dir: Path = Path("results")
+    max_cases: int | None = None
+    progress: Callable[[str, int], Callable[[], None]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.tier not in ("cpu", "gpu"):
+            raise ValueError(f"CheckContext: tier must be 'cpu' or 'gpu', got {self.tier!r}")
+        self.results_dir = Path(self.results_dir)
+
+    def advance(self, label: str, total: int) -> Callable[[], None]:
+        """A callable to call once per item of a loop of ``total`` items (no-op without a bar)."""
+        if self.progress is None or total <= 0:
+            return lambda: None
+        return self.progress(label, total)
+
+
+def run_family(name: str, ctx: CheckContext) -> list[CheckResult]:
+    """Run one family; an exception inside it becomes a single ``fail`` result."""
+    if name not in FAMILIES:
+        raise ValueError(f"run_family: unknown family {name!r}; known: {FAMILIES}")
+    tier = "gpu" if name == "gpu" else "cpu"
+    try:
+        module = importlib.import_module(f"oracle.checks.{name}")
+        return list(module.run(ctx))
+    except Exception as exc:  # noqa: BLE001 - the report shows it; nothing passes silently
+        tail = traceback.format_exc(limit=3).strip().splitlines()[-1]
+        return [
+            CheckResult(
+                f"{name}", tier, "fail", f"family crashed: {type(exc).__name__}: {exc} ({tail})"
+            )
+        ]
+
+
+def run(ctx: CheckContext, families: tuple[str, ...] = FAMILIES) -> list[CheckResult]:
+    """Run ``families`` in order and concatenate their results."""
+    out: list[CheckResult] = []
+    for name in families:
+        out.extend(run_family(name, ctx))
+    return out

@@ -1,0 +1,242 @@
+"""Dispatch and tile checks (design §5.7; R2, R3, R15) against the tables b12x declares.
+
+Hooks looked up lazily in ``b12x.support`` (each returns an iterable); when ``b12x.support`` has
+no such hook, the convention ``b12x.<subpackage>.dispatch.TABLE`` /
+``b12x.<subpackage>.tiles.REGISTRY`` is used (:data:`CONVENTION`):
+
+* ``dispatch_tables()`` — objects satisfying :mod:`oracle.dispatch`'s protocol. The grid for
+  reachability is ``table.grid()`` (or a ``grid`` sequence) when the table declares one, plus
+  both sides of every boundary.
+* ``tile_registries()`` — objects satisfying :mod:`oracle.tiles`'s protocol, checked on every
+  :data:`oracle.tiles.DEVICES` part over ``registry.problems``. The module of the registry's
+  predicate function (attribute ``predicate``, else a module-level ``qualify`` beside the
+  registry's class) is scanned for floor constants duplicated outside it
+  (:func:`oracle.tiles.find_duplicated_floors`).
+
+Results are named ``dispatch.<table>.<check>`` and ``tiles.<registry>.<check>``. When b12x
+declares no tables yet, one ``skip`` per kind says so. :func:`qualify_tile` serves
+``python -m oracle run --tile``: it pins one tile on every problem and simulated device and
+reports where the single predicate accepts or rejects it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from oracle.dispatch import Outcome
+from oracle.dispatch import check_table as check_dispatch_table
+from oracle.report import CheckResult
+from oracle.tiles import DEVICES, check_registry, find_duplicated_floors
+
+__all__ = ["declared", "parse_tile", "qualify_tile", "run", "tile_specializations"]
+
+
+#: hook -> (module name inside each b12x subpackage, attribute) used when support lacks the hook
+CONVENTION = {"dispatch_tables": ("dispatch", "TABLE"), "tile_registries": ("tiles", "REGISTRY")}
+
+
+def _by_convention(hook: str) -> list[Any]:
+    """``b12x.<pkg>.dispatch.TABLE`` / ``b12x.<pkg>.tiles.REGISTRY`` for every subpackage."""
+    import pkgutil
+
+    module_name, attr = CONVENTION[hook]
+    b12x = importlib.import_module("b12x")
+    found = []
+    for info in pkgutil.iter_modules(b12x.__path__):
+        if not info.ispkg:
+            continue
+        name = f"b12x.{info.name}.{module_name}"
+        if importlib.util.find_spec(name) is None:
+            continue
+        obj = getattr(importlib.import_module(name), attr, None)
+        if obj is not None:
+            found.append(obj)
+    return found
+
+
+def declared(hook: str) -> tuple[list[Any] | None, str]:
+    """``(objects, "")`` from ``b12x.support.<hook>()`` (or, when support has no such hook, from
+    the :data:`CONVENTION` modules), or ``(None, reason)``."""
+    try:
+        support = importlib.import_module("b12x.support")
+    except ImportError as exc:
+        return None, f"b12x.support is not importable yet ({exc})"
+    fn = getattr(support, hook, None)
+    if callable(fn):
+        objects = list(fn())
+        return (objects, "") if objects else (None, f"b12x.support.{hook}() returned nothing")
+    objects = _by_convention(hook) if hook in CONVENTION else []
+    if objects:
+        return objects, ""
+    module_name, attr = CONVENTION.get(hook, ("?", "?"))
+    return None, f"b12x declares no {hook}() in b12x.support and no b12x.*.{module_name}.{attr}"
+
+
+def _to_result(prefix: str, outcome: Outcome) -> CheckResult:
+    check = outcome.check.split(".", 1)[-1]
+    status = "pass" if outcome.passed else "fail"
+    return CheckResult(f"{prefix}.{check}", "cpu", status, outcome.reason, dict(outcome.metrics))
+
+
+def _grid_of(table: Any) -> list[dict]:
+    grid = getattr(table, "grid", ())
+    if callable(grid):
+        grid = grid()
+    return [dict(c) for c in grid]
+
+
+def _dispatch_results() -> list[CheckResult]:
+    tables, why = declared("dispatch_tables")
+    if tables is None:
+        return [CheckResult("dispatch", "cpu", "skip", why)]
+    out = []
+    for table in tables:
+        prefix = f"dispatch.{table.name}"
+        out += [_to_result(prefix, o) for o in check_dispatch_table(table, _grid_of(table))]
+    return out
+
+
+def _floor_result(prefix: str, registry: Any) -> CheckResult:
+    predicate = getattr(registry, "predicate", None)
+    if predicate is None:  # a module-level `qualify` next to the registry's class is the predicate
+        module = inspect.getmodule(type(registry))
+        candidate = getattr(module, "qualify", None)
+        if inspect.isfunction(candidate) and inspect.getmodule(candidate) is module:
+            predicate = candidate
+    if predicate is None:
+        return CheckResult(
+            f"{prefix}.single_predicate",
+            "cpu",
+            "skip",
+            "registry names no `predicate` function to scan around",
+        )
+    source = inspect.getsource(inspect.getmodule(predicate))
+    found = find_duplicated_floors(source, predicate.__name__)
+    if found:
+        return CheckResult(
+            f"{prefix}.single_predicate",
+            "cpu",
+            "fail",
+            "floor constants outside the predicate: " + "; ".join(found[:5]),
+        )
+    return CheckResult(f"{prefix}.single_predicate", "cpu", "pass", "")
+
+
+def _tile_results() -> list[CheckResult]:
+    registries, why = declared("tile_registries")
+    if registries is None:
+        return [CheckResult("tiles", "cpu", "skip", why)]
+    out = []
+    for registry in registries:
+        prefix = f"tiles.{registry.name}"
+        out += [_to_result(prefix, o) for o in check_registry(registry)]
+        out.append(_floor_result(prefix, registry))
+    return out
+
+
+def run(ctx=None) -> list[CheckResult]:
+    return _dispatch_results() + _tile_results()
+
+
+def parse_tile(text: str) -> tuple[int, ...]:
+    """``"32x512x256"`` (or ``"32,512,256"``) → ``(32, 512, 256)``."""
+    if not isinstance(text, str) or not re.fullmatch(r"\s*\d+(\s*[x,]\s*\d+)*\s*", text):
+        raise ValueError(f"--tile: expected integers joined by 'x', e.g. 32x512x256, got {text!r}")
+    return tuple(int(v) for v in re.split(r"\s*[x,]\s*", text.strip()))
+
+
+def qualify_tile(text: str, registries: Iterable[Any] | None = None) -> list[CheckResult]:
+    """Pin tile ``text`` on every declared problem and simulated device (``run --tile``)."""
+    spec = parse_tile(text)
+    if registries is None:
+        registries, why = declared("tile_registries")
+        if registries is None:
+            return [CheckResult(f"tile.{text}", "cpu", "skip", why)]
+    out = []
+    for registry in registries:
+        try:
+            tile = registry.deserialize(spec)
+        except Exception as exc:  # noqa: BLE001
+            out.append(
+                CheckResult(
+                    f"tile.{registry.name}.{text}",
+                    "cpu",
+                    "skip",
+                    f"not a tile of this registry: {exc}",
+                )
+            )
+            continue
+        if tile not in registry.entries:
+            out.append(
+                CheckResult(
+                    f"tile.{registry.name}.{text}",
+                    "cpu",
+                    "fail",
+                    f"{tile!r} is not a declared entry",
+                )
+            )
+            continue
+        accepted, rejected, disagree = [], [], []
+        for problem in registry.problems:
+            for device in DEVICES:
+                ok, reason = registry.qualify(tile, problem, device)
+                try:
+                    registry.pin(spec, problem, device)
+                    pinned = True
+                except ValueError:
+                    pinned = False
+                where = f"{problem!r}@{device.name}"
+                (accepted if ok else rejected).append(where if ok else f"{where}: {reason}")
+                if pinned != ok:
+                    disagree.append(where)
+        status = "fail" if disagree else "pass"
+        reason = (
+            f"pin and qualify disagree at {disagree[:3]}"
+            if disagree
+            else (
+                f"qualified at {len(accepted)}, rejected at {len(rejected)} "
+                "(problem, device) points"
+            )
+        )
+        out.append(
+            CheckResult(
+                f"tile.{registry.name}.{text}",
+                "cpu",
+                status,
+                reason,
+                {"accepted": len(accepted), "rejected": rejected[:10]},
+            )
+        )
+    return out
+
+
+def tile_specializations(text: str) -> tuple[list[Any] | None, str]:
+    """Kernel specs a registry compiles for tile ``text`` (its optional ``specializations(tile)``
+    hook), or ``(None, reason)``."""
+    spec = parse_tile(text)
+    registries, why = declared("tile_registries")
+    if registries is None:
+        return None, why
+    found: list[Any] = []
+    hooks = 0
+    for registry in registries:
+        hook = getattr(registry, "specializations", None)
+        if not callable(hook):
+            continue
+        hooks += 1
+        try:
+            tile = registry.deserialize(spec)
+        except Exception:  # noqa: BLE001 - not this registry's tile
+            continue
+        if tile in registry.entries:
+            found.extend(hook(tile))
+    if not hooks:
+        return None, "no tile registry declares specializations(tile) yet"
+    if not found:
+        return None, f"no registry maps tile {text} to kernel specializations"
+    return found, ""

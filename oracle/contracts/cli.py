@@ -1,0 +1,110 @@
+"""Command line: ``python -m oracle contracts [--root DIR] [--json FILE] [--lock FILE]
+[--update-lock] [--slots FILE] [--no-lock] [-v]`` (also ``python -m oracle.contracts``).
+
+Layout
+------
+* :func:`main` parses ``argv``, optionally rewrites the lock (``--update-lock``), runs
+  :func:`~.check.check_package`, prints one line per violation
+  ``path:line: [rule] caller -> callee: parameter <- expression (message)`` and a summary, writes
+  the JSON report when asked, and returns the exit status.
+
+Invariants
+----------
+* Exit status 1 when there is any violation, 0 otherwise; 2 for bad usage (argparse).
+* Defaults: the root is the installed ``b12x`` package; when the root *is* b12x, the lock and
+  slots default to ``fixtures/abi_lock.json`` and ``fixtures/pinned_slots.json``. For any other
+  root only an explicit ``--lock``/``--slots`` is used (another package has its own lock).
+* ``--update-lock`` is the only way the lock is written; it bumps the ABI version only when a
+  signature changed, and the check that follows runs against the rewritten lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .check import DEFAULT_LOCK_PATH, DEFAULT_SLOTS_PATH, check_package, default_root
+from .index import build_index
+from .lock import update_lock
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m oracle contracts",
+        description="Static ABI contract checker: binds every call into the package by name.",
+    )
+    parser.add_argument("--root", type=Path, help="package directory (default: installed b12x)")
+    parser.add_argument("--json", type=Path, help="write violations and a summary to FILE")
+    parser.add_argument(
+        "--lock", type=Path, help="ABI signature lock (default for b12x: fixtures/abi_lock.json)"
+    )
+    parser.add_argument(
+        "--update-lock",
+        action="store_true",
+        help="rewrite the lock; bumps abi_version iff a signature changed",
+    )
+    parser.add_argument(
+        "--slots",
+        type=Path,
+        help="pinned slots JSON (default for b12x: fixtures/pinned_slots.json)",
+    )
+    parser.add_argument("--no-lock", action="store_true", help="skip the signature lock check")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also print infos")
+    return parser
+
+
+def _display_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the checker; return 1 on any violation, 0 otherwise."""
+    args = _parser().parse_args(argv)
+    root = (args.root or default_root()).resolve()
+    is_b12x = root == default_root()
+    lock = args.lock if args.lock is not None else (DEFAULT_LOCK_PATH if is_b12x else None)
+    slots = args.slots
+    if slots is None and is_b12x and DEFAULT_SLOTS_PATH.is_file():
+        slots = DEFAULT_SLOTS_PATH
+    if args.no_lock:
+        if args.update_lock:
+            print("contracts: --update-lock and --no-lock contradict each other", file=sys.stderr)
+            return 2
+        lock = None
+    if args.update_lock:
+        if lock is None:
+            print("contracts: --update-lock needs --lock FILE for this root", file=sys.stderr)
+            return 2
+        version, changed = update_lock(build_index(root), lock)
+        state = "bumped" if changed else "unchanged"
+        print(f"contracts: wrote {_display_path(str(lock))}: abi_version {version} ({state})")
+
+    report = check_package(root, lock_path=lock, slots_path=slots)
+    for violation in report.violations:
+        print(violation.format(Path.cwd()))
+    if args.verbose:
+        for info in report.infos:
+            print(info.format(Path.cwd()))
+    rules = ", ".join(f"{rule}: {n}" for rule, n in report.by_rule().items())
+    counts = report.counts
+    print(
+        f"contracts: {len(report.violations)} violation(s)"
+        + (f" ({rules})" if rules else "")
+        + f", {len(report.infos)} info(s); {counts['resolved_calls']}/{counts['calls']} calls "
+        f"resolved, {counts['locked_signatures']} locked signature(s), "
+        f"{counts['pinned_slots']} pinned slot(s) in {_display_path(str(root))}"
+        + ("" if lock is not None else " [no lock check]")
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""pytest plugin: markers, collection-time GPU skips and hypothesis profiles.
+
+* Markers ``gpu``, ``graph``, ``slow``, ``multi_gpu`` are declared in pyproject.toml and
+  ``--strict-markers`` is on, so a typo is an error rather than a silently unselected test.
+* A test marked ``gpu`` (or ``multi_gpu``) is skipped *at collection* when CUDA is absent (or
+  fewer than two devices are visible), with the reason in the report; no test body decides that.
+* Hypothesis profiles: ``ci`` (derandomised, no deadline; chosen automatically when ``CI`` is
+  set), ``dev`` (the default locally) and ``stress`` (many examples). Pick one with
+  ``--hypothesis-profile``.
+* Failing cases are saved automatically: a test takes the ``oracle_case`` fixture and fills it
+  (``oracle_case.add(name, tensor)``, ``oracle_case.meta.update(...)``, or
+  ``oracle_case.from_case(grid_case)``); when the test then fails, the plugin calls
+  :func:`oracle.results.save_case` under ``--oracle-results DIR`` (default ``results``) and
+  prints the exact ``python -m oracle replay ...`` command in the report (section "oracle case").
+  A passing test saves nothing; a failing test that filled nothing saves nothing.
+
+This module must not import torch at import time: the root conftest pins one GPU per xdist
+worker before CUDA initialises, and this plugin is loaded right after it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import pytest
+
+
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # hypothesis is a dev dependency; the plugin still works without it
+        return
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("ci", derandomize=True, max_examples=60, print_blob=True, **common)
+    settings.register_profile("dev", max_examples=40, **common)
+    settings.register_profile("stress", max_examples=2000, **common)
+    settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+_register_hypothesis_profiles()
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver means "no usable GPU"
+        return 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_gpu = [
+        it for it in items if it.get_closest_marker("gpu") or it.get_closest_marker("multi_gpu")
+    ]
+    if not needs_gpu:
+        return
+    count = _cuda_device_count()
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible (CPU-only machine)")
+    too_few = pytest.mark.skip(reason=f"needs two or more CUDA devices; {count} visible")
+    for item in needs_gpu:
+        if count == 0:
+            item.add_marker(no_gpu)
+        elif item.get_closest_marker("multi_gpu") and count < 2:
+            item.add_marker(too_few)
+
+
+# --- saving failing cases --------------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class OracleCase:
+    """What a test hands the plugin to save if it fails: tensors by name and JSON-able meta."""
+
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+        self.meta: dict[str, Any] = {}
+        self.tensors: dict[str, Any] = {}
+        self.saved_path: Any = None
+        self.replay: str | None = None
+
+    def add(self, name: str, tensor: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"oracle_case.add: name must be a non-empty string, got {name!r}")
+        self.tensors[name] = tensor
+
+    def from_case(self, case: Any) -> None:
+        """Record a grid case (``oracle.grids.Case``): its id makes the save replayable."""
+        self.meta["case_id"] = case.case_id
+        self.meta["case"] = case.to_dict()
+
+    def case_id(self) -> str:
+        given = self.meta.get("case_id")
+        if isinstance(given, str) and given:
+            return given
+        return _UNSAFE.sub("_", self.nodeid).strip("_")[:180] or "case"
+
+    def save(self, results_dir: str) -> str:
+        from oracle.results import replay_command, save_case
+
+        meta = {**self.meta, "case_id": self.case_id(), "test": self.nodeid}
+        self.saved_path = save_case(meta, self.tensors, results_dir)
+        self.replay = replay_command(self.saved_path)
+        return self.replay
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("oracle")
+    group.addoption(
+        "--oracle-results",
+        default="results",
+        metavar="DIR",
+        help="where tests using the oracle_case fixture save their case when they fail",
+    )
+
+
+@pytest.fixture
+def oracle_case(request: pytest.FixtureRequest) -> OracleCase:
+    """Fill with tensors and meta; saved (with a replay command) only if the test fails."""
+    return OracleCase(request.node.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    case = getattr(item, "funcargs", {}).get("oracle_case")
+    if not isinstance(case, OracleCase) or not case.tensors:
+        return
+    try:
+        command = case.save(item.config.getoption("oracle_results"))
+        text = f"saved failing case: {case.saved_path}\nreplay: {command}"
+    except Exception as exc:  # noqa: BLE001 - never mask the test's own failure
+        text = f"could not save the failing case: {type(exc).__name__}: {exc}"
+    report.sections.append(("oracle case", text))

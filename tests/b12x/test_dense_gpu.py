@@ -1,0 +1,142 @@
+"""GPU: the dense trellis linear against the exact and faithful references (spec §3.2–3.3).
+
+Gate (design §6): ``relL2(y, exact) <= max(2 · relL2(faithful, exact), floor)`` plus a tight
+closeness to the faithful reference (the kernel's only latitude is the fp32 summation order), and
+a worst-row cosine. The H128 rotation kernels are compared against the reference's faithful
+rotation steps, and an external H128 callback (exllamav3 contract) is exercised.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from b12x.dense_linear import trellis_linear
+from b12x.kernels import host
+from reference import linear as ref_linear
+from reference import trellis as ref_trellis
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _layer(k: int, n: int, bits: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    payload = torch.randint(-(2**15), 2**15, (k // 16, n // 16, 16 * bits), generator=gen)
+    suh = (torch.rand(k, generator=gen) * 0.02 + 0.01) * (torch.randint(0, 2, (k,), generator=gen) * 2 - 1)
+    svh = (torch.rand(n, generator=gen) + 0.5) * (torch.randint(0, 2, (n,), generator=gen) * 2 - 1)
+    return payload.to(torch.int16), suh.to(torch.float16), svh.to(torch.float16)
+
+
+def _check(y, x, payload, suh, svh, codebook, compute_dtype):
+    weight = ref_trellis.decode(payload, codebook)
+    exact = ref_linear.forward_decoded(x.cpu(), weight, suh, svh, precision="exact")
+    faithful = ref_linear.forward_decoded(
+        x.cpu(), weight, suh, svh, precision="faithful", compute_dtype=compute_dtype
+    )
+    floor = 2e-3 if compute_dtype == torch.float16 else 1e-2
+    ref_err = _rel_l2(faithful, exact)
+    err = _rel_l2(y.cpu(), exact)
+    assert err <= max(2 * ref_err, floor), (err, ref_err)
+    assert _rel_l2(y.cpu(), faithful) <= max(ref_err, floor)
+    cos = torch.nn.functional.cosine_similarity(y.cpu().double(), exact, dim=1)
+    assert float(cos.min()) > 0.999
+
+
+@pytest.mark.parametrize(
+    ("codebook", "bits"),
+    [("mcg", 2), ("mcg", 4), ("mcg", 6), ("3inst", 3), ("mul1", 5), ("sqg_e4m3", 2),
+     ("sqg_e4m3", 4), ("sqg_fp16", 5), ("sqg_fp16", 6)],
+)
+@pytest.mark.parametrize("m", [1, 9, 33])
+def test_dense_linear_matches_references(codebook, bits, m):
+    k, n = 256, 256
+    payload, suh, svh = _layer(k, n, bits, seed=bits * 31 + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.float16)
+    y = trellis_linear(x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook=codebook)
+    assert y.dtype == torch.float16 and y.shape == (m, n)
+    _check(y, x, payload, suh, svh, codebook, torch.float16)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 17, 130])
+@pytest.mark.parametrize("split_k", [None, 1, 4])
+def test_dense_linear_dtypes_and_splits(x_dtype, compute_dtype, m, split_k):
+    k, n = 512, 384
+    payload, suh, svh = _layer(k, n, 4, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1 + m)).to(x_dtype)
+    y = trellis_linear(x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg",
+                       compute_dtype=compute_dtype, split_k=split_k)
+    assert y.dtype == x_dtype
+    _check(y, x, payload, suh, svh, "mcg", compute_dtype)
+
+
+def test_decode_matmul_path_matches_references():
+    k, n, m = 256, 256, 64
+    payload, suh, svh = _layer(k, n, 3, seed=9)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.float16)
+    y = trellis_linear(x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg",
+                       path="decode_matmul")
+    _check(y, x, payload, suh, svh, "mcg", torch.float16)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
+def test_input_rotation_matches_faithful_step(x_dtype):
+    k, m = 384, 5
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(m, k, generator=gen).to(x_dtype)
+    suh = (torch.randn(k, generator=gen) * 0.1).to(torch.float16)
+    expected = ref_linear.faithful_input_rotation(x, suh)
+    got = host.rotate_input(x.cuda(), suh.cuda()).cpu()
+    # Same fp32 butterfly up to summation order: at most one fp16 ulp apart.
+    diff = (got.float() - expected.float()).abs()
+    ulp = expected.float().abs().clamp_min(2**-14) * 2**-10
+    assert bool((diff <= ulp).all())
+
+
+def test_output_rotation_matches_faithful_step():
+    n, m = 256, 3
+    gen = torch.Generator().manual_seed(6)
+    y = torch.randn(m, n, generator=gen).to(torch.float16)
+    svh = torch.randn(n, generator=gen).to(torch.float16)
+    expected = ref_linear.faithful_output_rotation(y, svh, None)
+    got = host.rotate_output(y.cuda(), svh.cuda()).cpu()
+    diff = (got.float() - expected.float()).abs()
+    ulp = expected.float().abs().clamp_min(2**-14) * 2**-9
+    assert bool((diff <= ulp).all())
+
+
+def test_external_hadamard_callback_is_used():
+    calls = []
+
+    def had_r_128(inp, out, pre_scale, post_scale, scale):
+        calls.append((pre_scale is not None, post_scale is not None, scale))
+        if pre_scale is not None:
+            out.copy_(ref_linear.faithful_input_rotation(inp.cpu(), pre_scale.cpu()).cuda())
+        else:
+            out.copy_(ref_linear.faithful_output_rotation(inp.cpu(), post_scale.cpu(), None).cuda())
+
+    k, n, m = 256, 128, 4
+    payload, suh, svh = _layer(k, n, 5, seed=21)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).to(torch.float16)
+    y = trellis_linear(x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg",
+                       hadamard_128=had_r_128)
+    assert calls == [(True, False, 1.0), (False, True, 1.0)]
+    _check(y, x, payload, suh, svh, "mcg", torch.float16)
+
+
+def test_dense_linear_validates_before_launch():
+    payload, suh, svh = _layer(256, 128, 4, seed=1)
+    x = torch.randn(2, 256).to(torch.float16).cuda()
+    with pytest.raises(ValueError, match="bits"):
+        trellis_linear(x, payload.cuda(), suh.cuda(), svh.cuda(), codebook="sqg_fp16")
+    with pytest.raises(ValueError, match="svh"):
+        trellis_linear(x, payload.cuda(), suh.cuda(), svh[:64].cuda(), codebook="mcg")
+    with pytest.raises(ValueError, match="contiguous"):
+        trellis_linear(x.t().contiguous().t(), payload.cuda(), suh.cuda(), svh.cuda(),
+                       codebook="mcg")

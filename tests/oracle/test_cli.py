@@ -1,0 +1,172 @@
+"""``python -m oracle``: the default job's JSON schema on CPU, and the grid/report/replay commands.
+
+One subprocess (CUDA hidden) runs the default job restricted to families whose outcome does not
+depend on the state of b12x and that are cheap (layout, and the GPU families, which must each be
+ONE skip line with the reason "no CUDA device"); it must exit 0 and write the documented schema.
+The fingerprint family's wiring is checked without building tables (the reference tests pin the
+digests themselves). The other commands run in-process through ``oracle.cli.main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from oracle.cli import main
+from oracle.grids import cases, parse_case_id
+from oracle.report import CheckResult, Report
+from oracle.results import save_case
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_job_on_cpu_writes_the_schema_and_skips_gpu_with_reason(tmp_path):
+    out = tmp_path / "report.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "oracle", "-q", "--only", "layout,gpu"]
+    cmd += ["--json", str(out), "--results", str(tmp_path / "results")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU checks skipped (3)" in proc.stdout and "no CUDA device" in proc.stdout
+    data = json.loads(out.read_text())
+    assert set(data) == {"checks", "summary", "environment"}
+    for check in data["checks"]:
+        assert set(check) == {"name", "tier", "status", "reason", "metrics"}
+        assert check["tier"] in ("cpu", "gpu") and check["status"] in ("pass", "fail", "skip")
+    gpu = [c for c in data["checks"] if c["tier"] == "gpu"]
+    assert [c["name"] for c in gpu] == [
+        "gpu.decode_exactness",
+        "gpu.differential_grid",
+        "gpu.graph_protocol",
+    ]
+    assert all(c["status"] == "skip" and c["reason"] == "no CUDA device" for c in gpu)
+    cpu_names = [c["name"] for c in data["checks"] if c["tier"] == "cpu"]
+    assert cpu_names == [
+        "layout.worked_example",
+        "layout.pack_round_trip",
+        "layout.states",
+        "layout.windows",
+        "layout.tile_order",
+        "layout.decode_index_map",
+    ]
+    assert data["summary"]["fail"] == 0 and data["summary"]["skip"] == 3
+
+
+def test_every_fingerprint_table_has_a_reference_builder():
+    from oracle.checks.fingerprints import FINGERPRINTS_PATH, builders
+
+    tables = json.loads(FINGERPRINTS_PATH.read_text())["tables"]
+    assert set(builders()) == set(tables)  # no table is silently skipped
+
+
+def test_unknown_family_is_a_usage_error():
+    with pytest.raises(SystemExit, match="unknown families"):
+        main(["--only", "layout,nonsense"])
+
+
+def test_grid_lists_exactly_the_filtered_cases(capsys):
+    assert (
+        main(["grid", "--op", "dense", "--filter", "codebook=mcg,bits=6,m=1", "--tier", "cpu"]) == 0
+    )
+    lines = capsys.readouterr().out.split()
+    assert lines
+    for line in lines:
+        case = parse_case_id(line)
+        assert (case.variant.op, case.variant.codebook, case.variant.bits, case.m) == (
+            "dense",
+            "mcg",
+            6,
+            1,
+        )
+
+
+def _report(tmp_path, status):
+    metrics = {"rel_l2": 1e-3, "faithful_rel_l2": 5e-4, "variant": "dense/mcg/k6/fp16"}
+    metrics.update(m=1, k=128, n=256)
+    report = Report(
+        [CheckResult("a", "cpu", "pass"), CheckResult("b", "gpu", status, "r", metrics)]
+    )
+    return report.to_json(tmp_path / f"{status}.json")
+
+
+def test_report_exit_code_follows_failures_and_writes_pngs(tmp_path, capsys):
+    assert main(["report", str(_report(tmp_path, "pass")), "-q"]) == 0
+    png_dir = tmp_path / "png"
+    assert main(["report", str(_report(tmp_path, "fail")), "-q", "--png", str(png_dir)]) == 1
+    assert list(png_dir.glob("*.png"))
+
+
+@pytest.fixture
+def saved_decode_case(tmp_path):
+    """A decode case whose saved kernel output is the reference decode with one element bumped."""
+    from oracle.checks.gpu import make_inputs
+    from reference.trellis import decode
+
+    case = next(c for c in cases(op="decode", filter="codebook=mcg,bits=4", tier="cpu"))
+    inputs = make_inputs(case)
+    y = decode(inputs["trellis"], "mcg").clone()
+
+    def save(bump: bool):
+        out = y.clone()
+        if bump:
+            out[3, 5] = out[3, 5] + 1
+        return save_case({"case_id": case.case_id}, {**inputs, "y": out}, tmp_path / str(bump))
+
+    return save
+
+
+def test_replay_rejudges_a_saved_case_on_cpu(saved_decode_case, capsys):
+    assert main(["replay", str(saved_decode_case(False)), "-q", "--tier", "cpu"]) == 0
+    assert main(["replay", str(saved_decode_case(True)), "-q", "--tier", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of " in out and "first at index (3, 5)" in out
+
+
+def test_report_writes_the_tile_error_map_of_a_saved_case(saved_decode_case, tmp_path, capsys):
+    report = _report(tmp_path, "pass")
+    png_dir = tmp_path / "maps"
+    args = ["report", str(report), "-q", "--png", str(png_dir)]
+    assert main([*args, "--tile-map", str(saved_decode_case(True))]) == 0
+    assert [p.name for p in png_dir.glob("*_tiles.png")]
+
+
+def test_contracts_delegates_its_arguments(monkeypatch):
+    import oracle.contracts.cli as contracts_cli
+
+    seen = []
+    monkeypatch.setattr(contracts_cli, "main", lambda argv: seen.append(argv) or 7)
+    assert main(["contracts", "--json", "x.json"]) == 7
+    assert seen == [["--json", "x.json"]]
+
+
+def test_replay_of_a_non_grid_case_is_a_plain_skip(tmp_path, capsys):
+    path = save_case({"case_id": "not_a_grid_case"}, {"y": torch.zeros(2)}, tmp_path)
+    assert main(["replay", str(path), "-q"]) == 0
+    assert "0 passed, 0 failed, 1 skipped" in capsys.readouterr().out
+
+
+def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, capsys):
+    """The GPU grid's bookkeeping on CPU: the kernel is replaced by a decode with one bad value."""
+    from oracle.checks import CheckContext, gpu
+    from reference.trellis import decode
+
+    def bad_kernel(case, inputs):
+        y = decode(inputs["trellis"], case.variant.codebook).clone()
+        y[0, 0] = y[0, 0] + 1  # codebook values lie in (-4, 4): +1 always changes it
+        return y
+
+    case = next(c for c in cases(op="decode", filter="codebook=mul1,bits=2", tier="cpu"))
+    monkeypatch.setattr(gpu, "kernel_output", bad_kernel)
+    ctx = CheckContext(tier="gpu", cuda=False, case=case.case_id, results_dir=tmp_path)
+    (result,) = gpu._grid(ctx)
+    assert result.status == "fail" and result.name == f"gpu.decode.{case.case_id}"
+    saved = tmp_path / f"{case.case_id}.json"
+    assert f"replay: python -m oracle replay {saved}" in result.reason
+    assert main(["replay", str(saved), "-q", "--tier", "cpu"]) == 1
+    assert "first at index (0, 0)" in capsys.readouterr().out

@@ -1,0 +1,166 @@
+"""Grids: buckets straddle every boundary, cases are stable, the filter grammar works."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from oracle import grids as G
+from oracle.variants import Variant, variant_by_name
+
+
+@functools.cache
+def gpu_cases() -> tuple[G.Case, ...]:
+    return tuple(G.cases(tier="gpu"))
+
+
+def test_m_buckets_straddle_every_boundary():
+    assert G.M_BUCKETS == (1, 2, 8, 9, 15, 16, 17, 64, 127, 128, 129, 256, 1024, 4096)
+    for boundary in (8, 16, 128):  # both sides of each dispatch/tile boundary
+        assert {boundary, boundary + 1} <= set(G.M_BUCKETS)
+    assert {127, 128, 129} <= set(G.M_BUCKETS)
+
+
+def test_every_variant_visits_every_m_bucket_on_gpu():
+    seen: dict[str, set[int]] = {}
+    for case in gpu_cases():
+        seen.setdefault(case.variant.name, set()).add(case.m)
+    from oracle.variants import REGISTRY
+
+    assert set(seen) == {v.name for v in REGISTRY}
+    for name, ms in seen.items():
+        assert ms == set(G.M_BUCKETS), name
+
+
+def test_kn_buckets_cover_residues_glm_shapes_and_heavy():
+    shapes = {(b.k, b.n) for b in G.KN_BUCKETS}
+    assert all(k % 128 == 0 and n % 128 == 0 for k, n in shapes)
+    for axis in (0, 1):
+        residues_256 = {s[axis] % 256 for s in shapes}
+        residues_512 = {s[axis] % 512 for s in shapes}
+        assert residues_256 == {0, 128}
+        assert {128, 256} <= residues_512
+    assert {(2048, 4096), (6144, 1024), (512, 6144)} <= shapes
+    heavy = [(b.k, b.n) for b in G.KN_BUCKETS + G.MOE_BUCKETS if b.heavy]
+    assert (8192, 28672) in heavy
+    for b in G.KN_BUCKETS:
+        assert b.heavy == G.is_heavy("dense", b.k, b.n), b
+    for b in G.MOE_BUCKETS:
+        assert b.heavy == G.is_heavy("moe", b.k, b.n), b
+
+
+def test_moe_grid_covers_experts_and_top_k():
+    moe = [c for c in gpu_cases() if c.variant.op == "moe"]
+    assert {c.experts for c in moe} == {8, 64, 256}
+    assert {c.top_k for c in moe} == {1, 2, 8}
+    assert all(1 <= c.top_k <= c.experts for c in moe)
+    assert all(c.experts is None and c.top_k is None for c in gpu_cases() if c.variant.op != "moe")
+
+
+def test_pair_cases_use_one_pair_on_the_rate_axis():
+    for case in gpu_cases():
+        v = case.variant
+        if v.pair_kind is None:
+            continue
+        if v.op == "moe" or v.rate_axis == "n":
+            assert case.n == 256, case.case_id
+        else:
+            assert case.k == 256, case.case_id
+
+
+def test_cpu_tier_is_small_and_never_heavy():
+    cpu = G.cases(tier="cpu")
+    assert cpu and len(cpu) < len(gpu_cases())
+    assert not any(c.heavy for c in cpu)
+    assert max(c.m for c in cpu) <= 256
+    assert any(c.heavy for c in gpu_cases())
+
+
+def test_case_ids_are_stable_filename_safe_and_invertible():
+    case = G.Case(variant_by_name("dense/mcg/k6/fp16"), 17, 128, 384, seed=7)
+    assert case.case_id == "dense-mcg-k6-fp16_m17_k128_n384_s7"
+    moe = G.Case(variant_by_name("moe/mcg/k3/tiers_k3k4/fp16"), 1, 256, 256, 8, 2, seed=3)
+    assert moe.case_id == "moe-mcg-k3-tiers_k3k4-fp16_m1_k256_n256_e8_t2_s3"
+    for c in gpu_cases()[::97]:
+        assert G.parse_case_id(c.case_id) == c
+        assert all(ch.isalnum() or ch in "_-." for ch in c.case_id)
+    first, second = G.cases(op="dense", max_cases=50), G.cases(op="dense", max_cases=50)
+    assert first == second and len(first) == 50
+    assert G.cases(op="dense", max_cases=5, base_seed=1)[0].seed != first[0].seed
+    with pytest.raises(ValueError, match="case_id"):
+        G.parse_case_id("dense-mcg-k6-fp16_m17")
+
+
+def test_case_validation():
+    v = Variant("mcg", 6)
+    with pytest.raises(ValueError, match="experts"):
+        G.Case(v, 1, 128, 128, experts=8, top_k=2)
+    with pytest.raises(ValueError, match="m"):
+        G.Case(v, -1, 128, 128)
+    with pytest.raises(ValueError, match="top_k"):
+        G.Case(Variant("mcg", 6, op="moe"), 1, 128, 128, experts=8, top_k=9)
+    with pytest.raises(ValueError, match="tier"):
+        G.cases(tier="tpu")
+    with pytest.raises(ValueError, match="op"):
+        G.cases(op="gemm")
+
+
+def test_filter_grammar():
+    selected = G.cases(filter="codebook=mcg,bits=6,m<=128,pair_kind=none", tier="gpu")
+    assert selected
+    for c in selected:
+        assert c.variant.codebook == "mcg" and c.variant.bits == 6 and c.m <= 128
+        assert c.variant.pair_kind is None
+    expected = [
+        c
+        for c in gpu_cases()
+        if c.variant.codebook == "mcg"
+        and c.variant.bits == 6
+        and c.m <= 128
+        and c.variant.pair_kind is None
+    ]
+    assert selected == expected
+    alt = G.parse_filter("codebook=sqg_e4m3|sqg_fp16, op!=moe, dtype=bf16, m>128, heavy=false")
+    picked = [c for c in gpu_cases() if alt(c)]
+    assert picked
+    assert all(
+        c.variant.codebook in ("sqg_e4m3", "sqg_fp16")
+        and c.variant.op != "moe"
+        and c.variant.compute_dtype == "bf16"
+        and c.m > 128
+        and not c.heavy
+        for c in picked
+    )
+    named = G.parse_filter("name~P43,op=moe")
+    assert {c.variant.pair_kind for c in gpu_cases() if named(c)} == {"P43"}
+    assert len(G.parse_filter("").clauses) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("colour=red", "unknown field"),
+        ("codebook<mcg", "numeric"),
+        ("bits~3", "string"),
+        ("bits=six", "integer"),
+        ("m", "malformed"),
+        ("m>=", "no value"),
+        ("heavy=maybe", "heavy"),
+    ],
+)
+def test_filter_errors_name_the_problem(text, message):
+    with pytest.raises(ValueError, match=message):
+        G.parse_filter(text)
+
+
+def test_generated_shapes_are_legal_for_their_variant():
+    coupled = [c for c in gpu_cases() if c.variant.rotation == "coupled"]
+    assert coupled and all(c.k % 512 == 0 for c in coupled)
+    assert all(G.shape_illegal_reason(c.variant, c.k, c.n) is None for c in gpu_cases()[::13])
+    pair = variant_by_name("dense/mcg/k3/P24k/fp16")
+    assert "256" in G.shape_illegal_reason(pair, 512, 128)
+    assert G.shape_illegal_reason(pair, 256, 384) is None
+    assert "128" in G.shape_illegal_reason(Variant("mcg", 6), 192, 128)
+    coupled_variant = variant_by_name("moe/mcg/k6/rot_coupled/fp16")
+    assert "512" in G.shape_illegal_reason(coupled_variant, 384, 256)

@@ -1,0 +1,82 @@
+"""The pytest plugin, run in a child pytest with CUDA hidden (so this holds on any machine).
+
+One child session checks the three promises at once: a ``gpu``-marked test is skipped at
+collection with the reason in the report (its body would fail), a failing test that filled
+``oracle_case`` has its case saved (safetensors + JSON sidecar, no pickle) with the replay
+command printed, and a passing test (and a failing one that filled nothing) saves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+CHILD_TESTS = textwrap.dedent(
+    """
+    import pytest
+    import torch
+
+    @pytest.mark.gpu
+    def test_needs_gpu():
+        raise AssertionError("a gpu test body must not run on a CPU-only machine")
+
+    def test_fails_with_case(oracle_case):
+        oracle_case.add("y", torch.arange(6, dtype=torch.float16).reshape(2, 3))
+        oracle_case.meta.update(case_id="fails_with_case", seed=5)
+        assert False, "oracle verdict: 1 of 6 elements differ"
+
+    def test_passes_with_case(oracle_case):
+        oracle_case.add("y", torch.zeros(2))
+        oracle_case.meta["case_id"] = "passes_with_case"
+
+    def test_fails_without_tensors(oracle_case):
+        assert False
+    """
+)
+
+INI = textwrap.dedent(
+    """
+    [pytest]
+    addopts = -ra --strict-markers -p oracle.pytest_plugin
+    markers =
+        gpu: needs a CUDA device
+        graph: graph
+        slow: slow
+        multi_gpu: two GPUs
+    """
+)
+
+
+def test_plugin_skips_gpu_tests_and_saves_failing_cases(tmp_path: Path):
+    (tmp_path / "test_child.py").write_text(CHILD_TESTS)
+    (tmp_path / "pytest.ini").write_text(INI)
+    results = tmp_path / "saved"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--oracle-results={results}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "2 failed, 1 passed, 1 skipped" in out, out
+    assert "SKIPPED" in out and "needs a CUDA device; none is visible" in out
+    assert "a gpu test body must not run" not in out
+    saved = sorted(p.name for p in results.iterdir())
+    assert saved == ["fails_with_case.json", "fails_with_case.safetensors"]
+    sidecar = json.loads((results / "fails_with_case.json").read_text())
+    assert sidecar["seed"] == 5
+    assert sidecar["test"].endswith("test_child.py::test_fails_with_case")
+    assert f"python -m oracle replay {results / 'fails_with_case.json'}" in out
+
+    from oracle.results import load_case
+
+    loaded = load_case(results / "fails_with_case.json")
+    assert loaded.tensors["y"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
