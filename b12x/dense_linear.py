@@ -7,7 +7,8 @@ GEMM): the input rotation ``rotated = fp16(H128(fp16(fp16(x)·suh)))`` (in the c
 the trellis GEMM with in-register decode (fp32 accumulation, optional split-K, result rounded to
 the compute dtype), and the output rotation ``fp16(fp16(H128(gemm))·svh)`` cast to ``x.dtype``.
 For large M the GEMM may instead decode Wq once (:func:`b12x.kernels.host.decode_weight`) and
-call cuBLAS (``path="decode_matmul"``); ``path="auto"`` picks it for M > ``LARGE_M``.
+call cuBLAS (``path="decode_matmul"``); ``path="auto"`` picks it for M > ``LARGE_M``. ``split_k``
+applies to the fused GEMM only (``None`` = the host heuristic).
 
 Invariants
 ----------
@@ -28,7 +29,7 @@ from b12x.kernels import host
 
 __all__ = ["trellis_linear", "validate_linear_inputs", "LARGE_M", "PATHS"]
 
-LARGE_M = 128
+LARGE_M = 32  # H200: decode + cuBLAS beats the fused GEMM from M = 64 on (benchmark)
 PATHS = ("auto", "fused", "decode_matmul")
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -55,7 +56,9 @@ def validate_linear_inputs(x, trellis, suh, svh, *, codebook, compute_dtype, bia
     if bias is not None:
         _tensor("bias", bias, (torch.float16,), 1)
     if compute_dtype not in _HALF:
-        raise TypeError(f"compute_dtype: expected torch.float16 or torch.bfloat16, got {compute_dtype}")
+        raise TypeError(
+            f"compute_dtype: expected torch.float16 or torch.bfloat16, got {compute_dtype}"
+        )
     if trellis.shape[-1] % 16 != 0 or trellis.shape[-1] == 0:
         raise ValueError(f"trellis: last dim must be 16·bits, got {trellis.shape[-1]}")
     bits = trellis.shape[-1] // 16
@@ -113,8 +116,9 @@ def trellis_linear(
     _, _, m, _, _ = validate_linear_inputs(
         x, trellis, suh, svh, codebook=codebook, compute_dtype=compute_dtype, bias=bias
     )
-    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
-                                or split_k < 1):
+    if split_k is not None and (
+        isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1
+    ):
         raise ValueError(f"split_k: expected a positive int or None, got {split_k!r}")
     had = _resolve_callback(hadamard_128)
 
@@ -132,8 +136,9 @@ def trellis_linear(
         gemm = host.trellis_matmul(rotated, trellis, codebook, split_k=split_k)
 
     if had is None:
-        out = host.rotate_output(gemm, svh, out_dtype=torch.float16 if bias is not None
-                                 else x.dtype)
+        out = host.rotate_output(
+            gemm, svh, out_dtype=torch.float16 if bias is not None else x.dtype
+        )
     else:
         out = torch.empty(gemm.shape, dtype=torch.float16, device=x.device)
         had(gemm.to(torch.float16), out, None, svh, 1.0)

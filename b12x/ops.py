@@ -42,7 +42,9 @@ def check_dense_linear_args(
     check_tensor("trellis", trellis, dtypes=(torch.int16,), ndim=3, device=x.device)
     if trellis.shape[-1] == 0 or trellis.shape[-1] % 16:
         raise ValueError(f"trellis: last dim must be 16·bits, got {trellis.shape[-1]}")
-    bits = trellis.shape[-1] // 16
+    # The bitrate selects the compiled kernel, so it is static: under dynamic-shape tracing the
+    # payload's last dim is specialised (int() installs a guard) rather than left symbolic.
+    bits = int(trellis.shape[-1]) // 16
     check_codebook_bits(codebook, bits)
     k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
     if k == 0 or n == 0 or k % 128 or n % 128:

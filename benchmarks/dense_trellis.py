@@ -57,24 +57,38 @@ def sweep(ms, bit_list) -> None:
     """Time the decode kernel, and the fused GEMM over unroll factors and split counts."""
     for bits in bit_list:
         payloads = [
-            torch.randint(-(2**15), 2**15, (K // 16, N // 16, 16 * bits), device="cuda",
-                          dtype=torch.int32).to(torch.int16)
+            torch.randint(
+                -(2**15), 2**15, (K // 16, N // 16, 16 * bits), device="cuda", dtype=torch.int32
+            ).to(torch.int16)
             for _ in range(_copies(K * N * bits // 8))
         ]
-        dec = _time_us(lambda i: host.decode_weight(payloads[i % len(payloads)], "mcg"))
-        print(f"sweep K{bits} decode_weight: {dec:.1f} us "
-              f"({2 * K * N / (dec * 1e-6) / 1e12:.2f} TB/s written)", flush=True)
+        dec = _time_us(lambda i, ps=payloads: host.decode_weight(ps[i % len(ps)], "mcg"))
+        print(
+            f"sweep K{bits} decode_weight: {dec:.1f} us "
+            f"({2 * K * N / (dec * 1e-6) / 1e12:.2f} TB/s written)",
+            flush=True,
+        )
         for m in ms:
             x = torch.randn(m, K, device="cuda").to(torch.float16)
             m_tiles, n_tiles = host.choose_tiles(m, N)
             for unroll in (1, 2, 4):
                 for split in (None, 8, 16, 24):
-                    us = _time_us(lambda i, x=x, u=unroll, s=split:
-                                  host.trellis_matmul(x, payloads[i % len(payloads)], "mcg",
-                                                      tiles=(m_tiles, n_tiles), unroll=u,
-                                                      split_k=s))
-                    print(f"sweep K{bits} M={m} unroll={unroll} split={split}: {us:.1f} us",
-                          flush=True)
+                    us = _time_us(
+                        lambda i, x=x, u=unroll, s=split, ps=payloads, t=(m_tiles, n_tiles): (
+                            host.trellis_matmul(
+                                x,
+                                ps[i % len(ps)],
+                                "mcg",
+                                tiles=t,
+                                unroll=u,
+                                split_k=s,
+                            )
+                        )
+                    )
+                    print(
+                        f"sweep K{bits} M={m} unroll={unroll} split={split}: {us:.1f} us",
+                        flush=True,
+                    )
         del payloads
 
 
@@ -107,21 +121,29 @@ def main() -> None:
     for bits in bit_list:
         nbytes = K * N * bits // 8
         payloads = [
-            torch.randint(-(2**15), 2**15, (K // 16, N // 16, 16 * bits), device="cuda",
-                          dtype=torch.int32).to(torch.int16)
+            torch.randint(
+                -(2**15), 2**15, (K // 16, N // 16, 16 * bits), device="cuda", dtype=torch.int32
+            ).to(torch.int16)
             for _ in range(_copies(nbytes))
         ]
         for m in ms:
             x16 = torch.randn(m, K, device="cuda").to(torch.float16)
             for path in paths:
                 if path == "fused":
-                    gemm = _time_us(lambda i, x=x16: host.trellis_matmul(
-                        x, payloads[i % len(payloads)], "mcg"))
+                    gemm = _time_us(
+                        lambda i, x=x16, ps=payloads: host.trellis_matmul(x, ps[i % len(ps)], "mcg")
+                    )
                 else:
-                    gemm = _time_us(lambda i, x=x16: torch.matmul(
-                        x, host.decode_weight(payloads[i % len(payloads)], "mcg")))
-                full = _time_us(lambda i, x=x16, p=path: trellis_linear(
-                    x, payloads[i % len(payloads)], suh, svh, codebook="mcg", path=p))
+                    gemm = _time_us(
+                        lambda i, x=x16, ps=payloads: torch.matmul(
+                            x, host.decode_weight(ps[i % len(ps)], "mcg")
+                        )
+                    )
+                full = _time_us(
+                    lambda i, x=x16, p=path, ps=payloads: trellis_linear(
+                        x, ps[i % len(ps)], suh, svh, codebook="mcg", path=p
+                    )
+                )
                 row = {
                     "bits": bits,
                     "m": m,

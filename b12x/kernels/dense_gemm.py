@@ -15,6 +15,9 @@ Layout
   windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues
   two ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with
   B = ``(w4w5, w6w7)`` (the EXL3 tile order is the B-fragment order, §1.5). fp32 accumulation.
+  Loads go through a register stage ``depth`` rows ahead (ring words via per-lane byte pointers
+  with immediate per-tile offsets, ``ld.global.nc``), so row kt+depth is in flight while row kt
+  is decoded.
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
   ``>= M`` are neither loaded (A reads are clamped and zeroed) nor stored.
 
@@ -41,7 +44,6 @@ from b12x.kernels.trellis_decode import (
     decode_states_to_half2x4,
     lane_ring_start,
     lane_windows,
-    load_lane_words,
     ring_words_per_lane,
 )
 
@@ -269,7 +271,9 @@ class SplitKReduceKernel:
     def __call__(self, partials: cute.Tensor, out: cute.Tensor, stream):
         pairs = out.shape[0] * out.shape[1]
         grid = (pairs + self.threads - 1) // self.threads
-        self.kernel(partials, out).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream)
+        self.kernel(partials, out).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
 
     @cute.kernel
     def kernel(self, partials: cute.Tensor, out: cute.Tensor):

@@ -81,8 +81,9 @@ class InputRotationKernel:
     def __call__(self, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor, stream):
         jobs = x.shape[0] * (x.shape[1] // 64)
         grid = (jobs + self.warps - 1) // self.warps
-        self.kernel(x, suh, out).launch(grid=(grid, 1, 1), block=(32 * self.warps, 1, 1),
-                                        stream=stream)
+        self.kernel(x, suh, out).launch(
+            grid=(grid, 1, 1), block=(32 * self.warps, 1, 1), stream=stream
+        )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor):
@@ -125,8 +126,9 @@ class OutputRotationKernel:
     def __call__(self, y: cute.Tensor, svh: cute.Tensor, out: cute.Tensor, stream):
         jobs = y.shape[0] * (y.shape[1] // 64)
         grid = (jobs + self.warps - 1) // self.warps
-        self.kernel(y, svh, out).launch(grid=(grid, 1, 1), block=(32 * self.warps, 1, 1),
-                                        stream=stream)
+        self.kernel(y, svh, out).launch(
+            grid=(grid, 1, 1), block=(32 * self.warps, 1, 1), stream=stream
+        )
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, svh: cute.Tensor, out: cute.Tensor):

@@ -68,6 +68,18 @@ def _lut_addr(fmt: DecodeFormat, device: torch.device) -> int:
     return 0 if table is None else table.data_ptr()
 
 
+def _allocate(name: str, role: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Allocate a buffer the caller did not pass, or raise while a CUDA graph is capturing.
+
+    These wrappers are the eager convenience layer; graph-captured callers go through the
+    plan / bind / run ops, which own every buffer. A missing buffer during capture is an error
+    that names it, never a silent allocation from the capture pool.
+    """
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{role} `{name}` is not initialized for CUDA graph capture")
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _check_tensor(name: str, t, *, dtypes, ndim: int | None = None, device=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -92,7 +104,9 @@ def _check_payload(trellis, codebook: str) -> tuple[DecodeFormat, int]:
     if trellis.dtype != torch.int16:
         raise TypeError(f"trellis: expected dtype torch.int16, got {trellis.dtype}")
     if trellis.dim() != 3 or trellis.shape[-1] % 16 != 0 or 0 in trellis.shape:
-        raise ValueError(f"trellis: expected shape [K/16, N/16, 16·bits], got {tuple(trellis.shape)}")
+        raise ValueError(
+            f"trellis: expected shape [K/16, N/16, 16·bits], got {tuple(trellis.shape)}"
+        )
     bits = trellis.shape[-1] // 16
     fmt = resolve_format(codebook, bits)
     _check_tensor("trellis", trellis, dtypes=(torch.int16,), ndim=3)
@@ -104,7 +118,7 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
     fmt, bits = _check_payload(trellis, codebook)
     k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
     if out is None:
-        out = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
+        out = _allocate("out", "output", (k, n), torch.float16, trellis.device)
     _check_tensor("out", out, dtypes=(torch.float16,), ndim=2, device=trellis.device)
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
@@ -114,18 +128,17 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
 
 
 def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
-    """(m_tiles, n_tiles) per warp (H200 sweep: 4 N16 tiles per warp is fastest when N allows;
-    without ``n`` the N-agnostic 2 is returned, valid for any N % 128 == 0)."""
-    if n is None:
-        n_tiles = 2
-    else:
-        n_tiles = 4 if n % 256 == 0 else 2 if n % 128 == 0 else 1
+    """(m_tiles, n_tiles) per warp. H200 sweep: 4 N16 tiles per warp is fastest when N allows;
+    4 M16 blocks pair with 2 N16 tiles (4×4 exceeds 255 registers for sqg_fp16). Without ``n``
+    the N-agnostic 2 is returned (valid for any N % 128 == 0)."""
     m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
+    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
     return m_tiles, n_tiles
 
 
-def choose_split_k(m: int, k: int, n: int, *, m_tiles: int, n_tiles: int, warps: int,
-                   sm_count: int) -> int:
+def choose_split_k(
+    m: int, k: int, n: int, *, m_tiles: int, n_tiles: int, warps: int, sm_count: int
+) -> int:
     """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each."""
     ctas = (n // (16 * n_tiles * warps)) * -(-m // (16 * m_tiles))
     depth = 12 if m <= 16 else 4
@@ -163,8 +176,15 @@ def trellis_matmul(
     if n % group != 0:
         raise ValueError(f"trellis: N={n} must be a multiple of {group} for this tile shape")
     if split_k is None:
-        split_k = choose_split_k(m, k, n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-                                 sm_count=_sm_count(trellis.device.index or 0))
+        split_k = choose_split_k(
+            m,
+            k,
+            n,
+            m_tiles=m_tiles,
+            n_tiles=n_tiles,
+            warps=warps,
+            sm_count=_sm_count(trellis.device.index or 0),
+        )
     if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
         raise ValueError(f"split_k: expected a positive int, got {split_k!r}")
     k_rows = k // 16
@@ -172,27 +192,43 @@ def trellis_matmul(
     splits = -(-k_rows // rows_per_split)
     bf16 = a.dtype == torch.bfloat16
     if out is None:
-        out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        out = _allocate("out", "output", (m, n), a.dtype, a.device)
     _check_tensor("out", out, dtypes=(a.dtype,), ndim=2, device=a.device)
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
     arch = device_arch(a.device)
     lut = _lut_addr(fmt, a.device)
-    spec = KernelSpec("gemm", fmt.name, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles,
-                      warps=warps, write_partials=splits > 1, unroll=unroll,
-                      depth=depth)
+    spec = KernelSpec(
+        "gemm",
+        fmt.name,
+        bits,
+        bf16=bf16,
+        m_tiles=m_tiles,
+        n_tiles=n_tiles,
+        warps=warps,
+        write_partials=splits > 1,
+        unroll=unroll,
+        depth=depth,
+    )
     if splits == 1:
-        compiled(spec, arch)(a.view(torch.int32), trellis.view(torch.int32),
-                             out.view(torch.int32), lut, rows_per_split, 1)
+        compiled(spec, arch)(
+            a.view(torch.int32),
+            trellis.view(torch.int32),
+            out.view(torch.int32),
+            lut,
+            rows_per_split,
+            1,
+        )
         return out
     if scratch is None:
-        scratch = torch.empty(splits * m * n, dtype=torch.float32, device=a.device)
+        scratch = _allocate("scratch", "scratch", (splits * m * n,), torch.float32, a.device)
     _check_tensor("scratch", scratch, dtypes=(torch.float32,), device=a.device)
     if scratch.numel() < splits * m * n:
         raise ValueError(f"scratch: needs {splits * m * n} fp32 elements, has {scratch.numel()}")
     partials = scratch.view(-1)[: splits * m * n].view(splits, m, n)
-    compiled(spec, arch)(a.view(torch.int32), trellis.view(torch.int32), partials, lut,
-                         rows_per_split, splits)
+    compiled(spec, arch)(
+        a.view(torch.int32), trellis.view(torch.int32), partials, lut, rows_per_split, splits
+    )
     compiled(KernelSpec("reduce", bf16=bf16), arch)(partials, out.view(torch.int32))
     return out
 
@@ -207,12 +243,11 @@ def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: st
     if out_dtype not in _HALF_DTYPES:
         raise TypeError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
     if out is None:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        out = _allocate("out", "output", tuple(x.shape), out_dtype, x.device)
     _check_tensor("out", out, dtypes=(out_dtype,), ndim=2, device=x.device)
     if out.shape != x.shape:
         raise ValueError(f"out: expected shape {tuple(x.shape)}, got {tuple(out.shape)}")
-    spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16,
-                      out_bf16=out_dtype == torch.bfloat16)
+    spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16, out_bf16=out_dtype == torch.bfloat16)
     compiled(spec, device_arch(x.device))(
         x.view(torch.int32), scale.view(torch.int32), out.view(torch.int32)
     )

@@ -73,13 +73,17 @@ def asm_u32(text: str, *args, loc=None, ip=None) -> Uint32:
 
 def lop3_hash_pair_to_half2(x_lo, x_hi, mask: int, xor: int) -> Uint32:
     """§2.0 for two hashes: half2(value(x_lo), value(x_hi)), value = fp16(h.lo) + fp16(h.hi)."""
+    # Scalar half adds read the halves through HADD operand swizzles (FP pipe), leaving one
+    # integer pack instead of two prmt per pair; bit-identical to prmt 0x5410/0x7632 + add.f16x2.
     text = (
-        "{ .reg .b32 h0, h1, lo, hi;\n"
+        "{ .reg .b32 h0, h1; .reg .b16 a0, a1, b0, b1, r0, r1;\n"
         f"lop3.b32 h0, $1, {mask:#010x}, {xor:#010x}, 0x6a;\n"
         f"lop3.b32 h1, $2, {mask:#010x}, {xor:#010x}, 0x6a;\n"
-        "prmt.b32 lo, h0, h1, 0x5410;\n"
-        "prmt.b32 hi, h0, h1, 0x7632;\n"
-        "add.rn.f16x2 $0, lo, hi; }"
+        "mov.b32 {a0, a1}, h0;\n"
+        "mov.b32 {b0, b1}, h1;\n"
+        "add.rn.f16 r0, a0, a1;\n"
+        "add.rn.f16 r1, b0, b1;\n"
+        "mov.b32 $0, {r0, r1}; }"
     )
     return asm_u32(text, x_lo, x_hi)
 
@@ -206,7 +210,6 @@ def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     struct = llvm.StructType.get_literal([T.f32()] * 4)
     res = _asm(struct, operands, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
     return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
-
 
 
 @dsl_user_op

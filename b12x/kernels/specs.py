@@ -21,10 +21,23 @@ Invariants
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import threading
 from dataclasses import dataclass
 
-__all__ = ["KernelSpec", "build_kernel", "compiled", "freeze", "compile_options", "KINDS"]
+__all__ = [
+    "KernelSpec",
+    "CompileResult",
+    "build_kernel",
+    "compile_spec",
+    "compiled",
+    "freeze",
+    "compile_options",
+    "KINDS",
+    "OPT_LEVELS",
+]
 
 KINDS = ("decode", "gemm", "reduce", "rotate_in", "rotate_out")
 
@@ -57,18 +70,62 @@ class KernelSpec:
         return self.kind == "gemm"
 
 
-#: ptxas at the DSL's default level 3 spills a few bytes in some GEMM specialisations at ~80
-#: registers (e.g. mul1 K5 on sm_80); level 2 gives the same PTX and no spills.
-OPT_LEVEL = 2
+#: Optimisation levels tried in order. ptxas occasionally settles at ~80 registers and spills a
+#: few bytes at one level but not at another (e.g. mul1 K5 on sm_80 at 3, mcg K8 on sm_90 at 2);
+#: :func:`compile_spec` takes the first level whose ptxas report shows zero spill bytes.
+OPT_LEVELS = (2, 3, 1)
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def compile_options(arch: str, *, ptx: bool = False, remarks: bool = False) -> str:
-    opts = [f"--gpu-arch {arch}", "--enable-tvm-ffi", f"--opt-level {OPT_LEVEL}"]
+def compile_options(arch: str, *, ptx: bool = False, remarks: bool = False, opt_level: int = 2):
+    opts = [f"--gpu-arch {arch}", "--enable-tvm-ffi", f"--opt-level {opt_level}"]
     if ptx:
         opts.append("--keep-ptx")
     if remarks:
         opts.append("remarks{ptx}")
     return " ".join(opts)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    fn: object
+    log: str
+    registers: int | None
+    spill_bytes: int | None
+    opt_level: int
+
+
+def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
+    """Compile ``spec`` for ``arch`` (fake tensors), preferring a spill-free optimisation level.
+
+    Deterministic: the same compiler gives the same level. If every level spills, the first
+    level's result is returned and its spill bytes are reported.
+    """
+    import cutlass.cute as cute
+
+    results = []
+    for level in OPT_LEVELS:
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            kernel, args = build_kernel(spec)
+            opts = compile_options(arch, ptx=ptx, remarks=True, opt_level=level)
+            fn = cute.compile(kernel, *args, options=opts)
+        text = log.getvalue()
+        regs = [int(x) for x in _REGS.findall(text)]
+        spills = [int(a) + int(b) for a, b in _SPILL.findall(text)]
+        result = CompileResult(
+            fn=fn,
+            log=text,
+            registers=max(regs) if regs else None,
+            spill_bytes=sum(spills) if spills else None,
+            opt_level=level,
+        )
+        if result.spill_bytes == 0:
+            return result
+        results.append(result)
+    return results[0]
 
 
 def build_kernel(spec: KernelSpec):
@@ -99,8 +156,9 @@ def build_kernel(spec: KernelSpec):
         m = cute.sym_int()
         a = fake(Int32, (m, cute.sym_int(divisibility=8)))
         n_group = 16 * spec.n_tiles * spec.warps
-        payload = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=n_group // 16),
-                               8 * spec.bits))
+        payload = fake(
+            Int32, (cute.sym_int(), cute.sym_int(divisibility=n_group // 16), 8 * spec.bits)
+        )
         if spec.write_partials:
             out = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=n_group)))
         else:
@@ -162,9 +220,6 @@ def compiled(spec: KernelSpec, arch: str):
         if fn is None:
             if _FROZEN:
                 raise RuntimeError(f"kernel cache is frozen: {spec} for {arch} was never warmed up")
-            import cutlass.cute as cute
-
-            kernel, args = build_kernel(spec)
-            fn = cute.compile(kernel, *args, options=compile_options(arch))
+            fn = compile_spec(spec, arch).fn
             _CACHE[key] = fn
     return fn

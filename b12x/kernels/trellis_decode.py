@@ -15,8 +15,10 @@ Layout
   B fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)``
   n-block 1. With ``to_bf16`` each half2 is rounded to bf16 (exact for sqg_e4m3).
 * **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` (the int16
-  payload viewed as int32) → ``int16[K, N]`` (fp16 bits), one warp per tile, written with the
-  §1.5 map ``k = 2r + (0,1,8,9)[j%4]``, ``n = g + 8·(j//4)`` (r = lane % 4, g = lane // 4).
+  payload viewed as int32) → ``int16[K, N]`` (fp16 bits). One warp per strip of ``STRIP`` N16
+  tiles of a K16 row; each tile is placed with the §1.5 map ``k = 2r + (0,1,8,9)[j%4]``,
+  ``n = g + 8·(j//4)`` (r = lane % 4, g = lane // 4) into a shared-memory block, which is then
+  written out with coalesced 16-byte stores.
 
 Invariants
 ----------
@@ -31,7 +33,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
-from cutlass import Int16, Int32, Int64, Uint32, Uint64
+from cutlass import Int32, Int64, Uint32
 
 from b12x.formats import (
     LOP3_MASK,
@@ -287,7 +289,9 @@ class TrellisDecodeKernel:
             g = lane // 4
             for t in cutlass.range_constexpr(STRIP):
                 if nt0 + t < n_tiles:
-                    words = load_lane_words(lambda i, t=t: payload[kt, nt0 + t, i], first, self.bits)
+                    words = load_lane_words(
+                        lambda i, t=t: payload[kt, nt0 + t, i], first, self.bits
+                    )
                     states = lane_windows(words, off, self.bits)
                     regs = decode_states_to_half2x4(
                         self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=False

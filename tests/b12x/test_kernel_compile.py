@@ -61,11 +61,12 @@ def test_every_specialization_compiles(arch, request):
 
 def test_decoder_families_emit_their_instructions():
     ptx = {
-        name: _report(KernelSpec("gemm", name, fmt.legal_bits[0], m_tiles=1, n_tiles=2),
-                      "sm_90").ptx
+        name: _report(
+            KernelSpec("gemm", name, fmt.legal_bits[0], m_tiles=1, n_tiles=2), "sm_90"
+        ).ptx
         for name, fmt in FORMATS.items()
     }
-    assert "lop3.b32" in ptx["mcg"] and "0x6a" in ptx["mcg"] and "add.rn.f16x2" in ptx["mcg"]
+    assert "lop3.b32" in ptx["mcg"] and "0x6a" in ptx["mcg"] and "add.rn.f16 " in ptx["mcg"]
     assert "dp4a.u32.u32" in ptx["mul1"] and "fma.rn.f16x2" in ptx["mul1"]
     assert "ld.global.nc.u8" in ptx["sqg_e4m3"]
     assert "ld.global.nc.u32" in ptx["sqg_fp16"] and "bfind.u32" in ptx["sqg_fp16"]
@@ -87,8 +88,13 @@ def test_supported_variants_cover_the_registry():
     for v in variants:
         if v["op"] == "dense_linear":
             bf16 = v["compute_dtype"] == "bfloat16"
-            assert any(s.kind == "gemm" and s.codebook == v["codebook"] and s.bits == v["bits"]
-                       and s.bf16 == bf16 for s in specs), v
+            assert any(
+                s.kind == "gemm"
+                and s.codebook == v["codebook"]
+                and s.bits == v["bits"]
+                and s.bf16 == bf16
+                for s in specs
+            ), v
 
 
 def test_kernel_spec_rejects_incomplete_specs():
@@ -132,11 +138,17 @@ def test_trellis_linear_rejects_bad_inputs():
     with pytest.raises(ValueError, match="suh"):
         trellis_linear(x, payload, suh[:128].contiguous(), svh, codebook="mcg")
     with pytest.raises(ValueError, match="x: must be contiguous"):
-        trellis_linear(torch.zeros(256, 2, dtype=torch.float16).t(), payload, suh, svh,
-                       codebook="mcg")
+        trellis_linear(
+            torch.zeros(256, 2, dtype=torch.float16).t(), payload, suh, svh, codebook="mcg"
+        )
     with pytest.raises(ValueError, match="16-byte aligned"):
-        trellis_linear(torch.zeros(2 * 256 + 1, dtype=torch.float16)[1:].view(2, 256), payload,
-                       suh, svh, codebook="mcg")
+        trellis_linear(
+            torch.zeros(2 * 256 + 1, dtype=torch.float16)[1:].view(2, 256),
+            payload,
+            suh,
+            svh,
+            codebook="mcg",
+        )
     with pytest.raises(TypeError, match="compute_dtype"):
         trellis_linear(x, payload, suh, svh, codebook="mcg", compute_dtype=torch.float32)
     with pytest.raises(ValueError, match="multiples of 128"):
