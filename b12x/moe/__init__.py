@@ -1,0 +1,12 @@
+"""The fused trellis MoE: route packing, plan / bind / run, mixed K3/K4 tiers, custom op.
+
+* :mod:`b12x.moe.routing` — capture-safe route packing into caller buffers (torch ops).
+* :mod:`b12x.moe.boundary` — allocation-free H128 butterfly and per-slot table gathers.
+* :mod:`b12x.moe.plan` — :func:`plan_moe`, buffer specs, :func:`bind_moe`.
+* :mod:`b12x.moe.run` — input checks, the grouped-GEMM shared body, :func:`run_moe`.
+* :mod:`b12x.moe.tiers` — combined namespace, descriptors, :func:`plan_tiered_moe`.
+* :mod:`b12x.moe.ops` — ``torch.ops.b12x.trellis_moe`` and :class:`MoeOp` (import it to register).
+* :mod:`b12x.moe.support` — :func:`supported_moe_variants`.
+
+The device code is :mod:`b12x.kernels.moe_gemm` (CuTe DSL).
+"""

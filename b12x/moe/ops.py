@@ -1,0 +1,199 @@
+"""The MoE as a torch custom op and as a plan/bind/run op object for the CUDA-graph protocol.
+
+Layout
+------
+* ``b12x::trellis_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor[] w13, Tensor[] w2,
+  Tensor gate_suh, Tensor? up_suh, Tensor intermediate_rotations, Tensor down_svh, str codebook,
+  str w13_layout, Tensor? global_to_combined=None, Tensor? descriptor_map=None,
+  ScalarType? compute_dtype=None) -> Tensor`` — ``[M, H]`` in ``x.dtype``. One payload in
+  ``w13``/``w2`` is a uniform stack; two are K3/K4 tiers (then the two maps are required and the
+  codebook must be ``"mcg"``). The CUDA implementation plans, allocates the plan's buffers (an
+  eager op may: it is plan time for this call), binds and runs; graph consumers call
+  plan / bind / run themselves (:class:`MoeOp`).
+* The fake implementation runs the same :func:`check_moe_op_args` (metadata only) and returns an
+  empty ``[M, H]``.
+* :class:`MoeOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
+  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
+
+Invariants: the op is functional (mutates nothing), inference only; registration at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, plan_moe
+from b12x.moe.routing import check_route_ids
+from b12x.moe.run import MoeInputs, run_moe
+from b12x.moe.tiers import TIER_CODEBOOK, plan_tiered_moe
+from b12x.runtime import compile_cache
+from b12x.runtime.validate import HALF_DTYPES, check_tensor
+
+__all__ = ["OP_NAME", "MoeOp", "check_moe_op_args", "trellis_moe"]
+
+OP_NAME = "b12x::trellis_moe"
+
+
+def check_moe_op_args(
+    x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined, descriptor_map
+) -> dict[str, Any]:
+    """Metadata-only validation shared by the real and the fake op; returns plan keywords."""
+    check_tensor("x", x, dtypes=HALF_DTYPES, ndim=2)
+    check_route_ids(topk_ids, device=x.device)
+    if topk_ids.shape[0] != x.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"topk_ids: {topk_ids.shape[0]} rows, but x has {x.shape[0]} (M >= 1)")
+    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
+        raise TypeError("topk_weights: expected a floating tensor")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)}")
+    if w13_layout not in ("packed", "proj"):
+        raise ValueError(f"w13_layout: expected 'packed' or 'proj', got {w13_layout!r}")
+    if not isinstance(codebook, str):
+        raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
+    if len(w13) not in (1, 2) or len(w2) != len(w13):
+        raise ValueError(f"w13/w2: expected 1 (uniform) or 2 (tiers) payloads each, got {len(w13)}")
+    bits, experts = [], []
+    for t, (a, b) in enumerate(zip(w13, w2, strict=True)):
+        check_tensor(f"w13[{t}]", a, dtypes=(torch.int16,), device=x.device)
+        check_tensor(f"w2[{t}]", b, dtypes=(torch.int16,), ndim=4, device=x.device)
+        bits.append(int(b.shape[-1]) // 16)  # static: specialised under tracing
+        experts.append(b.shape[0])
+    hidden, intermediate = w2[0].shape[2] * 16, w2[0].shape[1] * 16
+    tiered = len(w13) == 2
+    if tiered and (global_to_combined is None or descriptor_map is None):
+        raise ValueError("global_to_combined: two tiers need global_to_combined and descriptor_map")
+    keywords = dict(
+        m=x.shape[0], top_k=topk_ids.shape[1], hidden=hidden, intermediate=intermediate,
+        w13_layout=w13_layout, x_dtype=x.dtype,
+    )  # fmt: skip
+    if tiered:
+        if codebook != TIER_CODEBOOK:
+            raise ValueError(f"codebook: mixed tiers are EXL3 MCG tiers, got {codebook!r}")
+        keywords.update(
+            tier0_bits=bits[0], tier1_bits=bits[1], tier0_experts=experts[0],
+            tier1_experts=experts[1], num_global_experts=global_to_combined.shape[0],
+        )  # fmt: skip
+    else:
+        keywords.update(bits=bits[0], num_experts=experts[0], codebook=codebook)
+    return keywords
+
+
+def _plan_tiers(problem: Mapping[str, Any], compute_dtype: torch.dtype) -> MoePlan:
+    """The tier plan with every keyword spelled out (the contract checker binds each one)."""
+    return plan_tiered_moe(
+        m=problem["m"],
+        top_k=problem["top_k"],
+        hidden=problem["hidden"],
+        intermediate=problem["intermediate"],
+        codebook="mcg",
+        tier0_bits=problem["tier0_bits"],
+        tier1_bits=problem["tier1_bits"],
+        tier0_experts=problem["tier0_experts"],
+        tier1_experts=problem["tier1_experts"],
+        num_global_experts=problem["num_global_experts"],
+        w13_layout=problem["w13_layout"],
+        x_dtype=problem["x_dtype"],
+        compute_dtype=compute_dtype,
+    )
+
+
+def _plan(keywords: Mapping[str, Any], compute_dtype: torch.dtype) -> MoePlan:
+    if "tier0_bits" in keywords:
+        return _plan_tiers(keywords, compute_dtype)
+    return plan_moe(compute_dtype=compute_dtype, **keywords)
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=(), device_types="cuda")
+def trellis_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: list[torch.Tensor],
+    w2: list[torch.Tensor],
+    gate_suh: torch.Tensor,
+    up_suh: torch.Tensor | None,
+    intermediate_rotations: torch.Tensor,
+    down_svh: torch.Tensor,
+    codebook: str,
+    w13_layout: str,
+    global_to_combined: torch.Tensor | None = None,
+    descriptor_map: torch.Tensor | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    keywords = check_moe_op_args(
+        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
+        descriptor_map,
+    )  # fmt: skip
+    plan = _plan(keywords, compute_dtype or torch.float16)
+    bound = bind_moe(plan, **allocate_moe_buffers(plan, x.device))
+    inputs = MoeInputs(
+        x, topk_weights, topk_ids, tuple(w13), tuple(w2), gate_suh, up_suh,
+        intermediate_rotations, down_svh, global_to_combined, descriptor_map,
+    )  # fmt: skip
+    return run_moe(bound, inputs).clone()
+
+
+@trellis_moe.register_fake
+def _trellis_moe_fake(
+    x, topk_weights, topk_ids, w13, w2, gate_suh, up_suh, intermediate_rotations, down_svh,
+    codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
+):  # fmt: skip
+    keywords = check_moe_op_args(
+        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
+        descriptor_map,
+    )  # fmt: skip
+    return x.new_empty((keywords["m"], keywords["hidden"]))
+
+
+class MoeOp:
+    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+
+    ``plan(problem)`` takes :func:`~b12x.moe.plan.plan_moe`'s keywords (or
+    :func:`~b12x.moe.tiers.plan_tiered_moe`'s, recognised by ``tier0_bits``; its codebook is
+    always ``"mcg"``); ``run(bound, inputs)`` reads the :class:`~b12x.moe.run.MoeInputs` fields
+    by name (``w13``/``w2``: one tensor, a tuple, or ``w13_tier0``/``w13_tier1`` entries)."""
+
+    name = "trellis_moe"
+
+    def plan(self, problem: Mapping[str, Any]) -> MoePlan:
+        if not isinstance(problem, Mapping):
+            raise TypeError(f"problem: expected a mapping, got {type(problem).__name__}")
+        if "tier0_bits" in problem:
+            if problem.get("codebook", TIER_CODEBOOK) != TIER_CODEBOOK:
+                raise ValueError(
+                    f"codebook: mixed tiers are MCG tiers, got {problem['codebook']!r}"
+                )
+            return _plan_tiers(problem, problem.get("compute_dtype", torch.float16))
+        return plan_moe(**problem)
+
+    def bind(self, plan: MoePlan, buffers: Mapping[str, torch.Tensor]):
+        return bind_moe(plan, **{name: buffers.get(name) for name in plan.buffer_names})
+
+    def run(self, bound, inputs: Mapping[str, Any]) -> None:
+        fields = (
+            "x", "topk_weights", "topk_ids", "w13", "w2", "gate_suh", "up_suh",
+            "intermediate_rotations", "down_svh", "global_to_combined", "descriptor_map",
+        )  # fmt: skip
+        values = {f: inputs.get(f) for f in fields}
+        for name in ("w13", "w2"):  # one tensor (uniform) or `<name>_tier0`/`<name>_tier1`
+            given = values[name]
+            if given is None:
+                values[name] = tuple(inputs[f"{name}_tier{t}"] for t in (0, 1))
+            elif isinstance(given, torch.Tensor):
+                values[name] = (given,)
+            else:
+                values[name] = tuple(given)
+        run_moe(bound, MoeInputs(**values))
+
+    def freeze(self) -> Any:
+        return compile_cache.frozen()
+
+    def compile_unwarmed(self, plan: MoePlan) -> None:
+        major, minor = torch.cuda.get_device_capability()
+        spec = plan.fc2_spec[0]
+        never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
+        compiled_moe_gemm(never, f"sm_{major}{minor}")

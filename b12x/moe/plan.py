@@ -1,0 +1,326 @@
+"""plan / bind / run of the fused trellis MoE, uniform rate or two K3/K4 tiers (spec §3.4, §4.1).
+
+The launch sequence of :func:`run_moe` (every step writes a caller buffer; no allocation, no
+host synchronisation, so one call is CUDA-graph capturable; R4):
+
+1. **Route packing** (:mod:`b12x.moe.routing`, torch ops) of the combined expert ids into
+   blocks of ``B = 16·m_tiles`` slots. For tiers, global ids go through ``global_to_combined``
+   first (int64 range check before any narrowing; unmapped experts are inactive).
+2. **Input rotation per route** (route order, ``n = M·top_k`` rows, not the padded capacity):
+   ``A = fp16(H128(fp16(fp16(x_t) · suh[e])))`` in the compute dtype (bf16 is rounded from that
+   fp16), ``proj`` with separate gate/up rotations.
+3. **FC1**: the grouped trellis GEMM (:mod:`b12x.kernels.moe_gemm`, CuTe DSL, fp32 accumulate)
+   over the route blocks: each slot gathers its route's A row and scatters its result back to
+   the route's row, one launch per projection and tier, into the ``fc1`` buffer (gate at
+   columns ``[0, I)``, up at ``[I, 2I)``). Rows of inactive routes are never written.
+4. **Boundary** (§3.4 step 3, fp32): ``g = H128(gate)·gate_svh``, ``u = H128(up)·up_svh``,
+   ``a = silu(g)·u·down_suh``, ``A2 = elem(H128(a))``.
+5. **FC2**: the grouped GEMM into ``fc2``.
+6. **Top-k sum** (fp32): ``out_t = Σ_active w · H128(y)·down_svh`` in top-k order from a zero
+   accumulator; inactive routes' rows are zeroed and their weights set to zero, so they add
+   exactly +0 whatever the stale row or the weight held (NaN included), and their ids are never
+   used as indices (the drop bucket is clamped before any table gather). Stored in ``x.dtype``.
+
+Padding slots load a clamped A row and store nothing. Every route's output depends
+only on its own row (no split-K), so the op is **batch invariant**: a token's output at batch M
+equals its batch-1 output bit for bit, given the same routes.
+
+Buffers: :func:`moe_buffer_specs` (exact shapes for the planned ``M``; see each name there).
+Plans are frozen; ``run`` reads the plan and never re-decides anything (R15).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from b12x.formats import resolve_format
+from b12x.kernels.moe_gemm import MoeGemmSpec
+from b12x.moe import routing
+from b12x.runtime.scratch import (
+    BufferSpec,
+    allocate_buffers,
+    check_known_names,
+    require_buffer,
+)
+from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice, check_positive_int
+
+__all__ = [
+    "BoundMoe",
+    "MoePlan",
+    "MoeProblem",
+    "W13_LAYOUTS",
+    "allocate_moe_buffers",
+    "bind_moe",
+    "moe_buffer_specs",
+    "plan_moe",
+]
+
+W13_LAYOUTS = ("packed", "proj")
+MAX_TIER_EXPERTS = 256
+MAX_GRID_Y = 65535  # route blocks are the grid's y dimension
+
+
+@dataclasses.dataclass(frozen=True)
+class TierSpec:
+    """One tier: its bit rate and expert count (a uniform stack is a single tier 0)."""
+
+    bits: int
+    num_experts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeProblem:
+    m: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    codebook: str
+    tiers: tuple[TierSpec, ...]
+    w13_layout: str
+    x_dtype: torch.dtype
+    compute_dtype: torch.dtype
+    num_global_experts: int | None  # tiers only: the router's namespace
+
+    @property
+    def num_experts(self) -> int:
+        """Experts of the combined namespace (the route packer's E)."""
+        return sum(t.num_experts for t in self.tiers)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoePlan:
+    problem: MoeProblem
+    routes: routing.RoutePlan
+    fc1_spec: tuple[MoeGemmSpec, ...]
+    fc2_spec: tuple[MoeGemmSpec, ...]
+    buffers: tuple[BufferSpec, ...]
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers)
+
+    @property
+    def kernel_specs(self) -> tuple[MoeGemmSpec, ...]:
+        """The grouped-GEMM specialisations ``run`` launches (the warm-up set)."""
+        return tuple(dict.fromkeys(self.fc1_spec + self.fc2_spec))
+
+
+def choose_m_tiles(m: int, top_k: int, num_experts: int) -> int:
+    """M16 blocks per route block: 1 while an expert sees ≤ 24 routes on average, else 2 / 4."""
+    per_expert = m * top_k / num_experts
+    return 1 if per_expert <= 24 else 2 if per_expert <= 48 else 4
+
+
+def gemm_geometry(m_tiles: int, n: int) -> tuple[int, int]:
+    """(n_tiles, depth) of the grouped GEMM: small blocks get narrow CTAs (more of them) and deep
+    load batches; wide blocks keep registers for the accumulators (no spills on sm_90)."""
+    if m_tiles == 1:
+        return 2, 8
+    return (4 if n % 256 == 0 else 2), 2
+
+
+def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n):
+    def spec(bits, n):
+        n_tiles, depth = gemm_geometry(m_tiles, n)
+        return MoeGemmSpec(
+            codebook, bits, compute_bf16, m_tiles=m_tiles, n_tiles=n_tiles, depth=depth
+        )
+
+    fc1 = tuple(spec(t.bits, fc1_n) for t in tiers)
+    fc2 = tuple(spec(t.bits, fc2_n) for t in tiers)
+    return fc1, fc2
+
+
+def moe_buffer_specs(problem: MoeProblem, routes: routing.RoutePlan) -> tuple[BufferSpec, ...]:
+    """Every buffer ``run`` uses, exact shapes for the planned M (``n = M·top_k`` routes)."""
+    m, h, i = problem.m, problem.hidden, problem.intermediate
+    n, e = routes.routes, problem.num_experts
+    f16, f32, i64, cd = torch.float16, torch.float32, torch.int64, problem.compute_dtype
+    specs = [BufferSpec("output", (m, h), problem.x_dtype, role="output")]
+    specs += routing.route_buffer_specs(routes)
+    if problem.x_dtype != f16:
+        specs.append(BufferSpec("input_f16", (m, h), f16))  # fp16(x) (bf16 inputs)
+    if len(problem.tiers) > 1:
+        specs += [
+            BufferSpec("global_ids", (n,), i64),  # router ids widened, inactive -> 0
+            BufferSpec("global_inactive", (n,), torch.bool),
+            BufferSpec("global_lt", (n,), torch.bool),
+            BufferSpec("combined_ids32", (n,), torch.int32),
+            BufferSpec("combined_ids", (n,), i64),
+        ]
+    else:
+        specs.append(BufferSpec("expert_descriptors", (e,), torch.int32))  # identity (tier 0)
+    specs += [
+        BufferSpec("route_token", (n,), i64),  # token of each route (r // top_k)
+        BufferSpec("route_expert_safe", (n,), i64),  # combined expert, clamped to [0, E)
+        BufferSpec("route_x", (n, h), f16),  # fp16(x) gathered per route
+        BufferSpec("route_prod", (n, h), f16),  # fp16(x · suh)
+        BufferSpec("route_scale", (n, max(h, 3 * i)), f16),  # per-route rotation rows
+        BufferSpec("route_scale_f32", (n, max(h, 3 * i)), f32),
+        BufferSpec("h128_a", (n, max(h, i)), f32),  # butterfly ping-pong
+        BufferSpec("h128_b", (n, max(h, i)), f32),
+        BufferSpec("rotation_f16", (n, h), f16),
+        BufferSpec("rotation_gate", (n, h), cd),
+    ]
+    if problem.w13_layout == "proj":
+        specs.append(BufferSpec("rotation_up", (n, h), cd))
+    specs += [
+        BufferSpec("fc1", (n, 2 * i), cd),  # GEMM output, route order (inactive rows unwritten)
+        BufferSpec("gate_f32", (n, i), f32),
+        BufferSpec("activated", (n, i), cd),
+        BufferSpec("fc2", (n, h), cd),
+        BufferSpec("route_terms", (n, h), f32),  # H128(y)·down_svh, inactive rows zeroed
+        BufferSpec("route_weights", (n,), f32),
+        BufferSpec("term", (m, h), f32),
+        BufferSpec("accum", (m, h), f32),
+    ]
+    return tuple(specs)
+
+
+def plan_moe(
+    *,
+    m: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    codebook: str,
+    bits: int | tuple[int, ...],
+    num_experts: int | tuple[int, ...],
+    w13_layout: str,
+    x_dtype: torch.dtype,
+    compute_dtype: torch.dtype = torch.float16,
+    num_global_experts: int | None = None,
+    m_tiles: int | None = None,
+) -> MoePlan:
+    """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
+    uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
+    space). Every argument is validated here, before anything is launched."""
+    for name, value in (
+        ("m", m),
+        ("top_k", top_k),
+        ("hidden", hidden),
+        ("intermediate", intermediate),
+    ):
+        check_positive_int(name, value)
+    if hidden % 128 or intermediate % 128:
+        raise ValueError(
+            f"hidden/intermediate: H={hidden} and I={intermediate} must be multiples of 128"
+        )
+    if not isinstance(codebook, str):
+        raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
+    if w13_layout not in W13_LAYOUTS:
+        raise ValueError(f"w13_layout: expected one of {W13_LAYOUTS}, got {w13_layout!r}")
+    check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
+    check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
+    bits_t = (bits,) if isinstance(bits, int) else tuple(bits)
+    experts_t = (num_experts,) if isinstance(num_experts, int) else tuple(num_experts)
+    if len(bits_t) != len(experts_t) or len(bits_t) not in (1, 2):
+        raise ValueError(
+            f"bits/num_experts: expected one value each (uniform) or two each (tiers), got "
+            f"{bits!r} and {num_experts!r}"
+        )
+    tiers = []
+    for t, (b, e) in enumerate(zip(bits_t, experts_t, strict=True)):
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise TypeError(f"bits: expected int, got {type(b).__name__}")
+        resolve_format(codebook, b)
+        check_positive_int("num_experts", e)
+        if len(bits_t) == 2 and e > MAX_TIER_EXPERTS:
+            raise ValueError(f"num_experts: tier {t} holds {e} experts (at most 256 per tier)")
+        tiers.append(TierSpec(b, e))
+    if len(tiers) == 2:
+        if codebook != "mcg":
+            raise ValueError(f"codebook: mixed K3/K4 tiers are EXL3 MCG tiers, got {codebook!r}")
+        if num_global_experts is None:
+            raise ValueError("num_global_experts: tiers route by global id; give the id space")
+        check_positive_int("num_global_experts", num_global_experts)
+    elif num_global_experts is not None:
+        raise ValueError("num_global_experts: only a tiered plan takes a global id space")
+    problem = MoeProblem(
+        m, top_k, hidden, intermediate, codebook, tuple(tiers), w13_layout, x_dtype,
+        compute_dtype, num_global_experts,
+    )  # fmt: skip
+    if top_k > problem.num_experts and len(tiers) == 1:
+        raise ValueError(f"top_k: {top_k} exceeds the number of experts {problem.num_experts}")
+    if m_tiles is None:
+        m_tiles = choose_m_tiles(m, top_k, problem.num_experts)
+    elif m_tiles not in (1, 2, 4):
+        raise ValueError(f"m_tiles: expected 1, 2 or 4, got {m_tiles!r}")
+    routes = routing.plan_routes(
+        m=m, top_k=top_k, num_experts=problem.num_experts, block_size=16 * m_tiles
+    )
+    if routes.num_blocks > MAX_GRID_Y:
+        raise ValueError(
+            f"m: {m} tokens give {routes.num_blocks} route blocks of {routes.block_size}, more "
+            f"than the {MAX_GRID_Y} a launch grid can hold; use a larger m_tiles or split the batch"
+        )
+    fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
+    fc1, fc2 = _gemm_specs(
+        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden
+    )
+    return MoePlan(problem, routes, fc1, fc2, moe_buffer_specs(problem, routes))
+
+
+def allocate_moe_buffers(plan: MoePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
+    if not isinstance(plan, MoePlan):
+        raise TypeError(f"plan: expected MoePlan, got {type(plan).__name__}")
+    return allocate_buffers(plan.buffers, device)
+
+
+def _all_buffer_names() -> tuple[str, ...]:
+    """Every name any plan can use (tiered and uniform, bf16 input, proj layout)."""
+    cases = (
+        ((TierSpec(3, 1), TierSpec(4, 1)), 2),
+        ((TierSpec(3, 1),), None),
+    )
+    names: dict[str, None] = {}
+    for tiers, num_global in cases:
+        problem = MoeProblem(
+            1, 1, 128, 128, "mcg", tiers, "proj", torch.bfloat16, torch.float16, num_global
+        )
+        routes = routing.RoutePlan(1, 1, problem.num_experts, 16)
+        names.update(dict.fromkeys(s.name for s in moe_buffer_specs(problem, routes)))
+    return tuple(names)
+
+
+ALL_BUFFER_NAMES = _all_buffer_names()
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundMoe:
+    """A plan and the caller's buffers, kept by identity."""
+
+    plan: MoePlan
+    buffers: Mapping[str, torch.Tensor]
+    device: torch.device
+
+
+def bind_moe(plan: MoePlan, **buffers: torch.Tensor | None) -> BoundMoe:
+    """Check every planned buffer (exact shape/dtype/device/contiguity/alignment), keep by id."""
+    if not isinstance(plan, MoePlan):
+        raise TypeError(f"plan: expected MoePlan, got {type(plan).__name__}")
+    check_known_names(ALL_BUFFER_NAMES, buffers)
+    output = buffers.get("output")
+    device = output.device if isinstance(output, torch.Tensor) else None
+    kept = {}
+    for spec in plan.buffers:
+        kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
+    return BoundMoe(plan, types.MappingProxyType(kept), kept["output"].device)
+
+
+def describe(plan: MoePlan) -> dict[str, Any]:
+    """A plain summary of the plan (tests and reports)."""
+    p = plan.problem
+    return {
+        "tiers": [(t.bits, t.num_experts) for t in p.tiers],
+        "block_size": plan.routes.block_size,
+        "capacity": plan.routes.capacity,
+        "kernels": [dataclasses.asdict(s) for s in plan.kernel_specs],
+        "buffer_bytes": sum(b.nbytes for b in plan.buffers),
+    }

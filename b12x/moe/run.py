@@ -1,0 +1,328 @@
+"""``run`` of the fused trellis MoE: input checks, then the launch sequence of :mod:`b12x.moe.plan`.
+
+Layout
+------
+* :class:`MoeInputs` (frozen): the per-call tensors (``x``, ``topk_weights``, ``topk_ids``) and
+  the weights: ``w13``/``w2`` as one payload per tier, the rotation tables in the combined
+  namespace, and for tiers ``global_to_combined`` / ``descriptor_map``.
+* :func:`check_moe_inputs` validates all of them against the plan before any launch (dtype,
+  shape, contiguity, 16-byte alignment, device, ids dtype, expert counts).
+* :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
+  launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
+  (R11: the codebook is never a default). The uniform stage here and the tier stage in
+  :mod:`b12x.moe.tiers` both call it by keyword.
+* :func:`run_moe` runs the sequence; nothing in it allocates (views, ``out=``, in-place ops).
+
+Invariants
+----------
+* Route ids are read, never written; inactive ids are replaced by a drop bucket in a widened
+  int64 copy before any use, so they never index a table or a payload (R7, R9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from b12x.abi import shared_body
+from b12x.formats import resolve_format
+from b12x.kernels import host as host_kernels
+from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.moe import boundary, routing
+from b12x.moe.plan import BoundMoe
+from b12x.runtime.validate import check_tensor
+
+__all__ = ["MoeInputs", "check_moe_inputs", "launch_grouped_gemm", "run_moe", "GemmContext"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoeInputs:
+    x: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    w13: tuple[torch.Tensor, ...]
+    w2: tuple[torch.Tensor, ...]
+    gate_suh: torch.Tensor
+    up_suh: torch.Tensor | None
+    intermediate_rotations: torch.Tensor
+    down_svh: torch.Tensor
+    global_to_combined: torch.Tensor | None = None
+    descriptor_map: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GemmContext:
+    """What every grouped-GEMM launch of one run shares."""
+
+    arch: str
+    block_expert_ids: torch.Tensor
+    route_count: torch.Tensor
+    route_rows: torch.Tensor
+    descriptors: torch.Tensor
+
+
+def _table(name, t, rows: int, width: int, device, *, broadcast: bool) -> None:
+    check_tensor(name, t, dtypes=(torch.float16,), ndim=2, device=device)
+    if t.shape[1] != width or not (t.shape[0] == rows or (broadcast and t.shape[0] == 1)):
+        want = f"[{rows}, {width}]" + (f" or [1, {width}]" if broadcast else "")
+        raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+
+
+def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
+    """Validate ``inputs`` against the bound plan; return the live M."""
+    if not isinstance(bound, BoundMoe):
+        raise TypeError(f"bound: expected BoundMoe, got {type(bound).__name__}")
+    if not isinstance(inputs, MoeInputs):
+        raise TypeError(f"inputs: expected MoeInputs, got {type(inputs).__name__}")
+    p, dev = bound.plan.problem, bound.device
+    h, i = p.hidden, p.intermediate
+    check_tensor("x", inputs.x, dtypes=(p.x_dtype,), ndim=2, device=dev)
+    m = inputs.x.shape[0]
+    if inputs.x.shape[1] != h or not 1 <= m <= p.m:
+        raise ValueError(f"x: expected [M <= {p.m}, {h}], got {tuple(inputs.x.shape)}")
+    routing.check_route_ids(inputs.topk_ids, top_k=p.top_k, device=dev)
+    if inputs.topk_ids.shape[0] != m:
+        raise ValueError(f"topk_ids: {inputs.topk_ids.shape[0]} rows, but x has {m}")
+    w = inputs.topk_weights
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        got = w.dtype if isinstance(w, torch.Tensor) else type(w).__name__
+        raise TypeError(f"topk_weights: expected a floating tensor, got {got}")
+    check_tensor(
+        "topk_weights", w, dtypes=(w.dtype,), shape=(m, p.top_k), device=dev, aligned=False
+    )
+    for name in ("w13", "w2"):
+        value = getattr(inputs, name)
+        if not isinstance(value, tuple) or len(value) != len(p.tiers):
+            raise ValueError(f"{name}: expected a tuple of {len(p.tiers)} payload(s)")
+    for t, tier in enumerate(p.tiers):
+        words = 16 * tier.bits
+        if p.w13_layout == "packed":
+            want13 = (tier.num_experts, h // 16, 2 * i // 16, words)
+        else:
+            want13 = (2, tier.num_experts, h // 16, i // 16, words)
+        check_tensor(f"w13[{t}]", inputs.w13[t], dtypes=(torch.int16,), shape=want13, device=dev)
+        want2 = (tier.num_experts, i // 16, h // 16, words)
+        check_tensor(f"w2[{t}]", inputs.w2[t], dtypes=(torch.int16,), shape=want2, device=dev)
+    e = p.num_experts
+    _table("gate_suh", inputs.gate_suh, e, h, dev, broadcast=True)
+    if p.w13_layout == "proj":
+        if inputs.up_suh is None:
+            raise ValueError("up_suh: the proj layout needs the up projection's input rotation")
+        _table("up_suh", inputs.up_suh, e, h, dev, broadcast=True)
+    _table("intermediate_rotations", inputs.intermediate_rotations, e, 3 * i, dev, broadcast=False)
+    _table("down_svh", inputs.down_svh, e, h, dev, broadcast=True)
+    if len(p.tiers) > 1:
+        check_tensor(
+            "global_to_combined",
+            inputs.global_to_combined,
+            dtypes=(torch.int32,),
+            shape=(p.num_global_experts,),
+            device=dev,
+        )
+        check_tensor(
+            "descriptor_map", inputs.descriptor_map, dtypes=(torch.int32,), shape=(e,), device=dev
+        )
+    elif inputs.global_to_combined is not None or inputs.descriptor_map is not None:
+        raise ValueError("global_to_combined: only a tiered plan takes tier maps")
+    return m
+
+
+def _lut_addr(spec: MoeGemmSpec, device: torch.device) -> int:
+    table = host_kernels.lut_tensor(resolve_format(spec.codebook, spec.bits), device)
+    return 0 if table is None else table.data_ptr()
+
+
+@shared_body
+def launch_grouped_gemm(
+    *,
+    spec: MoeGemmSpec,
+    codebook: str,
+    ctx: GemmContext,
+    tier: int,
+    a: torch.Tensor,
+    payload: torch.Tensor,
+    num_payload_experts: int,
+    out: torch.Tensor,
+    expert_base: int,
+    out_col: int,
+) -> None:
+    """One grouped-GEMM launch: ``out[r, out_col : out_col + N] = A[r] @ W[expert_base + local]``
+    for every route ``r`` of a live block of ``tier`` (A and out in route order; payload int16
+    ``[.., K/16, N/16, 16b]`` stacked experts)."""
+    if codebook != spec.codebook:
+        raise ValueError(f"codebook: {codebook!r} differs from the compiled {spec.codebook!r}")
+    k16, n16 = payload.shape[-3], payload.shape[-2]
+    flat = payload.view(torch.int32).reshape(num_payload_experts * k16, n16, 8 * spec.bits)
+    fn = compiled_moe_gemm(spec, ctx.arch)
+    fn(
+        a.view(torch.int32),
+        flat,
+        out.view(torch.int32),
+        ctx.block_expert_ids,
+        ctx.route_count,
+        ctx.route_rows,
+        ctx.descriptors,
+        _lut_addr(spec, a.device),
+        tier,
+        expert_base,
+        out_col // 2,
+    )
+
+
+def uniform_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
+    """FC1 or FC2 launches of a uniform stack (tier 0, identity descriptors)."""
+    p = bound.plan.problem
+    e = p.tiers[0].num_experts
+    if phase == "fc1":
+        spec = bound.plan.fc1_spec[0]
+        if p.w13_layout == "packed":
+            launch_grouped_gemm(
+                spec=spec, codebook=p.codebook, ctx=ctx, tier=0, a=a_gate, payload=inputs.w13[0],
+                num_payload_experts=e, out=fc1, expert_base=0, out_col=0,
+            )  # fmt: skip
+            return
+        for proj, a in ((0, a_gate), (1, a_up)):
+            launch_grouped_gemm(
+                spec=spec, codebook=p.codebook, ctx=ctx, tier=0, a=a, payload=inputs.w13[0],
+                num_payload_experts=2 * e, out=fc1, expert_base=proj * e,
+                out_col=proj * p.intermediate,
+            )  # fmt: skip
+        return
+    launch_grouped_gemm(
+        spec=bound.plan.fc2_spec[0], codebook=p.codebook, ctx=ctx, tier=0, a=a2,
+        payload=inputs.w2[0], num_payload_experts=e, out=fc2, expert_base=0, out_col=0,
+    )  # fmt: skip
+
+
+def _flat(buf, name: str, rows: int, cols: int) -> torch.Tensor:
+    return buf[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
+
+
+def _combined_ids(bound: BoundMoe, inputs: MoeInputs, n: int) -> torch.Tensor:
+    """Global router ids -> combined ids (int64, −1 where inactive or unmapped), no narrowing."""
+    buf, p = bound.buffers, bound.plan.problem
+    gid = buf["global_ids"].narrow(0, 0, n)
+    inactive = buf["global_inactive"].narrow(0, 0, n)
+    beyond = buf["global_lt"].narrow(0, 0, n)
+    gid.copy_(inputs.topk_ids.reshape(n))
+    torch.lt(gid, 0, out=inactive)
+    torch.ge(gid, p.num_global_experts, out=beyond)
+    torch.logical_or(inactive, beyond, out=inactive)
+    gid.masked_fill_(inactive, 0)
+    c32 = buf["combined_ids32"].narrow(0, 0, n)
+    torch.index_select(inputs.global_to_combined, 0, gid, out=c32)
+    cid = buf["combined_ids"].narrow(0, 0, n)
+    cid.copy_(c32)
+    cid.masked_fill_(inactive, -1)
+    return cid.view(-1, p.top_k)
+
+
+def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
+    """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
+    m = check_moe_inputs(bound, inputs)
+    plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
+    h, i, e, k = p.hidden, p.intermediate, p.num_experts, p.top_k
+    tiered = len(p.tiers) > 1
+    if tiered:
+        ids = _combined_ids(bound, inputs, m * k)
+        descriptors = inputs.descriptor_map
+    else:
+        ids = inputs.topk_ids
+        descriptors = buf["expert_descriptors"]
+        torch.arange(e, out=descriptors)
+    live = routing.pack_routes_into(plan.routes, ids, buf)
+    n, nb = live.routes, live.num_blocks
+
+    def rows(name: str, count: int) -> torch.Tensor:
+        return buf[name].narrow(0, 0, count)
+
+    route_token = rows("route_token", n)
+    torch.arange(n, out=route_token)
+    route_token.floor_divide_(k)
+    route_expert = rows("route_expert_safe", n)
+    route_expert.copy_(rows("route_expert", n))
+    route_expert.clamp_(max=e - 1)  # the drop bucket E never indexes a table
+
+    x16 = inputs.x
+    if p.x_dtype != torch.float16:
+        x16 = rows("input_f16", m)
+        x16.copy_(inputs.x)
+    route_x = rows("route_x", n)
+    torch.index_select(x16, 0, route_token, out=route_x)
+    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
+    scale16 = _flat(buf, "route_scale", n, h)
+
+    def rotate_input(suh: torch.Tensor, dest: torch.Tensor) -> None:
+        boundary.gather_rows_(suh, route_expert, scale16)
+        prod = rows("route_prod", n)
+        torch.mul(route_x, scale16, out=prod)  # fp16(x16 · suh): one rounding
+        ping.copy_(prod)
+        rotated = rows("rotation_f16", n)
+        rotated.copy_(boundary.h128_fp32_(ping, pong))
+        dest.copy_(rotated)
+
+    a_gate = rows("rotation_gate", n)
+    rotate_input(inputs.gate_suh, a_gate)
+    a_up = None
+    if p.w13_layout == "proj":
+        a_up = rows("rotation_up", n)
+        rotate_input(inputs.up_suh, a_up)
+
+    fc1, a2, fc2 = rows("fc1", n), rows("activated", n), rows("fc2", n)
+    ctx = GemmContext(
+        arch=host_kernels.device_arch(bound.device),
+        block_expert_ids=rows("block_expert_ids", nb),
+        route_count=buf["route_count"],
+        route_rows=routing.packed_route_indices(live, buf),
+        descriptors=descriptors,
+    )
+    if tiered:
+        from b12x.moe.tiers import tier_gemm_stage as stage
+    else:
+        stage = uniform_gemm_stage
+    gemms = dict(a_gate=a_gate, a_up=a_up, a2=a2, fc1=fc1, fc2=fc2)
+    stage(bound, inputs, ctx, phase="fc1", **gemms)
+
+    inter16 = _flat(buf, "route_scale", n, 3 * i)
+    boundary.gather_rows_(inputs.intermediate_rotations, route_expert, inter16)
+    inter = _flat(buf, "route_scale_f32", n, 3 * i)
+    inter.copy_(inter16)
+    ping, pong = _flat(buf, "h128_a", n, i), _flat(buf, "h128_b", n, i)
+    gate = rows("gate_f32", n)
+    ping.copy_(fc1[:, :i])
+    gate.copy_(boundary.h128_fp32_(ping, pong))
+    gate.mul_(inter[:, :i])
+    ping.copy_(fc1[:, i:])
+    up = boundary.h128_fp32_(ping, pong)
+    up.mul_(inter[:, i : 2 * i])
+    F.silu(gate, inplace=True)
+    gate.mul_(up)
+    gate.mul_(inter[:, 2 * i :])
+    ping.copy_(gate)
+    a2.copy_(boundary.h128_fp32_(ping, pong))
+    stage(bound, inputs, ctx, phase="fc2", **gemms)
+
+    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
+    ping.copy_(fc2)
+    y = boundary.h128_fp32_(ping, pong)
+    boundary.gather_rows_(inputs.down_svh, route_expert, scale16)
+    svh = _flat(buf, "route_scale_f32", n, h)
+    svh.copy_(scale16)
+    terms = rows("route_terms", n)
+    torch.mul(y, svh, out=terms)
+    inactive = rows("route_inactive", n)
+    terms.masked_fill_(inactive.view(n, 1), 0.0)  # stale rows of inactive routes -> exact 0
+    weights = rows("route_weights", n)
+    weights.copy_(inputs.topk_weights.reshape(n))
+    weights.masked_fill_(inactive, 0.0)
+    acc, term = rows("accum", m), rows("term", m)
+    acc.zero_()
+    terms3, weights2 = terms.view(m, k, h), weights.view(m, k)
+    for s in range(k):
+        torch.mul(terms3[:, s], weights2[:, s : s + 1], out=term)
+        acc.add_(term)
+    output = rows("output", m)
+    output.copy_(acc)
+    return output
