@@ -1,0 +1,74 @@
+"""The mutation gate: ``python -m oracle mutate`` (design §5.9, issue 6).
+
+A test suite earns trust by failing on the bugs it claims to block. This package applies a
+catalogue of known regressions (one or more per class of ``spec/regression-classes.md``) to a
+temporary copy of the project, runs the narrow tests or oracle checks that should catch each one,
+and reports killed / survived / not-applicable / stale. A survivor is a bug in the oracle.
+
+Layout
+------
+* ``catalogue.toml`` — the catalogue as DATA: per mutant an ``id``, regression ``class`` (R1..R16),
+  ``tier`` (``cpu``/``gpu``), ``description``, the rewrite (``[[mutant.edit]]`` entries: exact-text
+  patches ``old -> new`` or an AST rewrite), an optional ``requires`` (paths that must exist,
+  else "not-applicable") and the ``kill`` command (pytest node ids and/or oracle check families).
+* :mod:`.catalogue` — :class:`Mutant` / :class:`Edit` / :class:`KillCommand`, :func:`load_catalogue`
+  (validated) and :func:`apply_mutant` (exact-once patches, AST rewrites; :class:`StaleMutant` when
+  a rewrite no longer matches the code, which FAILS the gate: catalogue rot is caught).
+* :mod:`.runner` — :func:`copy_project` (only reference/, b12x/, oracle/, tests/, fixtures/,
+  pyproject.toml, conftest.py), :func:`run_mutant` (copy, apply, run the kill command with
+  ``PYTHONPATH`` and the working directory set to the copy) and :func:`run_catalogue` (parallel up
+  to the core count) returning :class:`MutantResult` s; :func:`summarize` gives kill rates.
+* :mod:`.forkserver` — kill commands are forked from one server process that has already
+  imported torch, pytest, hypothesis and cutlass (about 1 s per mutant instead of about 5 s);
+  :class:`~oracle.mutate.runner.SubprocessExecutor` is the portable fallback.
+* :mod:`.probe` — ``python -m oracle.mutate.probe`` prints where the project packages were
+  imported from (tests prove a kill command imports the copy, not the editable install).
+* :mod:`.cli` — ``python -m oracle mutate [--tier cpu|gpu|all] [--json FILE] [--only ID,...]``.
+
+Invariants
+----------
+* The working tree is never written: every mutant runs in its own temporary copy, removed after.
+* Statuses: ``killed`` (the kill command failed on the mutant), ``survived`` (it passed),
+  ``not-applicable`` (the code it needs does not exist yet, or a GPU mutant without a GPU; always
+  with a reason), ``stale`` (the rewrite or the kill command no longer matches the project),
+  ``error`` (timeout or a runner crash). The gate passes iff no mutant of the selected tier is
+  survived, stale or error.
+"""
+
+from oracle.mutate.catalogue import (
+    DEFAULT_CATALOGUE,
+    Edit,
+    KillCommand,
+    Mutant,
+    StaleMutant,
+    apply_mutant,
+    load_catalogue,
+)
+from oracle.mutate.runner import (
+    COPIED_PATHS,
+    FAILING_STATUSES,
+    MutantResult,
+    copy_project,
+    gate_passed,
+    run_catalogue,
+    run_mutant,
+    summarize,
+)
+
+__all__ = [
+    "COPIED_PATHS",
+    "DEFAULT_CATALOGUE",
+    "FAILING_STATUSES",
+    "Edit",
+    "KillCommand",
+    "Mutant",
+    "MutantResult",
+    "StaleMutant",
+    "apply_mutant",
+    "copy_project",
+    "gate_passed",
+    "load_catalogue",
+    "run_catalogue",
+    "run_mutant",
+    "summarize",
+]

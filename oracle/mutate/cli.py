@@ -1,0 +1,162 @@
+"""``python -m oracle mutate [--tier cpu|gpu|all] [--json FILE] [--only ID,...]``.
+
+Layout
+------
+* :func:`build_parser` / :func:`main` (``argv -> exit code``). ``--tier`` selects the mutants
+  (default ``cpu``); GPU mutants run only where CUDA is present, else they are reported
+  "not-applicable" after checking that their rewrite still applies. ``--only`` takes mutant ids;
+  ``--jobs`` the parallelism (default the core count); ``--no-baseline`` skips the unmutated run of
+  the kill tests; ``--isolation subprocess`` starts a fresh Python per kill command instead of
+  forking from the preloaded server; ``--catalogue`` another catalogue file; ``--list`` prints the
+  catalogue.
+* Output: a rich table (id, class, tier, status, killer, seconds), then the kill rate per tier; the
+  JSON report (``--json``) holds every result and the summary.
+
+Exit code: 0 when no selected mutant survived, went stale or errored; 1 otherwise; 2 for a usage
+error (unknown id, bad option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from oracle.mutate.catalogue import load_catalogue
+from oracle.mutate.runner import gate_passed, run_catalogue, summarize
+
+__all__ = ["build_parser", "main", "select"]
+
+_STYLE = {
+    "killed": "green",
+    "survived": "bold red",
+    "stale": "bold red",
+    "error": "bold red",
+    "not-applicable": "yellow",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m oracle mutate", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
+    parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
+    parser.add_argument("--only", metavar="IDS", help="comma-separated mutant ids")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel mutants (default: cores)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per kill command")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument(
+        "--isolation",
+        choices=("fork", "subprocess"),
+        default="fork",
+        help="fork kill commands from a preloaded server (default) or start fresh processes",
+    )
+    parser.add_argument("--catalogue", metavar="TOML", help="another catalogue file")
+    parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    parser.add_argument("-q", "--quiet", action="store_true", help="summary lines only")
+    return parser
+
+
+def select(mutants: Sequence, tier: str, only: str | None) -> list:
+    """The mutants of ``tier`` (``all`` = every tier), restricted to ``only`` ids if given."""
+    if tier not in ("cpu", "gpu", "all"):
+        raise ValueError(f"tier: expected cpu, gpu or all, got {tier!r}")
+    chosen = [m for m in mutants if tier == "all" or m.tier == tier]
+    if only:
+        wanted = [i.strip() for i in only.split(",") if i.strip()]
+        known = {m.id for m in mutants}
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            raise ValueError(f"only: unknown mutant id(s) {unknown}")
+        chosen = [m for m in mutants if m.id in wanted]
+    return chosen
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    except Exception:  # noqa: BLE001 - no usable CUDA means GPU mutants are not applicable
+        return False
+
+
+def _print_table(results, summary, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="mutation gate", show_lines=False)
+    for col in ("id", "class", "tier", "status", "killer / reason", "s"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        detail = r.killer or r.reason
+        style = _STYLE.get(r.status, "")
+        table.add_row(r.id, r.klass, r.tier, f"[{style}]{r.status}[/]", detail, f"{r.seconds:.1f}")
+    console.print(table)
+
+
+def _rate_lines(summary: dict) -> list[str]:
+    lines = []
+    for tier in sorted(summary):
+        c = summary[tier]
+        rate = "n/a" if c["kill_rate"] is None else f"{100 * c['kill_rate']:.1f}%"
+        lines.append(
+            f"tier {tier}: kill rate {rate} ({c['killed']} killed, {c['survived']} survived, "
+            f"{c['not-applicable']} not-applicable, {c['stale']} stale, {c['error']} error)"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        mutants = load_catalogue(args.catalogue)
+        chosen = select(mutants, args.tier, args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:40s} {m.klass:4s} {m.tier:4s} {m.kill.describe()}")
+        return 0
+    gpu = _cuda()
+    results = run_catalogue(
+        chosen,
+        gpu=gpu,
+        jobs=args.jobs,
+        baseline=not args.no_baseline,
+        isolation=args.isolation,
+        timeout=args.timeout,
+    )
+    summary = summarize(results)
+    if not args.quiet:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=160)
+        _print_table(results, summary, console)
+    for line in _rate_lines(summary):
+        print(line)
+    failing = [r for r in results if r.status in ("survived", "stale", "error")]
+    for r in failing:
+        print(f"FAIL {r.id}: {r.status}: {r.reason or r.kill}")
+    if args.json:
+        report = {
+            "tier": args.tier,
+            "gpu": gpu,
+            "passed": gate_passed(results),
+            "summary": summary,
+            "results": [r.to_json() for r in results],
+        }
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"JSON report: {path}")
+    return 0 if gate_passed(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

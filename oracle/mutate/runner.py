@@ -1,0 +1,469 @@
+"""Running mutants: copy the project, apply one mutant, run its kill command, record the verdict.
+
+Layout
+------
+* :func:`copy_project` copies only :data:`COPIED_PATHS` (reference/, b12x/, oracle/, tests/,
+  fixtures/, pyproject.toml, conftest.py) into a fresh directory; ``__pycache__`` comes along (the
+  sources keep their mtimes, so unchanged modules need no recompiling), and the cached bytecode
+  of every file a mutant edits is deleted.
+* :func:`child_env` / :func:`probe_imports`: kill commands run with the copy as working directory
+  and as the only ``PYTHONPATH`` entry, ahead of the editable install's path hook, so the copy is
+  what gets imported (``probe_imports`` reports the imported files; a test checks them).
+* :func:`run_mutant` → :class:`MutantResult`: ``not-applicable`` when a required path is missing
+  (with the catalogue's reason) or for a GPU mutant without a GPU (after checking the rewrite still
+  applies), ``stale`` when a rewrite or a kill node id no longer matches, ``killed`` with the first
+  failing test / oracle check as ``killer``, ``survived``, or ``error`` (timeout, crash).
+* :func:`run_baseline` runs the union of the kill commands once on an unmutated copy: a kill test
+  that already fails there cannot prove anything, and its mutants become ``error``.
+* :func:`run_catalogue` runs mutants in parallel (threads driving subprocesses, up to ``jobs``,
+  default the core count) and returns results in catalogue order; :func:`summarize` gives counts
+  and the kill rate per tier (killed / (killed + survived)); :func:`gate_passed` is the verdict.
+
+Invariants
+----------
+* Nothing is written outside the temporary directories, which are removed afterwards.
+* Pytest runs with ``-x -q -p no:cacheprovider --assert=plain`` (a verdict needs pass/fail,
+  not rewritten assertion messages) and the repository's own ``addopts``; the
+  ``PYTEST_*`` variables of an enclosing pytest (xdist worker ids) are not inherited.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from oracle.mutate.catalogue import Mutant, StaleMutant, apply_mutant
+
+__all__ = [
+    "COPIED_PATHS",
+    "FAILING_STATUSES",
+    "STATUSES",
+    "MutantResult",
+    "Completed",
+    "ForkExecutor",
+    "SubprocessExecutor",
+    "child_env",
+    "copy_project",
+    "make_executor",
+    "gate_passed",
+    "probe_imports",
+    "project_root",
+    "run_baseline",
+    "run_catalogue",
+    "run_mutant",
+    "summarize",
+]
+
+COPIED_PATHS = (
+    "reference",
+    "b12x",
+    "oracle",
+    "tests",
+    "fixtures",
+    "pyproject.toml",
+    "conftest.py",
+)
+STATUSES = ("killed", "survived", "not-applicable", "stale", "error")
+FAILING_STATUSES = frozenset({"survived", "stale", "error"})
+_IGNORED = shutil.ignore_patterns(".hypothesis", ".pytest_cache", "results", "*.ptx")
+_FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
+_NOT_FOUND = re.compile(r"ERROR: (?:file or directory )?not found: (\S+)")
+_ORACLE_FAIL = re.compile(r"^FAIL (\S+?):", re.MULTILINE)
+
+
+def project_root() -> Path:
+    """The repository root this ``oracle`` package lives in."""
+    return Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class MutantResult:
+    id: str
+    klass: str
+    tier: str
+    status: str
+    killer: str = ""
+    seconds: float = 0.0
+    reason: str = ""
+    kill: str = ""
+    description: str = ""
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["class"] = data.pop("klass")
+        return data
+
+
+def copy_project(src: str | Path, dst: str | Path) -> Path:
+    """Copy :data:`COPIED_PATHS` of ``src`` into the new directory ``dst``; returns ``dst``."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "b12x").is_dir():
+        raise ValueError(f"src: {src} is not the project root (no b12x/)")
+    dst.mkdir(parents=True, exist_ok=False)
+    for name in COPIED_PATHS:
+        source = src / name
+        if source.is_dir():
+            shutil.copytree(source, dst / name, ignore=_IGNORED)
+        elif source.is_file():
+            shutil.copy2(source, dst / name)
+    return dst
+
+
+def _drop_bytecode(root: Path, files: Iterable[str]) -> None:
+    for rel in files:
+        path = root / rel
+        for cached in path.parent.glob(f"__pycache__/{path.stem}.*.pyc"):
+            cached.unlink()
+
+
+def child_env(root: str | Path) -> dict[str, str]:
+    """The environment of a kill command: the copy first on the path, no enclosing pytest."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env["PYTHONPATH"] = str(root)
+    env["OMP_NUM_THREADS"] = "1"
+    env["MKL_NUM_THREADS"] = "1"
+    return env
+
+
+def probe_imports(root: str | Path, execute=None) -> dict[str, str]:
+    """Where ``reference``, ``b12x``, ``oracle`` and ``oracle.mutate`` are imported from when a
+    kill command runs in the copy at ``root`` (through ``execute``, default a subprocess)."""
+    execute = SubprocessExecutor() if execute is None else execute
+    proc = execute("module", ["oracle.mutate.probe"], Path(root), 120.0)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"probe failed (rc={proc.returncode}): {_tail(proc.stdout + proc.stderr)}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _pytest_args(node_ids: Sequence[str], *, stop_first: bool) -> list[str]:
+    args = [*node_ids, "-q", "-p", "no:cacheprovider", "--no-header", "--assert=plain"]
+    return args + (["-x"] if stop_first else [])
+
+
+def _oracle_args(family: str) -> list[str]:
+    return ["oracle", "--only", family, "--tier", "cpu", "-q"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+class SubprocessExecutor:
+    """Each kill command is a fresh ``python -m ...`` process in the copy (portable, slower)."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+
+    def __call__(self, kind: str, args: list[str], root: Path, timeout: float) -> Completed:
+        argv = [self.python, "-m", "pytest", *args] if kind == "pytest" else [self.python, "-m"]
+        if kind != "pytest":
+            argv += args
+        proc = subprocess.run(
+            argv, cwd=root, env=child_env(root), capture_output=True, text=True, timeout=timeout
+        )
+        return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+class ForkExecutor:
+    """Kill commands forked from :mod:`oracle.mutate.forkserver` (third-party imports done once).
+
+    Thread-safe: several runner threads may call it at once; a reader thread matches replies."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        server = Path(__file__).resolve().parent / "forkserver.py"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+        env.pop("PYTHONPATH", None)
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+        self._proc = subprocess.Popen(
+            [python, str(server)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tempfile.gettempdir(),
+        )
+        ready = self._proc.stdout.readline()
+        if not ready.strip():
+            raise RuntimeError("forkserver: did not start")
+        self._lock = threading.Lock()
+        self._waiters: dict[int, concurrent.futures.Future] = {}
+        self._next = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            reply = json.loads(line)
+            with self._lock:
+                waiter = self._waiters.pop(reply.get("id"), None)
+            if waiter is not None:
+                waiter.set_result(int(reply["rc"]))
+        with self._lock:
+            for waiter in self._waiters.values():
+                waiter.set_exception(RuntimeError("forkserver: exited"))
+            self._waiters.clear()
+
+    def _send(self, message: dict) -> None:
+        with self._lock:
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+
+    def __call__(self, kind: str, args: list[str], root: Path, timeout: float) -> Completed:
+        log = root.parent / f"kill-{time.monotonic_ns()}.log"
+        waiter: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            rid = self._next
+            self._next += 1
+            self._waiters[rid] = waiter
+        self._send({"id": rid, "cwd": str(root), "kind": kind, "argv": args, "log": str(log)})
+        try:
+            rc = waiter.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            self._send({"kill": rid})
+            waiter.result(timeout=60)
+            raise subprocess.TimeoutExpired(args, timeout) from None
+        return Completed(rc, log.read_text(encoding="utf-8", errors="replace"))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+
+
+def make_executor(isolation: str = "fork", python: str = sys.executable):
+    """``"fork"`` (default where ``os.fork`` exists) or ``"subprocess"``."""
+    if isolation not in ("fork", "subprocess"):
+        raise ValueError(f"isolation: expected 'fork' or 'subprocess', got {isolation!r}")
+    if isolation == "fork" and hasattr(os, "fork"):
+        return ForkExecutor(python)
+    return SubprocessExecutor(python)
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def _verdict_pytest(proc: subprocess.CompletedProcess) -> tuple[str, str, str]:
+    """(status, killer, reason) of one pytest kill run."""
+    out = proc.stdout + proc.stderr
+    missing = _NOT_FOUND.findall(out)
+    if missing:
+        return "stale", "", f"kill node id(s) not found: {', '.join(missing)}"
+    if proc.returncode == 0:
+        return "survived", "", _tail(proc.stdout, 1)
+    if proc.returncode == 5:
+        return "stale", "", "kill command collected no tests"
+    failed = _FAILED_LINE.findall(out)
+    if failed:
+        return "killed", failed[0][1], ""
+    if proc.returncode in (1, 2, 3, 4):
+        return "killed", f"pytest rc={proc.returncode}", _tail(out)
+    return "error", "", f"pytest rc={proc.returncode}: {_tail(out)}"
+
+
+def _verdict_oracle(proc: subprocess.CompletedProcess, family: str) -> tuple[str, str, str]:
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 0:
+        return "survived", "", _tail(proc.stdout, 1)
+    if proc.returncode == 1:
+        names = _ORACLE_FAIL.findall(out)
+        return "killed", f"oracle:{names[0] if names else family}", ""
+    if proc.returncode == 2 or "unknown families" in out:
+        return "stale", "", f"oracle family {family!r} does not run: {_tail(out)}"
+    return "killed", f"oracle:{family} rc={proc.returncode}", _tail(out)
+
+
+def _kill(mutant: Mutant, root: Path, execute, timeout: float) -> tuple[str, str, str]:
+    """Run the kill command in ``root``; the first failing part kills."""
+    status, killer, reason = "survived", "", ""
+    if mutant.kill.pytest:
+        proc = execute("pytest", _pytest_args(mutant.kill.pytest, stop_first=True), root, timeout)
+        status, killer, reason = _verdict_pytest(proc)
+        if status != "survived":
+            return status, killer, reason
+    for family in mutant.kill.oracle:
+        proc = execute("module", _oracle_args(family), root, timeout)
+        status, killer, reason = _verdict_oracle(proc, family)
+        if status != "survived":
+            return status, killer, reason
+    return status, killer, reason
+
+
+def _missing_requirements(mutant: Mutant, src: Path) -> list[str]:
+    return [p for p in mutant.requires if not (src / p).exists()]
+
+
+def run_mutant(
+    mutant: Mutant,
+    *,
+    src: str | Path | None = None,
+    gpu: bool = False,
+    execute=None,
+    timeout: float = 300.0,
+) -> MutantResult:
+    """Copy the project at ``src`` (default: this repository), apply ``mutant``, run its kill.
+
+    ``execute`` runs the kill command (a :class:`ForkExecutor` or :class:`SubprocessExecutor`;
+    default: a fresh subprocess per command)."""
+    if not isinstance(mutant, Mutant):
+        raise TypeError(f"mutant: expected Mutant, got {type(mutant).__name__}")
+    src = project_root() if src is None else Path(src)
+    execute = SubprocessExecutor() if execute is None else execute
+    started = time.monotonic()
+
+    def result(status: str, killer: str = "", reason: str = "") -> MutantResult:
+        return MutantResult(
+            mutant.id,
+            mutant.klass,
+            mutant.tier,
+            status,
+            killer,
+            round(time.monotonic() - started, 2),
+            reason,
+            mutant.kill.describe(),
+            mutant.description,
+        )
+
+    if not mutant.edits:
+        return result("not-applicable", reason=mutant.not_applicable_reason)
+    missing = _missing_requirements(mutant, src)
+    if missing:
+        return result(
+            "not-applicable", reason=f"{mutant.not_applicable_reason} (missing {missing})"
+        )
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.id}-") as tmp:
+        root = copy_project(src, Path(tmp) / "project")
+        try:
+            apply_mutant(mutant, root)
+        except StaleMutant as exc:
+            return result("stale", reason=str(exc))
+        _drop_bytecode(root, mutant.files)
+        if mutant.tier == "gpu" and not gpu:
+            return result("not-applicable", reason="gpu tier: no CUDA device (rewrite applies)")
+        try:
+            status, killer, reason = _kill(mutant, root, execute, timeout)
+        except subprocess.TimeoutExpired:
+            return result("error", reason=f"kill command timed out after {timeout:.0f}s")
+        return result(status, killer, reason)
+
+
+def _runnable(mutant: Mutant, gpu: bool) -> bool:
+    return bool(mutant.edits) and (mutant.tier == "cpu" or gpu)
+
+
+def run_baseline(
+    mutants: Sequence[Mutant],
+    *,
+    src: str | Path | None = None,
+    execute=None,
+    timeout: float = 600.0,
+) -> dict[str, str]:
+    """Run every distinct kill test of ``mutants`` once on an unmutated copy.
+
+    Returns ``{mutant id: reason}`` for mutants whose kill command already fails (or does not
+    resolve) there; such a kill proves nothing, so those mutants must not count as killed."""
+    src = project_root() if src is None else Path(src)
+    execute = SubprocessExecutor() if execute is None else execute
+    node_ids = list(dict.fromkeys(n for m in mutants for n in m.kill.pytest))
+    families = list(dict.fromkeys(f for m in mutants for f in m.kill.oracle))
+    bad: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        root = copy_project(src, Path(tmp) / "project")
+        if node_ids:
+            proc = execute("pytest", _pytest_args(node_ids, stop_first=False), root, timeout)
+            out = proc.stdout + proc.stderr
+            broken = {n for _, n in _FAILED_LINE.findall(out)} | set(_NOT_FOUND.findall(out))
+            if proc.returncode not in (0, 1) and not broken:
+                broken = set(node_ids)
+            for m in mutants:
+                hit = sorted(n for n in m.kill.pytest if any(b.startswith(n) for b in broken))
+                if hit:
+                    bad[m.id] = f"kill test(s) fail on the unmutated project: {', '.join(hit)}"
+        for family in families:
+            if execute("module", _oracle_args(family), root, timeout).returncode != 0:
+                for m in mutants:
+                    if family in m.kill.oracle:
+                        bad.setdefault(m.id, f"oracle family {family} fails unmutated")
+    return bad
+
+
+def run_catalogue(
+    mutants: Sequence[Mutant],
+    *,
+    src: str | Path | None = None,
+    gpu: bool = False,
+    jobs: int | None = None,
+    baseline: bool = True,
+    isolation: str = "fork",
+    execute=None,
+    timeout: float = 300.0,
+    on_result: Callable[[MutantResult], None] | None = None,
+) -> list[MutantResult]:
+    """Run ``mutants`` (in parallel up to ``jobs``, default the core count), catalogue order.
+
+    ``execute`` reuses a caller's executor (left open); otherwise one is made for ``isolation``
+    and closed at the end."""
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: expected a positive int, got {jobs!r}")
+    owned = execute is None
+    execute = make_executor(isolation) if owned else execute
+    try:
+        bad = {}
+        if baseline:
+            runnable = [m for m in mutants if _runnable(m, gpu)]
+            bad = run_baseline(runnable, src=src, execute=execute)
+        results: dict[str, MutantResult] = {}
+
+        def one(m: Mutant) -> MutantResult:
+            r = run_mutant(m, src=src, gpu=gpu, execute=execute, timeout=timeout)
+            if m.id in bad and r.status in ("killed", "survived"):
+                r = dataclasses.replace(r, status="error", killer="", reason=bad[m.id])
+            if on_result is not None:
+                on_result(r)
+            return r
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for r in pool.map(one, mutants):
+                results[r.id] = r
+    finally:
+        if owned:
+            execute.close()
+    return [results[m.id] for m in mutants]
+
+
+def summarize(results: Sequence[MutantResult]) -> dict[str, dict]:
+    """Per tier: count of each status and ``kill_rate`` = killed / (killed + survived)."""
+    out: dict[str, dict] = {}
+    for r in results:
+        tier = out.setdefault(r.tier, {s: 0 for s in STATUSES})
+        tier[r.status] += 1
+    for counts in out.values():
+        judged = counts["killed"] + counts["survived"]
+        counts["kill_rate"] = None if judged == 0 else counts["killed"] / judged
+    return out
+
+
+def gate_passed(results: Sequence[MutantResult]) -> bool:
+    """True iff no result is survived, stale or error."""
+    return not any(r.status in FAILING_STATUSES for r in results)
