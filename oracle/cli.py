@@ -10,8 +10,12 @@ Commands
   compiles the kernel specializations its registry maps it to for every arch (on a GPU it then
   runs the grid and graph families; on CPU it says they were skipped);
   ``--compile-all`` / ``--compile-budget S`` widen the compile family.
+  ``--gpus N|all`` shards the grid over N GPUs (one pinned subprocess each, heavy cases in a
+  serial phase) and merges one report; ``--shard I/N|serial`` runs one slice (oracle.sharding).
 * ``grid`` — list case ids for ``--filter`` / ``--op`` and the tier.
 * ``contracts`` — delegates its arguments to :func:`oracle.contracts.cli.main`.
+* ``mutate`` — the mutation gate; delegates to :func:`oracle.mutate.cli.main`
+  (``[--tier cpu|gpu|all] [--json FILE] [--only ID,...]``).
 * ``replay PATH`` — load a saved case (no pickle), recompute its references, rerun the kernel
   when CUDA is present, print the verdict.
 * ``report JSON`` — print the JSON report as a table; ``--png DIR`` writes error-vs-shape plots
@@ -82,11 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="compile time budget in seconds (0: none)",
     )
+    run.add_argument(
+        "--shard",
+        type=_shard_arg,
+        metavar="I/N|serial",
+        help="run one slice of the GPU grid: slice I of N (0-based) or the serial heavy phase",
+    )
+    run.add_argument(
+        "--gpus",
+        metavar="N|all",
+        help="shard the GPU grid over N GPUs of this host (one pinned process each), one report",
+    )
     grid = sub.add_parser("grid", help="list grid cases")
     grid.add_argument("--filter", help="grid filter expression")
     grid.add_argument("--op", choices=("decode", "dense", "moe"))
     contracts = sub.add_parser("contracts", help="static ABI contracts (oracle.contracts.cli)")
     contracts.add_argument("args", nargs=argparse.REMAINDER)
+    mutate = sub.add_parser("mutate", help="mutation gate (oracle.mutate.cli)", add_help=False)
+    mutate.add_argument("args", nargs=argparse.REMAINDER)
     replay = sub.add_parser("replay", help="replay a saved failing case")
     replay.add_argument("path")
     report = sub.add_parser("report", help="render a JSON report")
@@ -96,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, grid, replay, report):
         _add_common(p, suppress=True)
     return parser
+
+
+def _shard_arg(text: str) -> Any:
+    from oracle.sharding import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _console(quiet: bool) -> Any:
@@ -208,6 +234,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.case and args.filter:
         raise SystemExit("python -m oracle run: use --case or --filter, not both")
+    if args.shard is not None or args.gpus is not None:  # multi-GPU sharding (oracle.sharding)
+        from oracle import sharding
+
+        if args.tile or (args.shard is not None and args.gpus is not None):
+            raise SystemExit("python -m oracle run: --shard, --gpus and --tile exclude each other")
+        if args.gpus is not None:
+            return _finish(sharding.run_multi_gpu_cli(args), args)
+        return _finish(sharding.run_shard(_context(args), args.shard), args)
     with contextlib.ExitStack() as stack:
         ctx = _context(args, _progress_factory(args, stack))
         report = Report()
@@ -291,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] == "--":
             rest = rest[1:]
         return contracts_main(rest)
+    if args.command == "mutate":
+        from oracle.mutate.cli import main as mutate_main
+
+        return mutate_main(argv[argv.index("mutate") + 1 :])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers = {
