@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference import bitstream, encoder, trellis
+from reference import bitstream, encoder, tile_order, trellis
 from reference.codebooks import CODEBOOKS, legal_bits, state_values
 
 EDGE_BITS = {b: 16 - b for b in range(1, 9)}
@@ -120,6 +120,29 @@ def test_tiles_core_matches_matrix_entry_and_chunking() -> None:
     steps = torch.tensor([16 * k + n for k, n in map(_fragment_position, range(256))])
     core = encoder.encode_tiles(tiles[:, steps], 2, "mcg")
     assert torch.equal(core, whole.reshape(3, 256))
+
+
+def test_input_dtype_only_matters_through_its_float32_value() -> None:
+    half = _gaussian((16, 32), 1.2, seed=8).to(torch.float16)
+    from_half = encoder.encode(half, 3, "3inst", returns="states")
+    from_double = encoder.encode(half.double(), 3, "3inst", returns="states")
+    assert torch.equal(from_half, from_double)
+
+
+@pytest.mark.gpu
+def test_cuda_encode_is_tail_biting_and_as_good_as_cpu() -> None:
+    bits, codebook = 3, "mcg"
+    values = _gaussian((32, 32), _codebook_rms(codebook, bits), seed=21)
+    on_cpu = encoder.encode(values, bits, codebook, returns="states")
+    on_gpu = encoder.encode(values.cuda(), bits, codebook, returns="states")
+    assert on_gpu.is_cuda
+    on_gpu = on_gpu.cpu()
+    _assert_tail_biting(on_gpu, bits)
+    lut = state_values(codebook, bits)
+    tiles = tile_order.matrix_to_tiles(values)
+    torch.testing.assert_close(
+        _path_cost(tiles, on_gpu, lut), _path_cost(tiles, on_cpu, lut), rtol=1e-5, atol=1e-9
+    )
 
 
 # ---------------------------------------------------------------- optimality on small cases
