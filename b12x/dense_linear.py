@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import torch
 
+from b12x.dense.dispatch import LARGE_M  # one large-M threshold: the declared dispatch table's
 from b12x.formats import resolve_format
 from b12x.kernels import host
 
 __all__ = ["trellis_linear", "validate_linear_inputs", "LARGE_M", "PATHS"]
 
-LARGE_M = 32  # H200: decode + cuBLAS beats the fused GEMM from M = 64 on (benchmark)
 PATHS = ("auto", "fused", "decode_matmul")
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -57,7 +57,7 @@ __all__ = [
 
 K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); SM121 falls through
 K6_MAX_M = 128
-LARGE_M = 1024  # same threshold as b12x.dense_linear.LARGE_M (M > 1024 decodes, then one GEMM)
+LARGE_M = 1024  # the one large-M threshold; b12x.dense_linear imports it (M > 1024 decodes first)
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
 DEFAULT_CASE: Mapping[str, Any] = {
