@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -372,8 +373,10 @@ class CudaBackend(_TorchTensorOps):
         nothing, without the sentinel)."""
         if self._sentinel_graph is None:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                pass
+            with warnings.catch_warnings():  # torch warns the graph is empty: it is meant to be
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+                with torch.cuda.graph(graph):
+                    pass
             torch.cuda.synchronize()
             self._sentinel_graph = graph
 
