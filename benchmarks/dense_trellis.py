@@ -14,39 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from bench_timing import hbm_copy_bandwidth
+from bench_timing import median_us as _time_us
 
 from b12x.dense_linear import trellis_linear
 from b12x.kernels import host
 
 K, N = 8192, 28672
 L2_BYTES = 60 * 2**20
-
-
-def _time_us(fn, *, warmup: int = 3, reps: int = 20, inner: int = 5) -> float:
-    for _ in range(warmup):
-        fn(0)
-    torch.cuda.synchronize()
-    samples = []
-    for r in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(inner):
-            fn(r * inner + i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / inner)
-    return statistics.median(samples)
-
-
-def hbm_copy_bandwidth() -> float:
-    """Bytes (read + written) per second of a 2 GiB device-to-device copy."""
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    us = _time_us(lambda i: dst.copy_(src), reps=10, inner=2)
-    return 2 * src.numel() / (us * 1e-6)
 
 
 def _copies(nbytes: int) -> int:

@@ -20,36 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+from bench_timing import hbm_copy_bandwidth, median_us
 
 from b12x.kernels import host
 from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.run import MoeInputs, run_moe
-
-
-def _time_us(fn, *, warmup: int = 3, reps: int = 15, inner: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / inner)
-    return statistics.median(samples)
-
-
-def hbm_copy_bandwidth() -> float:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / (_time_us(lambda: dst.copy_(src), reps=8, inner=2) * 1e-6)
 
 
 def _graph(fn):
@@ -126,9 +104,9 @@ def bench_m(args, m, weights, bf16_weights, bandwidth) -> dict:
         tables["up_suh"] if args.layout == "proj" else None,
         tables["intermediate_rotations"], tables["down_svh"],
     )  # fmt: skip
-    eager_us = _time_us(lambda: run_moe(bound, inputs))
+    eager_us = median_us(lambda i: run_moe(bound, inputs), reps=15, inner=3)
     graph = _graph(lambda: run_moe(bound, inputs))
-    graph_us = _time_us(graph.replay)
+    graph_us = median_us(lambda i: graph.replay(), reps=15, inner=3)
 
     w13_bf16, w2_bf16 = bf16_weights
     flat_ids = topk_ids.reshape(-1)
@@ -146,7 +124,7 @@ def bench_m(args, m, weights, bf16_weights, bandwidth) -> dict:
             out.index_add_(0, tokens, (act @ w2_bf16[expert]) * weight)
 
     base_graph = _graph(baseline)
-    base_us = _time_us(base_graph.replay)
+    base_us = median_us(lambda i: base_graph.replay(), reps=15, inner=3)
     per_expert = (w13.numel() + w2.numel()) * 2 // e
     trellis_bytes = len(groups) * per_expert
     row = {

@@ -252,7 +252,7 @@ class Selection:
 
 
 def _gpu_checks() -> Any:
-    """oracle.checks.gpu; the runner pieces used here are ``_runnable``, ``_case_result`` and
+    """oracle.checks.gpu; the pieces used here are ``select_grid``, ``_case_result`` and
     ``_graph`` (one place to change if that module renames them)."""
     from oracle.checks import gpu
 
@@ -262,33 +262,10 @@ def _gpu_checks() -> Any:
 def select_cases(
     *, filter: str | None = None, case: str | None = None, max_cases: int | None = None
 ) -> Selection:
-    """The single-GPU ``run`` selection (module docstring)."""
-    from oracle.grids import cases, parse_case_id
-
+    """The single-GPU ``run`` selection (module docstring): ``oracle.checks.gpu.select_grid``."""
     if case and filter:
         raise ValueError("select_cases: use case or filter, not both")
-    notes: list[CheckResult] = []
-    if case:
-        pool = [parse_case_id(case)]
-    elif filter:
-        pool = cases(tier="gpu", filter=filter, max_cases=max_cases)
-    else:
-        pool = cases(tier="gpu", filter="heavy=false", max_cases=max_cases)
-        heavy = len(cases(tier="gpu", filter="heavy=true"))
-        why = f"{heavy} heavy case(s) not in the default job: run --filter heavy=true"
-        notes.append(CheckResult("gpu.heavy", "gpu", "skip", why))
-    gpu = _gpu_checks()
-    runnable, skipped = [], Counter()
-    for item in pool:
-        why = gpu._runnable(item)
-        if why is None:
-            runnable.append(item)
-        else:
-            skipped[(item.variant.op, why)] += 1
-    notes += [
-        CheckResult(f"gpu.{op}.unrunnable", "gpu", "skip", f"{n} case(s): {why}")
-        for (op, why), n in sorted(skipped.items())
-    ]
+    runnable, notes = _gpu_checks().select_grid(case=case, filter=filter, max_cases=max_cases)
     return Selection(tuple(runnable), tuple(notes))
 
 

@@ -170,30 +170,43 @@ def _case_result(case: Any, ctx: Any) -> CheckResult:
     return CheckResult(name, "gpu", "fail", f"{verdict.reason} — replay: {command}", metrics)
 
 
-def _grid(ctx: Any) -> list[CheckResult]:
+def select_grid(
+    *, case: str | None = None, filter: str | None = None, max_cases: int | None = None
+) -> tuple[list[Any], list[CheckResult]]:
+    """The grid cases a GPU run executes, and one skip line per reason for those it leaves out.
+
+    The single place that decides the selection: the one-GPU job and every shard of a multi-GPU
+    run (:mod:`oracle.sharding`) call it, so their case lists cannot drift apart. Without a case
+    or a filter, the default job leaves the heavy shapes to an explicit ``--filter heavy=true``.
+    """
     from oracle.grids import cases, parse_case_id
 
-    out = []
-    if ctx.case:
-        pool = [parse_case_id(ctx.case)]
-    elif ctx.filter:
-        pool = cases(tier="gpu", filter=ctx.filter, max_cases=ctx.max_cases)
-    else:  # the default job leaves the heavy shapes to an explicit filter
-        pool = cases(tier="gpu", filter="heavy=false", max_cases=ctx.max_cases)
+    notes: list[CheckResult] = []
+    if case:
+        pool = [parse_case_id(case)]
+    elif filter:
+        pool = cases(tier="gpu", filter=filter, max_cases=max_cases)
+    else:
+        pool = cases(tier="gpu", filter="heavy=false", max_cases=max_cases)
         heavy = len(cases(tier="gpu", filter="heavy=true"))
         why = f"{heavy} heavy case(s) not in the default job: run --filter heavy=true"
-        out.append(CheckResult("gpu.heavy", "gpu", "skip", why))
+        notes.append(CheckResult("gpu.heavy", "gpu", "skip", why))
     runnable, skipped = [], Counter()
-    for case in pool:
-        why = _runnable(case)
+    for item in pool:
+        why = _runnable(item)
         if why is None:
-            runnable.append(case)
+            runnable.append(item)
         else:
-            skipped[(case.variant.op, why)] += 1
-    out += [
+            skipped[(item.variant.op, why)] += 1
+    notes += [
         CheckResult(f"gpu.{op}.unrunnable", "gpu", "skip", f"{count} case(s): {why}")
         for (op, why), count in sorted(skipped.items())
     ]
+    return runnable, notes
+
+
+def _grid(ctx: Any) -> list[CheckResult]:
+    runnable, out = select_grid(case=ctx.case, filter=ctx.filter, max_cases=ctx.max_cases)
     advance = ctx.advance("differential grid", len(runnable))
     for case in runnable:
         out.append(_case_result(case, ctx))
