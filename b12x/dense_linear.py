@@ -6,9 +6,12 @@ Layout
 GEMM): the input rotation ``rotated = fp16(H128(fp16(fp16(x)·suh)))`` (in the compute dtype),
 the trellis GEMM with in-register decode (fp32 accumulation, optional split-K, result rounded to
 the compute dtype), and the output rotation ``fp16(fp16(H128(gemm))·svh)`` cast to ``x.dtype``.
-For large M the GEMM may instead decode Wq once (:func:`b12x.kernels.host.decode_weight`) and
-call cuBLAS (``path="decode_matmul"``); ``path="auto"`` picks it for M > ``LARGE_M``. ``split_k``
-applies to the fused GEMM only (``None`` = the host heuristic).
+The GEMM may instead decode Wq once (:func:`b12x.kernels.host.decode_weight`) and call cuBLAS
+(``path="decode_matmul"``). ``path="auto"`` follows the declared dispatch table
+(:func:`auto_path`, i.e. :func:`b12x.dense.dispatch.explain`): decode_matmul for
+M ≥ ``DECODE_MATMUL_MIN_M`` (64, the measured H200 crossover) unless the K6/MCG small-M row
+(capability (12, 0), M ≤ 128) comes first; the K6 and generic rows both run the fused GEMM here.
+``split_k`` applies to the fused GEMM only (``None`` = the host heuristic).
 
 Invariants
 ----------
@@ -24,11 +27,12 @@ from __future__ import annotations
 
 import torch
 
-from b12x.dense.dispatch import LARGE_M  # one large-M threshold: the declared dispatch table's
+from b12x.dense import dispatch
+from b12x.dense.dispatch import DECODE_MATMUL_MIN_M  # the table's one decode_matmul threshold
 from b12x.formats import resolve_format
 from b12x.kernels import host
 
-__all__ = ["trellis_linear", "validate_linear_inputs", "LARGE_M", "PATHS"]
+__all__ = ["DECODE_MATMUL_MIN_M", "PATHS", "auto_path", "trellis_linear", "validate_linear_inputs"]
 
 PATHS = ("auto", "fused", "decode_matmul")
 _HALF = (torch.float16, torch.bfloat16)
@@ -97,6 +101,27 @@ def _resolve_callback(hadamard_128):
     return fn
 
 
+def auto_path(
+    *,
+    m: int,
+    bits: int,
+    codebook: str,
+    compute_dtype: torch.dtype,
+    external_rotation: bool,
+    capability: tuple[int, int],
+) -> str:
+    """``"decode_matmul"`` where the dispatch table selects that row, else ``"fused"``."""
+    case = {
+        "capability": tuple(capability),
+        "m": m,
+        "bits": bits,
+        "codebook": codebook,
+        "compute_dtype": compute_dtype,
+        "external_rotation": external_rotation,
+    }
+    return "decode_matmul" if dispatch.explain(case).path == "decode_matmul" else "fused"
+
+
 def trellis_linear(
     x: torch.Tensor,
     trellis: torch.Tensor,
@@ -113,7 +138,7 @@ def trellis_linear(
     """The dense EXL3 trellis linear on the GPU; returns ``[M, N]`` in ``x.dtype``."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    _, _, m, _, _ = validate_linear_inputs(
+    fmt, bits, m, _, _ = validate_linear_inputs(
         x, trellis, suh, svh, codebook=codebook, compute_dtype=compute_dtype, bias=bias
     )
     if split_k is not None and (
@@ -121,6 +146,15 @@ def trellis_linear(
     ):
         raise ValueError(f"split_k: expected a positive int or None, got {split_k!r}")
     had = _resolve_callback(hadamard_128)
+    if path == "auto":
+        path = auto_path(
+            m=m,
+            bits=bits,
+            codebook=fmt.name,
+            compute_dtype=compute_dtype,
+            external_rotation=had is not None,
+            capability=torch.cuda.get_device_capability(x.device),
+        )
 
     if had is None:
         rotated = host.rotate_input(x, suh, out_dtype=compute_dtype)
@@ -129,7 +163,7 @@ def trellis_linear(
         had(x.to(torch.float16), rotated_f16, suh, None, 1.0)
         rotated = rotated_f16.to(compute_dtype)
 
-    if path == "decode_matmul" or (path == "auto" and m > LARGE_M):
+    if path == "decode_matmul":
         weight = host.decode_weight(trellis, codebook).to(compute_dtype)
         gemm = torch.matmul(rotated, weight)
     else:

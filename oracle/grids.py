@@ -66,7 +66,7 @@ __all__ = [
     "shape_illegal_reason",
 ]
 
-M_BUCKETS: tuple[int, ...] = (1, 2, 8, 9, 15, 16, 17, 64, 127, 128, 129, 256, 1024, 4096)
+M_BUCKETS: tuple[int, ...] = (1, 2, 8, 9, 15, 16, 17, 63, 64, 127, 128, 129, 256, 1024, 4096)
 CROSS_M: tuple[int, ...] = (1, 17, 129)  # Ms at which every (K, N) / MoE bucket is visited
 
 

@@ -155,10 +155,10 @@ def kernel_group(case: Any) -> str:
     if v.op == "decode":
         return f"decode/{v.codebook}/k{v.bits}"
     if v.op == "dense" and v.pair_kind is None and v.tier_layout is None:
-        from b12x.dense_linear import LARGE_M
+        from b12x.dense_linear import DECODE_MATMUL_MIN_M
         from b12x.kernels.host import choose_tiles
 
-        if v.rotation == "full" and case.m > LARGE_M:  # decode Wq once, then a dense GEMM
+        if v.rotation == "full" and case.m >= DECODE_MATMUL_MIN_M:  # decode Wq, then a dense GEMM
             return f"decode/{v.codebook}/k{v.bits}"
         m_tiles, n_tiles = choose_tiles(case.m, case.n)
         return f"gemm/{v.codebook}/k{v.bits}/{v.compute_dtype}/{m_tiles}x{n_tiles}"

@@ -12,8 +12,9 @@ Layout
   1. ``k6_mcg_small_m`` — the K6/MCG small-M cooperative row (spec §5.5, PR #136 gate):
      capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
      explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
-  2. ``decode_matmul`` — large M: decode Wq once, then one dense GEMM (exllamav3's M ≥ 1024
-     route; ``b12x.dense_linear.LARGE_M``): M > 1024, unpaired, no explicit tile.
+  2. ``decode_matmul`` — decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM:
+     M ≥ :data:`DECODE_MATMUL_MIN_M` (64), sm_80+, unpaired, no explicit tile. Below the K6 row,
+     so on (12, 0) a K6/MCG case with M ≤ 128 keeps the K6 path.
   3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
   Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
   every row's reason (fail closed).
@@ -21,8 +22,19 @@ Layout
   considered, ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
 * :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
   K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
-  explicit pin, M 1024/1025). :data:`TABLE` bundles ``name``, ``paths``, ``boundaries`` and
-  ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields).
+  explicit pin, M 63/64 for decode_matmul, K6 ahead of decode_matmul at M 64..128). :data:`TABLE`
+  bundles ``name``, ``paths``, ``boundaries`` and ``explain`` in the shape :mod:`oracle.dispatch`
+  checks (its ``Boundary`` has the same fields).
+
+Evidence for the decode_matmul threshold
+----------------------------------------
+H200 run 2026-12-02, ``benchmarks/dense_trellis.py``, K × N = 8192 × 28672, MCG: the fused trellis
+GEMM is about 1.0× the cuBLAS time at M ≤ 16 and wins there; decode-then-cuBLAS is 2.0–2.8×
+faster than the fused GEMM at M = 64..256, 1.3–1.4× at M = 1024 and 1.1× at M = 4096. The
+crossover therefore lies in 16 < M ≤ 64; :data:`DECODE_MATMUL_MIN_M` = 64 is the smallest
+measured M at which decode+cuBLAS wins (the benchmark's default M list now includes 32 and 48 to
+narrow it down). The previous threshold (M > 1024, exllamav3's large-M route) left a 2–2.8×
+slowdown on the table for 64 ≤ M ≤ 1024.
 
 Invariants
 ----------
@@ -42,7 +54,7 @@ __all__ = [
     "DEFAULT_CASE",
     "K6_CAPABILITIES",
     "K6_MAX_M",
-    "LARGE_M",
+    "DECODE_MATMUL_MIN_M",
     "MIN_CAPABILITY",
     "PATH_NAMES",
     "ROWS",
@@ -57,7 +69,9 @@ __all__ = [
 
 K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); SM121 falls through
 K6_MAX_M = 128
-LARGE_M = 1024  # the one large-M threshold; b12x.dense_linear imports it (M > 1024 decodes first)
+#: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM (module docstring); the one
+#: threshold of the decode_matmul row, which b12x.dense_linear imports.
+DECODE_MATMUL_MIN_M = 64
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
 DEFAULT_CASE: Mapping[str, Any] = {
@@ -194,10 +208,14 @@ K6_ROW = Row(
 
 DECODE_MATMUL_ROW = Row(
     "decode_matmul",
-    "large M: decode Wq once into a caller buffer, then one dense GEMM",
+    "M >= 64: decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM",
     (
         _SM80,
-        _cond("m>1024", lambda c: c["m"] > LARGE_M, lambda c: f"m={c['m']} <= {LARGE_M}"),
+        _cond(
+            "m>=64",
+            lambda c: c["m"] >= DECODE_MATMUL_MIN_M,
+            lambda c: f"m={c['m']} < {DECODE_MATMUL_MIN_M}",
+        ),
         _UNPAIRED,
         _NO_PIN,
     ),
@@ -227,11 +245,16 @@ def explain(case: Mapping[str, Any]) -> Explanation:
 
 
 def _k6(**changes: Any) -> dict:
-    return {**DEFAULT_CASE, "m": 64, **changes}
+    """A K6 case at M = 32: every K6 gate alone falls back to ``generic`` (M < 64)."""
+    return {**DEFAULT_CASE, "m": 32, **changes}
 
 
 BOUNDARIES: tuple[Boundary, ...] = (
-    Boundary("k6_small_m_M", _k6(), "m", 128, 129, "k6_mcg_small_m", "generic"),
+    Boundary("k6_small_m_M", _k6(), "m", 128, 129, "k6_mcg_small_m", "decode_matmul"),
+    # K6 is ahead of decode_matmul: at M = 64 only the K6 gates decide between them
+    Boundary(
+        "k6_ahead_of_decode_matmul", _k6(m=64), "bits", 6, 5, "k6_mcg_small_m", "decode_matmul"
+    ),
     Boundary("k6_bits", _k6(), "bits", 6, 5, "k6_mcg_small_m", "generic"),
     Boundary("k6_codebook", _k6(), "codebook", "mcg", "sqg_fp16", "k6_mcg_small_m", "generic"),
     Boundary("k6_codebook_3inst", _k6(), "codebook", "mcg", "3inst", "k6_mcg_small_m", "generic"),
@@ -259,11 +282,19 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "k6_mcg_small_m",
         "generic",
     ),
+    # literal sides (not the constant): moving the threshold must fail here, not move along
     Boundary(
-        "large_m", _k6(capability=(9, 0), bits=4), "m", 1024, 1025, "generic", "decode_matmul"
+        "decode_matmul_min_M",
+        _k6(capability=(9, 0), bits=4),
+        "m",
+        63,
+        64,
+        "generic",
+        "decode_matmul",
     ),
+    Boundary("decode_matmul_min_M_sm120", _k6(bits=5), "m", 63, 64, "generic", "decode_matmul"),
     Boundary(
-        "large_m_explicit_tile",
+        "decode_matmul_explicit_tile",
         _k6(m=2048),
         "explicit_tile",
         None,

@@ -15,6 +15,9 @@ Invariants
   launch and raises ``TypeError``/``ValueError`` naming the argument.
 * Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
   are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
+* Every kernel is resolved through :func:`_kernel`, i.e. the one runtime compile cache
+  (:func:`b12x.runtime.compile_cache.compiled_kernel`): its structural key, its freeze switch
+  and its capture check apply to every launch made here.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import functools
 import torch
 
 from b12x.formats import DecodeFormat, lut_bytes, resolve_format
-from b12x.kernels.specs import KernelSpec, compiled
+from b12x.kernels.specs import KernelSpec
+from b12x.runtime import compile_cache
 
 __all__ = [
     "device_arch",
@@ -43,6 +47,11 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 def device_arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}"
+
+
+def _kernel(spec: KernelSpec, device: torch.device):
+    """The compiled callable of ``spec`` for ``device``'s arch, from the runtime cache."""
+    return compile_cache.compiled_kernel(spec, device_arch(device))
 
 
 @functools.cache
@@ -122,7 +131,7 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
     _check_tensor("out", out, dtypes=(torch.float16,), ndim=2, device=trellis.device)
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
-    fn = compiled(KernelSpec("decode", fmt.name, bits), device_arch(trellis.device))
+    fn = _kernel(KernelSpec("decode", fmt.name, bits), trellis.device)
     fn(trellis.view(torch.int32), out.view(torch.int16), _lut_addr(fmt, trellis.device))
     return out
 
@@ -196,7 +205,6 @@ def trellis_matmul(
     _check_tensor("out", out, dtypes=(a.dtype,), ndim=2, device=a.device)
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
-    arch = device_arch(a.device)
     lut = _lut_addr(fmt, a.device)
     spec = KernelSpec(
         "gemm",
@@ -211,7 +219,7 @@ def trellis_matmul(
         depth=depth,
     )
     if splits == 1:
-        compiled(spec, arch)(
+        _kernel(spec, a.device)(
             a.view(torch.int32),
             trellis.view(torch.int32),
             out.view(torch.int32),
@@ -226,10 +234,10 @@ def trellis_matmul(
     if scratch.numel() < splits * m * n:
         raise ValueError(f"scratch: needs {splits * m * n} fp32 elements, has {scratch.numel()}")
     partials = scratch.view(-1)[: splits * m * n].view(splits, m, n)
-    compiled(spec, arch)(
+    _kernel(spec, a.device)(
         a.view(torch.int32), trellis.view(torch.int32), partials, lut, rows_per_split, splits
     )
-    compiled(KernelSpec("reduce", bf16=bf16), arch)(partials, out.view(torch.int32))
+    _kernel(KernelSpec("reduce", bf16=bf16), a.device)(partials, out.view(torch.int32))
     return out
 
 
@@ -248,9 +256,7 @@ def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: st
     if out.shape != x.shape:
         raise ValueError(f"out: expected shape {tuple(x.shape)}, got {tuple(out.shape)}")
     spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16, out_bf16=out_dtype == torch.bfloat16)
-    compiled(spec, device_arch(x.device))(
-        x.view(torch.int32), scale.view(torch.int32), out.view(torch.int32)
-    )
+    _kernel(spec, x.device)(x.view(torch.int32), scale.view(torch.int32), out.view(torch.int32))
     return out
 
 

@@ -1,22 +1,27 @@
-"""Compile specifications of every kernel in :mod:`b12x.kernels`, and a private compile cache.
+"""Compile specifications of every kernel in :mod:`b12x.kernels`, and how one spec compiles.
 
 Layout
 ------
 * :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one kernel
-  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll). Together with the
-  target arch it is the cache key: two specs that compile differently are never equal.
+  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll). With the target arch,
+  the DSL version, the ABI version and the kernel source hash it makes the structural
+  :class:`~b12x.runtime.compile_cache.CompileKey`: two specs that compile differently are never
+  equal.
 * :func:`build_kernel` maps a spec to its kernel object and the fake (symbolic-shape) arguments
-  that :func:`cute.compile` needs; the same builder serves CPU compile checks
-  (:mod:`b12x.support`) and GPU launches (:func:`compiled`).
-* :func:`compiled` compiles once per ``(spec, arch)`` with ``--enable-tvm-ffi`` and keeps the
-  result in a process-local dict; :func:`freeze` makes any further compile an error (nothing may
-  compile during CUDA-graph capture).
+  that :func:`cute.compile` needs; :func:`compile_spec` compiles it with ``--enable-tvm-ffi`` at
+  the first spill-free optimisation level. The same builder serves CPU compile checks
+  (:mod:`b12x.support`) and GPU launches.
+* This module keeps no cache. Launches resolve kernels through
+  :func:`b12x.runtime.compile_cache.compiled_kernel` (structural key, one process cache, the
+  freeze switch and capture detection); :func:`compiled` and :func:`freeze` are aliases of it
+  kept for existing callers.
 
 Invariants
 ----------
 * Fake tensors are int32/fp32 views with symbolic dims and 16-byte alignment; callers pass torch
   tensors viewed the same way (fp16/bf16 pairs as int32, the int16 payload as int32).
 * The tvm-ffi path launches on torch's current stream.
+* Importing this module loads only the standard library (cutlass and the runtime load lazily).
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import threading
 from dataclasses import dataclass
 
 __all__ = [
@@ -198,28 +202,21 @@ def build_kernel(spec: KernelSpec):
     )
 
 
-_CACHE: dict[tuple[KernelSpec, str], object] = {}
-_LOCK = threading.Lock()
-_FROZEN = False
-
-
 def freeze(frozen: bool = True) -> None:
-    """After ``freeze()``, a cache miss raises instead of compiling (graph-capture safety)."""
-    global _FROZEN
-    _FROZEN = bool(frozen)
+    """Alias of :func:`b12x.runtime.compile_cache.freeze` (``False``: ``unfreeze``).
+
+    There is no second switch here: kernels resolve only through the runtime cache.
+    """
+    from b12x.runtime import compile_cache
+
+    if frozen:
+        compile_cache.freeze()
+    else:
+        compile_cache.unfreeze()
 
 
 def compiled(spec: KernelSpec, arch: str):
-    """The tvm-ffi callable of ``spec`` for ``arch`` (compiled at most once per process)."""
-    key = (spec, arch)
-    fn = _CACHE.get(key)
-    if fn is not None:
-        return fn
-    with _LOCK:
-        fn = _CACHE.get(key)
-        if fn is None:
-            if _FROZEN:
-                raise RuntimeError(f"kernel cache is frozen: {spec} for {arch} was never warmed up")
-            fn = compile_spec(spec, arch).fn
-            _CACHE[key] = fn
-    return fn
+    """Alias of :func:`b12x.runtime.compile_cache.compiled_kernel` (one cache per process)."""
+    from b12x.runtime import compile_cache
+
+    return compile_cache.compiled_kernel(spec, arch)

@@ -8,9 +8,12 @@ Layout
   module sources. :func:`make_key` builds one; :func:`key_for_spec` builds the key of a
   :class:`~b12x.kernels.specs.KernelSpec` (whose fields are every codegen input of a kernel).
 * :class:`CompileCache` is an in-memory map ``CompileKey -> compiled object`` with hit/miss
-  counters. :func:`compiled_kernel` compiles a ``KernelSpec`` through the process cache
-  :data:`CACHE` (``cute.compile`` itself does not cache); the compiled object is the tvm-ffi
-  callable, which launches on torch's current stream.
+  counters. :data:`CACHE` is THE process cache: every launch path resolves its kernels through
+  :func:`compiled_kernel` (``cute.compile`` itself does not cache). A dense
+  :class:`~b12x.kernels.specs.KernelSpec` is keyed by :func:`key_for_spec` and built by
+  :func:`b12x.kernels.specs.compile_spec` (the spill-free optimisation level); another spec type
+  (the grouped MoE GEMM) passes its kernel id, source modules and builder. The compiled object is
+  the tvm-ffi callable, which launches on torch's current stream.
 * The freeze switch: :func:`freeze`, :func:`unfreeze`, :func:`is_frozen` and the context manager
   :func:`frozen`. After warm-up the caller freezes; a cache miss while frozen, or while the
   current (or a given) CUDA stream is capturing a graph, raises :class:`KernelResolutionFrozen`
@@ -23,8 +26,11 @@ Invariants
   tensor, a stream) is a ``TypeError``: two equal keys always mean the same compiled code, and a
   field that changes codegen always changes the key.
 * Runtime-only values (M, pointers, split sizes passed as kernel arguments) are not key fields.
-* :func:`freeze` also freezes the kernels' own launch cache (:func:`b12x.kernels.specs.freeze`),
-  so no layer can compile behind the switch.
+* There is one cache and one switch: :func:`b12x.kernels.specs.compiled` and
+  :func:`b12x.kernels.specs.freeze` are thin aliases of :func:`compiled_kernel` and
+  :func:`freeze` / :func:`unfreeze`, so no layer can compile behind the switch.
+* A launch key is built once per ``(spec, arch)`` and memoised: the loaded kernel code cannot
+  change under a running process (an edited source file gives a new key in the next process).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ __all__ = [
     "frozen",
     "is_frozen",
     "key_for_spec",
+    "launch_key",
     "make_key",
     "source_hash",
     "unfreeze",
@@ -212,14 +219,12 @@ def freeze() -> None:
     """From now on a cache miss raises :class:`KernelResolutionFrozen` (after warm-up)."""
     global _FROZEN
     _FROZEN = True
-    _freeze_kernel_layer(True)
 
 
 def unfreeze() -> None:
     """Allow compiles again."""
     global _FROZEN
     _FROZEN = False
-    _freeze_kernel_layer(False)
 
 
 def is_frozen() -> bool:
@@ -236,12 +241,6 @@ def frozen() -> Iterator[None]:
     finally:
         if not before:
             unfreeze()
-
-
-def _freeze_kernel_layer(flag: bool) -> None:
-    from b12x.kernels import specs  # stdlib-only at import; no cutlass is loaded here
-
-    specs.freeze(flag)
 
 
 def capture_active(stream: Any = None) -> bool:
@@ -272,6 +271,10 @@ class CompileCache:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+    def compiled_keys(self) -> tuple[CompileKey, ...]:
+        """The keys compiled so far, in insertion order."""
+        return tuple(self._entries)
 
     def lookup(self, key: CompileKey) -> Any | None:
         return self._entries.get(key)
@@ -314,24 +317,61 @@ class CompileCache:
             return compiled
 
 
-#: The process-wide cache.
+#: The process-wide cache: the only one any launch path resolves kernels through.
 CACHE = CompileCache()
-_LAUNCH_KEYS: dict[tuple[Any, str], CompileKey] = {}
+_LAUNCH_KEYS: dict[tuple[Any, str, str, tuple[str, ...]], CompileKey] = {}
+_KEYS_LOCK = threading.Lock()
 
 
-def compiled_kernel(spec: Any, arch: str, *, cache: CompileCache | None = None) -> Any:
-    """Compile ``spec`` (a ``KernelSpec``) for ``arch`` once; return the tvm-ffi callable."""
-    memo = (spec, arch)
+def launch_key(
+    spec: Any, arch: str, *, kernel: str | None = None, modules: Iterable[str] | None = None
+) -> CompileKey:
+    """The (memoised) key :func:`compiled_kernel` uses for ``spec`` on ``arch``.
+
+    Without ``kernel``/``modules`` ``spec`` is a ``KernelSpec``: :func:`key_for_spec` (kernel id
+    = its ``kind``, sources :data:`KERNEL_SOURCE_MODULES`). Otherwise every dataclass field of
+    ``spec`` is a codegen input of ``kernel``, whose sources are ``modules``.
+    """
+    mods = KERNEL_SOURCE_MODULES if modules is None else tuple(modules)
+    memo = (spec, arch, kernel or "", mods)
     key = _LAUNCH_KEYS.get(memo)
-    if key is None:  # the loaded kernel code cannot change under a running process
-        key = _LAUNCH_KEYS.setdefault(memo, key_for_spec(spec, arch))
+    if key is not None:
+        return key
+    if kernel is None:
+        if modules is not None:
+            raise ValueError("modules: a KernelSpec is hashed over KERNEL_SOURCE_MODULES")
+        key = key_for_spec(spec, arch)
+    else:
+        if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+            raise TypeError(f"spec: expected a frozen spec dataclass, got {type(spec).__name__}")
+        codegen = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        key = make_key(kernel, codegen, arch=arch, modules=mods)
+    with _KEYS_LOCK:
+        return _LAUNCH_KEYS.setdefault(memo, key)
 
-    def build() -> Any:
-        import cutlass.cute as cute
 
-        from b12x.kernels.specs import build_kernel, compile_options
+def compiled_kernel(
+    spec: Any,
+    arch: str,
+    *,
+    kernel: str | None = None,
+    modules: Iterable[str] | None = None,
+    build: Callable[[], Any] | None = None,
+    cache: CompileCache | None = None,
+) -> Any:
+    """The tvm-ffi callable of ``spec`` for ``arch``, compiled at most once per key.
 
-        kernel, args = build_kernel(spec)
-        return cute.compile(kernel, *args, options=compile_options(arch))
+    A ``KernelSpec`` needs nothing else; another spec type names its ``kernel`` id, its source
+    ``modules`` and a ``build()`` that compiles it. Honours the freeze switch and capture.
+    """
+    key = launch_key(spec, arch, kernel=kernel, modules=modules)
+    if build is None:
+        if kernel is not None:
+            raise ValueError(f"build: {kernel} specs need their own builder")
+
+        def build() -> Any:
+            from b12x.kernels.specs import compile_spec
+
+            return compile_spec(spec, arch).fn
 
     return (CACHE if cache is None else cache).get_or_compile(key, build)

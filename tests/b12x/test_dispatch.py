@@ -1,7 +1,9 @@
 """The dense dispatch table (R2): both sides of every boundary, reachability, explain reasons.
 
 Every expected path below is written from spec §5.5 (PR #136 gate) and §4.2 of the regression
-classes, not read back from the table.
+classes, not read back from the table. The decode_matmul threshold (M >= 64) is the H200
+crossover measured on 2026-12-02 (fused ~1.0x cuBLAS at M <= 16, decode+cuBLAS 2.0-2.8x faster
+at M = 64..256): M = 63 stays fused, M = 64 decodes first, and the K6 row stays ahead of it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from oracle.tiles import SimulatedDevice
 K6 = "k6_mcg_small_m"
 BASE = {
     "capability": (12, 0),
-    "m": 64,
+    "m": 32,  # below the decode_matmul threshold: a failed K6 gate falls to generic
     "bits": 6,
     "codebook": "mcg",
     "pair_kind": None,
@@ -44,7 +46,7 @@ class OracleView:
 GRID = [
     {**BASE, "m": m, "bits": b, "codebook": cb, "compute_dtype": dt, "capability": cap}
     for m, b, cb, dt, cap in itertools.product(
-        (1, 8, 9, 16, 17, 127, 128, 129, 1024, 1025, 4096),
+        (1, 8, 9, 16, 17, 32, 48, 63, 64, 127, 128, 129, 1024, 1025, 4096),
         (3, 4, 6),
         ("mcg", "sqg_fp16"),
         ("float16", "bfloat16"),
@@ -79,17 +81,41 @@ def test_oracle_generic_checks_pass():
 def test_k6_boundary_both_sides(field, inside, outside, reason):
     assert D.explain({**BASE, field: inside}).path == K6
     got = D.explain({**BASE, field: outside})
-    assert got.path == "generic"
+    fallback = "decode_matmul" if field == "m" else "generic"  # M = 129 >= 64; the rest M = 32
+    assert got.path == fallback
     assert got.reasons[0].startswith(f"{K6}: ") and reason in got.reasons[0]
-    assert got.reasons[-1] == "generic: selected"
+    assert got.reasons[-1] == f"{fallback}: selected"
 
 
-def test_k6_reaches_m_1_and_large_m_takes_decode_matmul():
+def test_k6_reaches_m_1_and_m_from_64_takes_decode_matmul():
     assert D.explain({**BASE, "m": 1}).path == K6
-    assert D.explain({**BASE, "m": 1024}).path == "generic"
-    assert D.explain({**BASE, "m": 1025}).path == "decode_matmul"
+    assert D.explain({**BASE, "m": 128}).path == K6  # K6 is ahead of decode_matmul
+    assert D.explain({**BASE, "m": 129}).path == "decode_matmul"
+    not_k6 = {**BASE, "bits": 4}
+    assert D.explain({**not_k6, "m": 63}).path == "generic"
+    below = D.explain({**not_k6, "m": 63}).reasons
+    assert below[1] == "decode_matmul: m=63 < 64"
+    assert D.explain({**not_k6, "m": 64}).path == "decode_matmul"
+    assert D.explain({**not_k6, "m": 4096, "capability": (9, 0)}).path == "decode_matmul"
     pinned = D.explain({**BASE, "m": 4096, "explicit_tile": (64, 128, 128)})
     assert pinned.path == "generic"
+
+
+@pytest.mark.parametrize("cap", [(12, 0), (12, 1), (9, 0), (8, 0)])
+@pytest.mark.parametrize("m", [1, 16, 32, 48, 63, 64, 65, 128, 129, 256, 1024, 4096])
+def test_decode_matmul_threshold_is_the_measured_crossover(cap, m):
+    """Off the K6 gate (K4), M >= 64 decodes first on every sm_80+ part; below, fused generic."""
+    got = D.explain({**BASE, "capability": cap, "bits": 4, "m": m}).path
+    assert got == ("decode_matmul" if m >= 64 else "generic")
+
+
+def test_decode_matmul_min_m_is_the_one_threshold():
+    from b12x import dense_linear
+
+    assert D.DECODE_MATMUL_MIN_M == 64
+    assert dense_linear.DECODE_MATMUL_MIN_M is D.DECODE_MATMUL_MIN_M
+    sides = {(b.below, b.above) for b in D.BOUNDARIES if b.expect_above == "decode_matmul"}
+    assert (63, 64) in sides and (128, 129) in sides
 
 
 def test_fail_closed_for_paired_and_pre_sm80():
@@ -121,7 +147,7 @@ def test_hijacking_row_is_caught_by_the_oracle(monkeypatch):
 
 
 def _plan(device, **overrides):
-    args = dict(m=64, k=2048, n=4096, bits=6, codebook="mcg", x_dtype=torch.float16)
+    args = dict(m=32, k=2048, n=4096, bits=6, codebook="mcg", x_dtype=torch.float16)
     return plan_dense(device=device, **{**args, **overrides})
 
 
@@ -130,7 +156,10 @@ def _plan(device, **overrides):
     [
         ((12, 0), {}, K6),
         ((12, 0), {"m": 128}, K6),
-        ((12, 0), {"m": 129}, "generic"),
+        ((12, 0), {"m": 64}, K6),
+        ((12, 0), {"m": 129}, "decode_matmul"),
+        ((12, 0), {"m": 64, "bits": 5}, "decode_matmul"),
+        ((12, 0), {"m": 64, "compute_dtype": torch.bfloat16}, "decode_matmul"),
         ((12, 0), {"x_dtype": torch.bfloat16}, K6),  # bf16 x is fine: fp16 compute, input copy
         ((12, 0), {"compute_dtype": torch.bfloat16}, "generic"),
         ((12, 0), {"bits": 5}, "generic"),
@@ -140,7 +169,10 @@ def _plan(device, **overrides):
         ((12, 1), {}, "generic"),
         ((9, 0), {}, "generic"),
         ((8, 0), {}, "generic"),
+        ((9, 0), {"m": 63}, "generic"),
+        ((9, 0), {"m": 64}, "decode_matmul"),
         ((9, 0), {"m": 1025}, "decode_matmul"),
+        ((9, 0), {"m": 64, "tile": [64, 256, 256]}, "generic"),
     ],
 )
 def test_public_plan_entry_follows_the_table(device_cap, overrides, path):
@@ -153,7 +185,150 @@ def test_public_plan_entry_follows_the_table(device_cap, overrides, path):
 def test_every_path_is_reachable_from_plan_dense():
     seen = {
         _plan(RTX).path,
+        _plan(RTX, bits=5).path,
         _plan(RTX, m=129).path,
-        _plan(RTX, m=2048).path,
     }
     assert seen == set(D.PATH_NAMES)
+
+
+# --- dense_linear's path="auto" follows the same table ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cap", "m", "bits", "compute_dtype", "external", "path"),
+    [
+        ((9, 0), 63, 4, torch.float16, False, "fused"),
+        ((9, 0), 64, 4, torch.float16, False, "decode_matmul"),
+        ((9, 0), 64, 6, torch.bfloat16, True, "decode_matmul"),
+        ((8, 0), 4096, 2, torch.float16, False, "decode_matmul"),
+        ((12, 0), 64, 6, torch.float16, False, "fused"),  # K6 row first
+        ((12, 0), 128, 6, torch.float16, False, "fused"),
+        ((12, 0), 129, 6, torch.float16, False, "decode_matmul"),
+        ((12, 0), 64, 6, torch.float16, True, "decode_matmul"),  # external H128: not K6
+        ((12, 1), 64, 6, torch.float16, False, "decode_matmul"),
+        ((12, 0), 16, 4, torch.float16, False, "fused"),
+    ],
+)
+def test_dense_linear_auto_path(cap, m, bits, compute_dtype, external, path):
+    from b12x.dense_linear import auto_path
+
+    got = auto_path(
+        m=m,
+        bits=bits,
+        codebook="mcg",
+        compute_dtype=compute_dtype,
+        external_rotation=external,
+        capability=cap,
+    )
+    assert got == path
+
+
+@pytest.mark.parametrize(("m", "launched"), [(63, "fused"), (64, "decode")])
+def test_trellis_linear_auto_launches_the_table_path(monkeypatch, m, launched):
+    """The eager linear's launches on CPU stand-ins: the real code between validation and launch."""
+    from b12x import dense_linear
+    from b12x.formats import resolve_format
+
+    k = n = 128
+    seen = []
+
+    def validated(x, trellis, suh, svh, *, codebook, compute_dtype, bias=None):
+        return resolve_format(codebook, 4), 4, x.shape[0], k, n
+
+    def fused(a, trellis, codebook, *, split_k=None):
+        seen.append("fused")
+        return torch.zeros(a.shape[0], n, dtype=a.dtype)
+
+    def decode(trellis, codebook):
+        seen.append("decode")
+        return torch.zeros(k, n, dtype=torch.float16)
+
+    host = dense_linear.host
+    monkeypatch.setattr(dense_linear, "validate_linear_inputs", validated)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(host, "rotate_input", lambda x, s, *, out_dtype: x.to(out_dtype))
+    monkeypatch.setattr(host, "rotate_output", lambda y, s, *, out_dtype: y.to(out_dtype))
+    monkeypatch.setattr(host, "trellis_matmul", fused)
+    monkeypatch.setattr(host, "decode_weight", decode)
+    x = torch.zeros(m, k, dtype=torch.float16)
+    trellis = torch.zeros(k // 16, n // 16, 64, dtype=torch.int16)
+    ones = torch.ones(k, dtype=torch.float16)
+    y = dense_linear.trellis_linear(x, trellis, ones, ones, codebook="mcg")
+    assert seen == [launched] and y.shape == (m, n)
+
+
+# --- the decode_matmul path at the new threshold: planned scratch, capture-safe run (CPU) --------
+
+
+class _InPlaceKernels:
+    """CPU stand-ins for the host launchers: in place into the caller's buffers, recording."""
+
+    def __init__(self):
+        self.calls = []
+
+    def rotate_input(self, x, suh, *, out_dtype, out):
+        self.calls.append("rotate_input")
+        out.copy_(x)
+        out.mul_(suh)
+
+    def rotate_output(self, y, svh, *, out_dtype, out):
+        self.calls.append("rotate_output")
+        out.copy_(y)
+        out.mul_(svh)
+
+    def decode_weight(self, trellis, codebook, *, out):
+        self.calls.append(("decode_weight", codebook, out.data_ptr()))
+        out.fill_(0.25)
+
+    def trellis_matmul(self, *args, **kwargs):
+        raise AssertionError("the decode_matmul path launched the fused GEMM")
+
+
+def _decode_inputs(m, k, n, bits, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randn(m, k, generator=g).to(torch.float16),
+        "trellis": torch.zeros(k // 16, n // 16, 16 * bits, dtype=torch.int16),
+        "suh": torch.randn(k, generator=g).sign().to(torch.float16),
+        "svh": torch.randn(n, generator=g).sign().to(torch.float16),
+    }
+
+
+@pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
+def test_decode_matmul_at_m_64_is_planned_and_capture_safe(monkeypatch, compute_dtype):
+    from b12x.dense import plan as plan_mod
+    from b12x.dense.plan import DenseOp, allocate_dense_buffers
+    from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
+
+    fake = _InPlaceKernels()
+    for name in ("rotate_input", "rotate_output", "decode_weight", "trellis_matmul"):
+        monkeypatch.setattr(plan_mod.host_kernels, name, getattr(fake, name))
+    backend = SimulatedBackend()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: backend.capturing)
+    h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
+    m, k, n, bits = 64, 256, 384, 4
+    problem = dict(
+        m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16, compute_dtype=compute_dtype
+    )
+    op = DenseOp(h200)
+    plan = op.plan(problem)
+    assert plan.path == "decode_matmul" and plan.split_k == 1
+    shapes = {b.name: (b.shape, b.dtype) for b in plan.buffers}
+    assert shapes["weight_f16"] == ((k, n), torch.float16)  # the decoded Wq, K x N
+    assert ("weight_compute" in shapes) == (compute_dtype == torch.bfloat16)
+    assert "c_tmp" not in shapes
+    buffers = allocate_dense_buffers(plan, "cpu")
+    sets = [_decode_inputs(m, k, n, bits, seed) for seed in (1, 2)]
+    fixture = ConsumerFixture(
+        buffers,
+        _decode_inputs(m, k, n, bits, 0),
+        sets,
+        outputs=("output",),
+        scratch=tuple(name for name in buffers if name != "output"),
+    )
+    verdict = GraphProtocol(op, problem, fixture, backend).run()
+    assert verdict.passed, verdict.reasons
+    assert verdict.step("misuse.compile_in_capture").status == "pass"
+    assert "weight_f16" in verdict.metrics["buffers_read"]
+    decoded = [c for c in fake.calls if isinstance(c, tuple)]
+    assert decoded and all(c[1:] == ("mcg", buffers["weight_f16"].data_ptr()) for c in decoded)

@@ -67,34 +67,34 @@ CASES = {
         dict(device=SMALL_SM120, n=8192),
         {"output": ((64, 8192), F16), "rotated_f16": ((64, 2048), F16), "workspace": ((512,), I32)},
     ),
-    "generic_split4": (
-        dict(m=129, split_k=4),
+    "generic_split4": (  # generic needs M < 64 (decode_matmul from 64) and no K6 (bits 5)
+        dict(m=63, bits=5, split_k=4),
         {
-            "output": ((129, 4096), F16),
-            "rotated_f16": ((129, 2048), F16),
-            "gemm_output": ((129, 4096), F16),
-            "c_tmp": ((4, 129, 4096), F32),
+            "output": ((63, 4096), F16),
+            "rotated_f16": ((63, 2048), F16),
+            "gemm_output": ((63, 4096), F16),
+            "c_tmp": ((4, 63, 4096), F32),
         },
     ),
     "generic_no_split": (
-        dict(m=129, split_k=1),
+        dict(m=63, bits=5, split_k=1),
         {
-            "output": ((129, 4096), F16),
-            "rotated_f16": ((129, 2048), F16),
-            "gemm_output": ((129, 4096), F16),
+            "output": ((63, 4096), F16),
+            "rotated_f16": ((63, 2048), F16),
+            "gemm_output": ((63, 4096), F16),
         },
     ),
     "generic_bf16_everything": (
-        dict(x_dtype=BF16, compute_dtype=BF16, split_k=2),
+        dict(m=63, x_dtype=BF16, compute_dtype=BF16, split_k=2),
         {
-            "output": ((64, 4096), BF16),
-            "input_f16": ((64, 2048), F16),
-            "rotated_f16": ((64, 2048), F16),
-            "output_f16": ((64, 4096), F16),
-            "gemm_output": ((64, 4096), BF16),
-            "c_tmp": ((2, 64, 4096), F32),
-            "rotated_compute": ((64, 2048), BF16),
-            "gemm_output_f16": ((64, 4096), F16),
+            "output": ((63, 4096), BF16),
+            "input_f16": ((63, 2048), F16),
+            "rotated_f16": ((63, 2048), F16),
+            "output_f16": ((63, 4096), F16),
+            "gemm_output": ((63, 4096), BF16),
+            "c_tmp": ((2, 63, 4096), F32),
+            "rotated_compute": ((63, 2048), BF16),
+            "gemm_output_f16": ((63, 4096), F16),
         },
     ),
     "decode_matmul": (
@@ -128,9 +128,9 @@ def test_split_k_matches_the_launcher_arithmetic():
     # K16 rows = 128: a request of 3 gives ceil(128/3) = 43 rows per split -> 3 launched slices;
     # a request of 5 gives 26 rows -> ceil(128/26) = 5; a request of 100 gives 2 rows -> 64.
     for requested, launched in ((3, 3), (5, 5), (100, 64)):
-        plan = _plan(device=H200, split_k=requested)
+        plan = _plan(device=H200, m=63, split_k=requested)
         assert plan.split_k == launched
-        assert plan.buffer("c_tmp").shape == (launched, 64, 4096)
+        assert plan.buffer("c_tmp").shape == (launched, 63, 4096)
 
 
 def test_split_k_is_rejected_off_the_generic_path():
@@ -164,7 +164,7 @@ def test_pinned_tile_sets_the_kernel_geometry():
 
 @settings(deadline=None, max_examples=40)
 @given(
-    m=st.sampled_from([1, 16, 127, 128, 129, 1024, 1025]),
+    m=st.sampled_from([1, 16, 63, 64, 127, 128, 129, 1024, 1025]),
     kn=st.sampled_from([(256, 256), (2048, 4096), (512, 6144)]),
     bits_codebook=st.sampled_from([(6, "mcg"), (4, "mcg"), (6, "sqg_fp16"), (3, "sqg_e4m3")]),
     x_dtype=st.sampled_from([F16, BF16]),
@@ -209,14 +209,14 @@ def test_buffer_contract_rules_hold_on_every_plan(
             ("rotated_compute" in names) == ("gemm_output_f16" in names) == (compute_dtype == BF16)
         )
         assert ("c_tmp" in names) == (plan.path == "generic" and plan.split_k > 1)
-        assert ("weight_f16" in names) == (plan.path == "decode_matmul") == (m > 1024)
+        assert ("weight_f16" in names) == (plan.path == "decode_matmul") == (m >= 64)
 
 
 # ------------------------------------------------------------------ bind
 
 
 def test_bind_keeps_caller_buffers_by_identity():
-    plan = _plan(x_dtype=BF16, compute_dtype=BF16, split_k=2)
+    plan = _plan(m=63, x_dtype=BF16, compute_dtype=BF16, split_k=2)
     buffers = allocate_dense_buffers(plan, "cpu")
     bound = bind_dense(plan, **buffers)
     for name, tensor in buffers.items():
@@ -232,16 +232,14 @@ def _generic_buffers(plan, **replace):
 
 
 def test_generic_path_rejects_the_one_element_placeholder_naming_it():
-    plan = _plan(m=129, split_k=4)
+    plan = _plan(m=63, bits=5, split_k=4)
     placeholder = torch.empty(1, dtype=F32)
-    with pytest.raises(
-        BufferNotProvided, match=r"scratch `c_tmp`: expected shape \(4, 129, 4096\)"
-    ):
+    with pytest.raises(BufferNotProvided, match=r"scratch `c_tmp`: expected shape \(4, 63, 4096\)"):
         bind_dense(plan, **_generic_buffers(plan, c_tmp=placeholder))
 
 
 def test_generic_placeholder_under_capture_says_not_initialized(monkeypatch):
-    plan = _plan(m=129, split_k=4)
+    plan = _plan(m=63, bits=5, split_k=4)
     buffers = _generic_buffers(plan, c_tmp=torch.empty(1, dtype=F32))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(

@@ -16,8 +16,8 @@ def gpu_cases() -> tuple[G.Case, ...]:
 
 
 def test_m_buckets_straddle_every_boundary():
-    assert G.M_BUCKETS == (1, 2, 8, 9, 15, 16, 17, 64, 127, 128, 129, 256, 1024, 4096)
-    for boundary in (8, 16, 128):  # both sides of each dispatch/tile boundary
+    assert G.M_BUCKETS == (1, 2, 8, 9, 15, 16, 17, 63, 64, 127, 128, 129, 256, 1024, 4096)
+    for boundary in (8, 16, 63, 128):  # both sides of each dispatch/tile boundary (63|64: decode)
         assert {boundary, boundary + 1} <= set(G.M_BUCKETS)
     assert {127, 128, 129} <= set(G.M_BUCKETS)
 

@@ -167,6 +167,7 @@ def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     import cutlass.cute as cute
 
     from b12x.kernels import host, specs
+    from b12x.runtime import compile_cache
     from b12x.runtime.compile_cache import CompileCache, key_for_spec
 
     capabilities = {0: (9, 0), 1: (9, 0), 2: (12, 0)}
@@ -177,7 +178,8 @@ def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     assert arches == {0: "sm_90", 1: "sm_90", 2: "sm_120"}
 
     options: list[str] = []
-    monkeypatch.setattr(specs, "_CACHE", {})
+    launch_cache = CompileCache()
+    monkeypatch.setattr(compile_cache, "CACHE", launch_cache)  # the one cache of the launch path
     monkeypatch.setattr(specs, "build_kernel", lambda spec: (spec, ()))
     monkeypatch.setattr(cute, "compile", lambda kernel, *a, options: _compile_stub(options))
     spec = specs.KernelSpec("decode", "mcg", 4)
@@ -185,6 +187,7 @@ def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     fns = {i: specs.compiled(spec, arches[i]) for i in capabilities}
     assert fns[0] is fns[1] and fns[2] is not fns[0]
     assert [o.split()[1] for o in options] == ["sm_90", "sm_120"]
+    assert len(launch_cache) == 2 and launch_cache.hits == 1
 
     keys = {i: key_for_spec(spec, arches[i]) for i in capabilities}
     assert keys[0] == keys[1] != keys[2]
@@ -216,7 +219,7 @@ DENSE_PATHS = {
         "x_dtype": torch.bfloat16,
         "compute_dtype": torch.bfloat16,
     },
-    "decode_matmul": {"m": 1025, "k": 256, "n": 256, "codebook": "mcg", "bits": 4},
+    "decode_matmul": {"m": 64, "k": 256, "n": 256, "codebook": "mcg", "bits": 4},  # M >= 64
     "k6_or_generic": {"m": 8, "k": 256, "n": 256, "codebook": "mcg", "bits": 6},
 }
 

@@ -113,14 +113,14 @@ def test_custom_group_key_and_cost_are_honoured():
 
 
 def test_kernel_group_depends_on_m_only_through_the_tile():
-    from b12x.dense_linear import LARGE_M
+    from b12x.dense_linear import DECODE_MATMUL_MIN_M
     from b12x.kernels.host import choose_tiles
 
     dense = [c for c in sample_cases() if c.variant.op == "dense"]
 
     def launched(c):  # what the GPU runner compiles first for this case
         v = c.variant
-        if v.rotation == "full" and c.m > LARGE_M:
+        if v.rotation == "full" and c.m >= DECODE_MATMUL_MIN_M:
             return ("decode", v.codebook, v.bits)
         return ("gemm", v.codebook, v.bits, v.compute_dtype, choose_tiles(c.m, c.n))
 
