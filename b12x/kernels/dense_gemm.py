@@ -15,18 +15,21 @@ Layout
   windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues
   two ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with
   B = ``(w4w5, w6w7)`` (the EXL3 tile order is the B-fragment order, §1.5). fp32 accumulation.
-  Loads go through a register stage ``depth`` rows ahead (ring words via per-lane byte pointers
-  with immediate per-tile offsets, ``ld.global.nc``), so row kt+depth is in flight while row kt
-  is decoded.
+  Loads go through register stages ``depth`` rows ahead (ring words via per-lane byte pointers
+  with immediate per-tile offsets, ``ld.global.nc``; one ``IMAD.WIDE`` per pointer and row). The
+  loop body covers ``depth + 1`` rows, so each stage lives in fixed registers and no register is
+  copied between iterations; a row past the split's end (last group only) is skipped.
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
-  ``>= M`` are neither loaded (A reads are clamped and zeroed) nor stored.
+  ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
+  their C rows are don't-care values).
 
 Invariants
 ----------
 * The codebook, bitrate, compute dtype and tile shape are compile-time (a
   :class:`~b12x.formats.DecodeFormat` plus ints); the LUT arrives in one Int64 slot (§2.8).
 * Requirements checked by the host wrapper: K % 16 == 0, N % (16·n_tiles·warps) == 0, all
-  buffers contiguous and 16-byte aligned.
+  buffers contiguous and 16-byte aligned. One K16 row of the payload (``2·b·N`` bytes) must fit
+  in 31 bits (N < 2^27), which every real layer does by six orders of magnitude.
 * Split-K partial sums are reduced in a fixed order, so results are bitwise reproducible, and on
   one-hot activations every split-K setting gives bit-identical outputs.
 """
@@ -131,27 +134,27 @@ class DenseTrellisGemmKernel:
             grid=(grid_x, grid_y, splits), block=(32 * self.warps, 1, 1), stream=stream
         )
 
-    def _load_stage(self, wbuf, abuf, stage, kt, word_ptrs, row_bytes, a_ptrs, valid):
-        """Issue the loads of K16 row ``kt`` into register stage ``stage`` (values unused here).
+    def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
+        """Issue the loads of K16 row ``kt``: (ring words of every N16 tile, A words).
 
         ``word_ptrs[i]`` is the lane's ring word i of its first N16 tile in K16 row 0; tile nt of
         row kt is ``kt·row_bytes + nt·32b`` bytes further (an immediate). ``a_ptrs[idx]`` points
         at the lane's A words (row, k = 2r) of K16 row 0.
         """
         nw = ring_words_per_lane(self.bits)
-        wbase = stage * self.n_tiles * nw
-        abase = stage * self.m_tiles * 4
         row_off = Int64(kt) * row_bytes
+        words = [None] * (self.n_tiles * nw)
         for i in range(nw):
             ptr = word_ptrs[i] + row_off
             for nt in range(self.n_tiles):
-                wbuf[wbase + nt * nw + i] = ptx.ld_global_nc_u32_imm(ptr, nt * 32 * self.bits)
+                words[nt * nw + i] = ptx.ld_global_nc_u32_imm(ptr, nt * 32 * self.bits)
         a_off = Int64(kt) * 32
+        a_vals = []
         for mt in range(self.m_tiles):
             for q in range(4):
-                idx = 2 * mt + q % 2
-                word = ptx.ld_global_nc_u32_imm(a_ptrs[idx] + a_off, 16 * (q // 2))
-                abuf[abase + 4 * mt + q] = Uint32(cutlass.select_(valid[idx], word, Uint32(0)))
+                ptr = a_ptrs[2 * mt + q % 2] + a_off
+                a_vals.append(ptx.ld_global_nc_u32_imm(ptr, 16 * (q // 2)))
+        return words, a_vals
 
     @cute.kernel
     def kernel(
@@ -179,63 +182,62 @@ class DenseTrellisGemmKernel:
         for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
             acc[i] = Float32(0.0)
 
-        # Clamped A rows (rows >= M read row M-1 and are zeroed); byte pointers per lane.
+        # A rows >= M read row M-1 (clamped) and are never stored: MMA rows are independent, so
+        # their C rows are don't-care values and need no zeroing.
         a_base = a.iterator.toint()
         a_row_bytes = Int64(a.shape[1]) * 4
         a_ptrs = []
-        valid = []
         for mt in cutlass.range_constexpr(self.m_tiles):
             for half in cutlass.range_constexpr(2):
                 row = row_base + mt * 16 + half * 8 + g
-                valid.append(row < m)
                 a_ptrs.append(a_base + Int64(cutlass.min(row, m - 1)) * a_row_bytes + r * 4)
 
         first, off = lane_ring_start(lane, self.bits)
         nw = ring_words_per_lane(self.bits)
         ring = 8 * self.bits
-        row_bytes = Int64(payload.shape[1]) * (4 * ring)
+        # Bytes of one K16 row of the payload, 2bN < 2^31 (N < 2^27, module docstring): a 32-bit
+        # factor, so each row offset is one 32x32->64 multiply (IMAD.WIDE) per pointer; the
+        # product itself is formed in 64 bits.
+        row_bytes = Int64(payload.shape[1] * (4 * ring))
         pay_base = payload.iterator.toint()
         word_ptrs = []
         for i in cutlass.range_constexpr(nw):
             idx = first + i
             idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
             word_ptrs.append(pay_base + Int64(tile0 * ring + idx) * 4)
-        # Register stages of the next `depth` K16 rows: ring words of every N16 tile and the A
-        # fragments. Stage d holds row kt + d; rows past the split's end are clamped (reloads).
-        per_stage_w = self.n_tiles * nw
-        per_stage_a = self.m_tiles * 4
-        wbuf = cute.make_rmem_tensor((self.depth * per_stage_w,), Uint32)
-        abuf = cute.make_rmem_tensor((self.depth * per_stage_a,), Uint32)
+        # Register stages: ``depth`` K16 rows are in flight while one is decoded. The loop body
+        # covers depth + 1 rows so every stage lives in fixed registers (no copies between
+        # iterations): step s loads row g0 + s + depth into stage (s + depth) % stages, then
+        # decodes stage s (row g0 + s; past the split's end in the last group, skipped). Loads
+        # past the end are clamped to the last row (re-reads, never used).
+        stages = self.depth + 1
+        zero = Uint32(0)
+        buf = [([zero] * (self.n_tiles * nw), [zero] * (4 * self.m_tiles))] * stages
         for d in cutlass.range_constexpr(self.depth):
             k_load = cutlass.min(k_begin + d, k_end - 1)
-            self._load_stage(wbuf, abuf, d, k_load, word_ptrs, row_bytes, a_ptrs, valid)
-        for kt in cutlass.range(k_begin, k_end, 1, unroll=self.unroll):
-            words = [wbuf[i] for i in range(per_stage_w)]
-            a_vals = [abuf[i] for i in range(per_stage_a)]
-            for d in cutlass.range_constexpr(self.depth - 1):
-                for i in cutlass.range_constexpr(per_stage_w):
-                    wbuf[d * per_stage_w + i] = wbuf[(d + 1) * per_stage_w + i]
-                for i in cutlass.range_constexpr(per_stage_a):
-                    abuf[d * per_stage_a + i] = abuf[(d + 1) * per_stage_a + i]
-            k_next = cutlass.min(kt + self.depth, k_end - 1)
-            self._load_stage(
-                wbuf, abuf, self.depth - 1, k_next, word_ptrs, row_bytes, a_ptrs, valid
-            )
-            a_frags = [a_vals[4 * mt : 4 * mt + 4] for mt in range(self.m_tiles)]
-            for nt in cutlass.range_constexpr(self.n_tiles):
-                decode_and_accumulate(
-                    fmt=self.fmt,
-                    bits=self.bits,
-                    bf16=self.bf16,
-                    lut_in_smem=False,
-                    lut_addr=lut_addr,
-                    a_frags=a_frags,
-                    words=words[nt * nw : nt * nw + nw],
-                    lane_off=off,
-                    acc=acc,
-                    acc_base=nt * self.m_tiles * 8,
-                    m_tiles=self.m_tiles,
-                )
+            buf[d] = self._load_stage(k_load, word_ptrs, row_bytes, a_ptrs)
+        for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
+            for s in cutlass.range_constexpr(stages):
+                k_next = cutlass.min(g0 + s + self.depth, k_end - 1)
+                nxt = (s + self.depth) % stages
+                buf[nxt] = self._load_stage(k_next, word_ptrs, row_bytes, a_ptrs)
+                if g0 + s < k_end:  # always true for s = 0 (the loop bound), folded
+                    words, a_vals = buf[s]
+                    a_frags = [a_vals[4 * mt : 4 * mt + 4] for mt in range(self.m_tiles)]
+                    for nt in cutlass.range_constexpr(self.n_tiles):
+                        decode_and_accumulate(
+                            fmt=self.fmt,
+                            bits=self.bits,
+                            bf16=self.bf16,
+                            lut_in_smem=False,
+                            lut_addr=lut_addr,
+                            a_frags=a_frags,
+                            words=words[nt * nw : nt * nw + nw],
+                            lane_off=off,
+                            acc=acc,
+                            acc_base=nt * self.m_tiles * 8,
+                            m_tiles=self.m_tiles,
+                        )
 
         for mt in cutlass.range_constexpr(self.m_tiles):
             for half in cutlass.range_constexpr(2):

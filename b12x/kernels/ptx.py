@@ -21,8 +21,10 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 __all__ = [
+    "PRMT_CUT8",
     "asm_u32",
     "lop3_hash_pair_to_half2",
+    "lop3_hash_pair_to_bfloat2",
     "dp4a_bytesum",
     "pack_lo16",
     "e4m3x2_to_half2",
@@ -38,7 +40,10 @@ __all__ = [
     "f32x2_to_bfloat2",
     "u32_as_f32",
     "shf_r_clamp",
+    "shf_r_imm",
+    "shr_clamp",
     "bfe16",
+    "cut16",
     "ld_global_nc_u32_imm",
     "st_shared_u16",
     "ld_shared_v4",
@@ -72,18 +77,46 @@ def asm_u32(text: str, *args, loc=None, ip=None) -> Uint32:
 
 
 def lop3_hash_pair_to_half2(x_lo, x_hi, mask: int, xor: int) -> Uint32:
-    """§2.0 for two hashes: half2(value(x_lo), value(x_hi)), value = fp16(h.lo) + fp16(h.hi)."""
-    # Scalar half adds read the halves through HADD operand swizzles (FP pipe), leaving one
-    # integer pack instead of two prmt per pair; bit-identical to prmt 0x5410/0x7632 + add.f16x2.
+    """§2.0 for two hashes: half2(value(x_lo), value(x_hi)), value = fp16(h.lo) + fp16(h.hi).
+
+    No integer pack: ``fma.rn.f16x2(h0, (1, -1), (h0.hi, h0.hi)) = (v0, +0)`` and
+    ``fma.rn.f16x2(h1, (-1, 1), (h1.lo, h1.lo)) = (+0, v1)`` (each sum rounded once, exactly
+    like ``add.rn.f16``; ``x - x`` is +0 under RN), then ``(v0, +0) + (+0, v1)`` is exact. A value
+    is never -0 (its halves are non-zero normals, |h| >= 0.125, so a zero sum is an exact
+    cancellation, +0), hence adding +0 changes no bit. The halves are read through operand
+    swizzles, so the pair costs two LOP3 (integer pipe) and three FP16 instructions.
+    """
     text = (
-        "{ .reg .b32 h0, h1; .reg .b16 a0, a1, b0, b1, r0, r1;\n"
+        "{ .reg .b32 h0, h1, c0, c1, k0, k1, r0, r1; .reg .b16 a0, a1, b0, b1;\n"
+        f"lop3.b32 h0, $1, {mask:#010x}, {xor:#010x}, 0x6a;\n"
+        f"lop3.b32 h1, $2, {mask:#010x}, {xor:#010x}, 0x6a;\n"
+        "mov.b32 {a0, a1}, h0;\n"
+        "mov.b32 {b0, b1}, h1;\n"
+        "mov.b32 c0, {a1, a1};\n"
+        "mov.b32 c1, {b0, b0};\n"
+        "mov.b32 k0, 0xbc003c00;\n"
+        "mov.b32 k1, 0x3c00bc00;\n"
+        "fma.rn.f16x2 r0, h0, k0, c0;\n"
+        "fma.rn.f16x2 r1, h1, k1, c1;\n"
+        "add.rn.f16x2 $0, r0, r1; }"
+    )
+    return asm_u32(text, x_lo, x_hi)
+
+
+def lop3_hash_pair_to_bfloat2(x_lo, x_hi, mask: int, xor: int) -> Uint32:
+    """bf16x2 of :func:`lop3_hash_pair_to_half2`: each value is the fp16 sum (``add.rn.f16``, the
+    same single rounding), widened exactly to fp32 and rounded once to bf16 — no fp16 pack."""
+    text = (
+        "{ .reg .b32 h0, h1; .reg .b16 a0, a1, b0, b1, r0, r1; .reg .f32 f0, f1;\n"
         f"lop3.b32 h0, $1, {mask:#010x}, {xor:#010x}, 0x6a;\n"
         f"lop3.b32 h1, $2, {mask:#010x}, {xor:#010x}, 0x6a;\n"
         "mov.b32 {a0, a1}, h0;\n"
         "mov.b32 {b0, b1}, h1;\n"
         "add.rn.f16 r0, a0, a1;\n"
         "add.rn.f16 r1, b0, b1;\n"
-        "mov.b32 $0, {r0, r1}; }"
+        "cvt.f32.f16 f0, r0;\n"
+        "cvt.f32.f16 f1, r1;\n"
+        "cvt.rn.bf16x2.f32 $0, f1, f0; }"
     )
     return asm_u32(text, x_lo, x_hi)
 
@@ -223,6 +256,18 @@ def shf_r_clamp(lo, hi, shift) -> Uint32:
     return asm_u32("shf.r.clamp.b32 $0, $1, $2, $3;", lo, hi, shift)
 
 
+def shf_r_imm(lo, hi, shift: int) -> Uint32:
+    """Low 32 bits of ``(hi:lo) >> shift`` for a constant ``0 < shift < 32`` (one SHF)."""
+    if not 0 < shift < 32:
+        raise ValueError(f"shift: expected 1..31, got {shift}")
+    return asm_u32(f"shf.r.clamp.b32 $0, $1, $2, {shift};", lo, hi)
+
+
+def shr_clamp(x, shift) -> Uint32:
+    """``x >> min(shift, 32)`` for a run-time shift (PTX ``shr`` clamps; LLVM's would be poison)."""
+    return asm_u32("shr.b32 $0, $1, $2;", x, shift)
+
+
 def bfe16(x, pos: int) -> Uint32:
     """``(x >> pos) & 0xFFFF`` for a constant ``pos`` (pos + 16 <= 32)."""
     if pos == 0:
@@ -230,6 +275,19 @@ def bfe16(x, pos: int) -> Uint32:
     if pos == 16:
         return Uint32(x) >> Uint32(16)
     return asm_u32(f"bfe.u32 $0, $1, {pos}, 16;", x)
+
+
+#: ``prmt`` selector of :func:`cut16` at bit 8: result bytes = (x.b1, x.b2, 0, 0), where nibble
+#: value 4 names byte 0 of the zero second operand.
+PRMT_CUT8 = 0x4421
+
+
+def cut16(x, pos: int) -> Uint32:
+    """``(x >> pos) & 0xFFFF``: one instruction for pos 0 (and), 8 (prmt with zero bytes) and
+    16 (shr); a ``bfe`` (two instructions on sm_90) elsewhere."""
+    if pos == 8:
+        return asm_u32(f"prmt.b32 $0, $1, 0, {PRMT_CUT8:#06x};", x)
+    return bfe16(x, pos)
 
 
 @dsl_user_op

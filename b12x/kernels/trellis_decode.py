@@ -6,10 +6,18 @@ Layout
   ``W32 = 8b`` words; ring word i holds stream bits ``[32i, 32i+32)`` MSB-first (§1.2).
 * **Per lane.** Lane ``l`` decodes steps ``t = 8l .. 8l+7``. Window 0 starts at stream bit
   ``b0 = (8l + 257)·b − 16`` (mod ``256b``); the eight windows span ``16 + 7b`` bits, which fit in
-  :func:`ring_words_per_lane` consecutive ring words (2 for b ≤ 4, 3 for b ≤ 8; the word offset of
-  ``b0`` is at most 31). :func:`lane_ring_start` returns ``(first word, bit offset)`` and
-  :func:`lane_windows` cuts the eight 16-bit states out of the loaded words, window j ending at
-  bit ``off + 16 + j·b`` of the concatenated words.
+  :func:`ring_words_per_lane` consecutive ring words (2 for b ≤ 4, 3 for b ≤ 8).
+  :func:`lane_ring_start` returns ``(first word, bit offset off)``, window j ending at bit
+  ``off + 16 + j·b`` of the concatenated words (first word on top). ``off`` is a Python int when
+  every lane has the same one (b = 4, 8); otherwise it is chosen so that the bits left after the
+  span, ``e = 32·words − span − off``, lie in ``[0, 32]`` (a lane may start one word early).
+* **Window extraction** (:func:`lane_windows`) follows a trace-time :func:`window_plan`: a few
+  funnel shifts (``shf.r.clamp``; one per canonical 32-bit chunk with the lane's run-time ``e``
+  when ``off`` varies by lane) and then one-instruction cuts at bit 0 / 8 / 16 of some register
+  (``and``, ``prmt`` with zero bytes, ``shr``), a ``bfe`` elsewhere. MCG K4 costs 11 integer
+  instructions per tile, K2 12, K3/K6 17 (:attr:`WindowPlan.instructions`);
+  :func:`run_window_plan` is the same plan in pure Python (the CPU tests prove it equals §1.4
+  for every lane and bitrate).
 * **Decoders** (:func:`decode_states_to_half2x4`) turn eight states into four packed registers
   ``(w0,w1), (w2,w3), (w4,w5), (w6,w7)``, lower index in the low half: exactly the two m16n8k16
   B fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)``
@@ -30,6 +38,9 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -49,8 +60,15 @@ from b12x.kernels import ptx
 
 __all__ = [
     "ring_words_per_lane",
+    "lane_geometry",
+    "lane_offsets",
     "lane_ring_start",
     "load_lane_words",
+    "Funnel",
+    "Cut",
+    "WindowPlan",
+    "window_plan",
+    "run_window_plan",
     "lane_windows",
     "decode_states_to_half2x4",
     "TrellisDecodeKernel",
@@ -62,10 +80,54 @@ def ring_words_per_lane(bits: int) -> int:
     return 2 if bits <= 4 else 3
 
 
+def _span(bits: int) -> int:
+    """Bits covered by a lane's eight windows."""
+    return 16 + 7 * bits
+
+
+def _adjust_below(bits: int) -> int:
+    """Raw bit offsets below this start one word early (so that ``e <= 32``, see below)."""
+    return 32 * ring_words_per_lane(bits) - _span(bits) - 32
+
+
+def lane_geometry(lane: int, bits: int) -> tuple[int, int]:
+    """Python mirror of :func:`lane_ring_start` for one lane: ``(first, off)``.
+
+    Window 0 of lane ``l`` starts at stream bit ``(8l + 257)·b − 16`` (§1.4). ``first`` is the
+    ring word the lane loads first and ``off`` the bit offset of window 0 from that word's MSB.
+    Normally ``first`` is the word holding bit 0 of window 0 (``off < 32``); when the span would
+    leave more than 32 unused bits after its end in the loaded words, the lane starts one word
+    earlier (``off += 32``), so that ``e = 32·words − span − off`` always lies in ``[0, 32]``.
+    """
+    ring = 8 * bits
+    start = (lane * 8 + 257) * bits - 16
+    raw = start & 31
+    adj = 1 if raw < _adjust_below(bits) else 0
+    return ((start >> 5) + ring - adj) % ring, raw + 32 * adj
+
+
+def lane_offsets(bits: int) -> tuple[int, ...]:
+    """The distinct ``off`` values of the 32 lanes (one value: the offset is lane-invariant)."""
+    return tuple(sorted({lane_geometry(lane, bits)[1] for lane in range(32)}))
+
+
 def lane_ring_start(lane, bits: int):
-    """(first ring word, bit offset inside it) of window 0 of ``lane`` (§1.4 rule)."""
+    """(first ring word, bit offset of window 0 from its MSB) of ``lane``; see lane_geometry.
+
+    The offset is a Python ``int`` when it is the same for every lane (b = 4, 8), so the window
+    positions are compile-time constants; otherwise an ``Int32``.
+    """
+    ring = 8 * bits
     start = (Int32(lane) * 8 + 257) * bits - 16
-    return (start >> 5) % (8 * bits), start & 31
+    offsets = lane_offsets(bits)
+    if len(offsets) == 1:  # lane-invariant: the adjustment is a constant too
+        adj = offsets[0] // 32
+        return ((start >> 5) + (ring - adj)) % ring, offsets[0]
+    raw = start & 31
+    if max(offsets) < 32:  # no lane starts a word early
+        return (start >> 5) % ring, raw
+    adj = Int32(cutlass.select_(raw < _adjust_below(bits), Int32(1), Int32(0)))
+    return ((start >> 5) + (ring - adj)) % ring, raw + adj * 32
 
 
 def load_lane_words(read_word, first, bits: int) -> list:
@@ -79,46 +141,175 @@ def load_lane_words(read_word, first, bits: int) -> list:
     return words
 
 
-def _funnel64(words: list, shift):
-    """Low 64 bits of ``(w0:w1[:w2]) >> shift`` as (lo, hi) u32, for 0 <= shift < 64."""
-    c = Int32(shift) >= 32
-    s = Uint32(Int32(shift) & 31)
-    if len(words) == 2:
-        a0 = Uint32(cutlass.select_(c, words[0], words[1]))
-        a1 = Uint32(cutlass.select_(c, Uint32(0), words[0]))
-        return ptx.shf_r_clamp(a0, a1, s), a1 >> s
-    a0 = Uint32(cutlass.select_(c, words[1], words[2]))
-    a1 = Uint32(cutlass.select_(c, words[0], words[1]))
-    a2 = Uint32(cutlass.select_(c, Uint32(0), words[0]))
-    return ptx.shf_r_clamp(a0, a1, s), ptx.shf_r_clamp(a1, a2, s)
+# ---------------------------------------------------------------------------------------------
+# Window extraction plan (trace-time Python): which funnel shifts and which one-instruction cuts
+# ---------------------------------------------------------------------------------------------
+#
+# Coordinates. The lane's span, read LSB-first, is the value C whose bit 0 is the last bit of
+# window 7; window j occupies C bits [p_j, p_j + 16) with p_j = (7 - j)·b. The loaded words,
+# concatenated with the first word on top, hold C shifted up by e = 32·words − span − off.
+#
+# Instructions. A 16-bit state is cut out of a 32-bit register in ONE instruction when it sits
+# at bit 0 (and 0xffff), bit 8 (prmt with zero bytes) or bit 16 (shr 16); anywhere else it
+# takes two (bfe = shift + extend). A register holding C bits [q, q + 32) is either free (a
+# loaded word, when e is a compile-time constant) or costs one funnel shift. The plan buys the
+# fewest funnel registers such that every window sits at 0, 8 or 16 of some register; with a
+# lane-dependent e it first buys the canonical registers C[0:32), C[32:64), ... (one funnel
+# with the lane's shift each) and cuts everything else with immediate shifts.
 
 
-def _window_at(lo, hi, pos: int):
-    """Bits ``[pos, pos+16)`` of the 64-bit value (lo, hi), ``pos`` a Python int."""
-    if pos + 16 <= 32:
-        return ptx.bfe16(lo, pos)
-    if pos >= 32:
-        return ptx.bfe16(hi, pos - 32)
-    return ptx.shf_r_clamp(lo, hi, Uint32(pos)) & Uint32(0xFFFF)
+@dataclasses.dataclass(frozen=True)
+class Funnel:
+    """New register = low 32 bits of ``(regs[hi] : regs[lo]) >> min(shift, 32)``.
+
+    ``hi`` None means zero (a plain right shift). The shift is ``const``, plus the lane's ``e``
+    when ``lane_shift`` (then ``const`` is 0).
+    """
+
+    lo: int
+    hi: int | None
+    const: int
+    lane_shift: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """State = ``(regs[reg] >> pos) & 0xffff`` (one instruction for pos 0, 8, 16)."""
+
+    reg: int
+    pos: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPlan:
+    """Registers 0..words-1 are the loaded ring words (first word = register 0); funnel i
+    defines register ``words + i``; ``cuts[j]`` yields the state of window j."""
+
+    bits: int
+    words: int
+    lane_shift: bool
+    funnels: tuple[Funnel, ...]
+    cuts: tuple[Cut, ...]
+
+    @property
+    def instructions(self) -> int:
+        """Integer instructions the plan costs per tile (funnels + cuts)."""
+        return len(self.funnels) + sum(1 if c.pos in _ONE_OP else 2 for c in self.cuts)
+
+
+_ONE_OP = (0, 8, 16)
+
+
+def _positions(bits: int) -> list[int]:
+    return [(7 - j) * bits for j in range(8)]
+
+
+def _cover(positions: list[int], free: list[int], candidates) -> list[int]:
+    """Fewest extra register bases q so that every position p has p - q in (0, 8, 16)."""
+    best: list[int] | None = None
+
+    def search(chosen: list[int]) -> None:
+        nonlocal best
+        if best is not None and len(chosen) >= len(best):
+            return
+        have = free + chosen
+        todo = [p for p in positions if not any(p - q in _ONE_OP for q in have)]
+        if not todo:
+            best = list(chosen)
+            return
+        for q in (todo[0] - d for d in _ONE_OP):
+            if candidates(q):
+                search(chosen + [q])
+
+    search([])
+    assert best is not None
+    return best
+
+
+@functools.cache
+def window_plan(bits: int, off: int | None) -> WindowPlan:
+    """The extraction plan for a lane with constant offset ``off``, or for a lane-dependent one
+    (``off`` None: the shift comes from the lane's ``e`` at run time)."""
+    words = ring_words_per_lane(bits)
+    span = _span(bits)
+    positions = _positions(bits)
+    funnels: list[Funnel] = []
+    bases: dict[int, int] = {}  # C base q -> register
+    if off is not None:
+        e = 32 * words - span - off
+        if not 0 <= e <= 32:
+            raise ValueError(f"off: {off} leaves e={e} outside [0, 32] for bits={bits}")
+        for i in range(words):
+            bases[32 * (words - 1 - i) - e] = i
+
+        def source(q):  # raw funnel from the loaded words
+            raw = q + e
+            k = raw // 32
+            lo = words - 1 - k
+            return Funnel(lo, lo - 1 if lo >= 1 else None, raw - 32 * k)
+
+        def feasible(q):
+            return 0 <= q + e <= 32 * words - 16
+    else:
+        for k in range(-(-span // 32)):
+            lo = words - 1 - k
+            funnels.append(Funnel(lo, lo - 1 if lo >= 1 else None, 0, lane_shift=True))
+            bases[32 * k] = words + k
+
+        def source(q):  # immediate funnel from the canonical registers
+            k = q // 32
+            hi = bases.get(32 * (k + 1))
+            return Funnel(bases[32 * k], hi, q - 32 * k)
+
+        def feasible(q):
+            return 0 <= q <= span - 16
+
+    for q in _cover(positions, list(bases), feasible):
+        funnels.append(source(q))
+        bases[q] = words + len(funnels) - 1
+    cuts = []
+    for p in positions:
+        q = min((q for q in bases if p - q in _ONE_OP), key=lambda q: (p - q, q), default=None)
+        if q is None:  # not reached: _cover covers every position
+            raise AssertionError(f"window at {p} uncovered for bits={bits}")
+        cuts.append(Cut(bases[q], p - q))
+    return WindowPlan(bits, words, off is None, tuple(funnels), tuple(cuts))
+
+
+def run_window_plan(plan: WindowPlan, words: list[int], e: int) -> list[int]:
+    """Pure-Python semantics of a plan (the device instructions bit for bit): eight states."""
+    regs = [w & 0xFFFFFFFF for w in words]
+    for f in plan.funnels:
+        shift = min(e + f.const if f.lane_shift else f.const, 32)
+        hi = regs[f.hi] if f.hi is not None else 0
+        regs.append((((hi << 32) | regs[f.lo]) >> shift) & 0xFFFFFFFF)
+    return [(regs[c.reg] >> c.pos) & 0xFFFF for c in plan.cuts]
 
 
 def lane_windows(words: list, off, bits: int) -> list:
     """The eight 16-bit states of a lane, as ``Uint32`` (window j ends at off + 16 + j·b).
 
-    The words are funnel-shifted once per group so that the group's last window ends at bit 0
-    of a 64-bit value; each window is then one ``bfe`` (or a funnel shift and a mask). One
-    group of eight when the span ``16 + 7b`` fits in 64 bits, else two groups of four.
+    Follows :func:`window_plan`: funnel shifts (``shf.r.clamp``; with a lane-dependent offset
+    the shift is the lane's ``e = 32·words − span − off``, computed once) then one-instruction
+    cuts at bit 0 / 8 / 16 where the plan found them.
     """
-    off = Int32(off)
-    total = 32 * len(words)
-    groups = [range(8)] if 16 + 7 * bits <= 64 else [range(4), range(4, 8)]
-    states = [None] * 8
-    for group in groups:
-        last = group[-1]
-        lo, hi = _funnel64(words, total - 16 - last * bits - off)
-        for j in group:
-            states[j] = _window_at(lo, hi, (last - j) * bits)
-    return states
+    if isinstance(off, int):
+        plan = window_plan(bits, off)
+        e = None
+    else:
+        plan = window_plan(bits, None)
+        e = Int32(32 * len(words) - _span(bits)) - off
+    regs = [Uint32(w) for w in words]
+    for f in plan.funnels:
+        lo = regs[f.lo]
+        hi = regs[f.hi] if f.hi is not None else None
+        if f.lane_shift:
+            regs.append(ptx.shr_clamp(lo, e) if hi is None else ptx.shf_r_clamp(lo, hi, e))
+        elif hi is None:
+            regs.append(lo >> Uint32(f.const))
+        else:
+            regs.append(ptx.shf_r_imm(lo, hi, f.const))
+    return [ptx.cut16(regs[c.reg], c.pos) for c in plan.cuts]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,12 +317,10 @@ def lane_windows(words: list, off, bits: int) -> list:
 # ---------------------------------------------------------------------------------------------
 
 
-def _decode_fp16_hash(fmt: DecodeFormat, states: list) -> list:
+def _decode_fp16_hash(fmt: DecodeFormat, states: list, to_bf16: bool) -> list:
     hashes = [s * Uint32(fmt.hash_multiplier) + Uint32(fmt.hash_addend) for s in states]
-    return [
-        ptx.lop3_hash_pair_to_half2(hashes[2 * i], hashes[2 * i + 1], LOP3_MASK, LOP3_XOR)
-        for i in range(4)
-    ]
+    pair = ptx.lop3_hash_pair_to_bfloat2 if to_bf16 else ptx.lop3_hash_pair_to_half2
+    return [pair(hashes[2 * i], hashes[2 * i + 1], LOP3_MASK, LOP3_XOR) for i in range(4)]
 
 
 def _decode_mul1(fmt: DecodeFormat, states: list) -> list:
@@ -219,8 +408,8 @@ def decode_states_to_half2x4(
 ) -> list:
     """Decode eight states (w0..w7) to four packed half2 (bf16x2 when ``to_bf16``)."""
     if fmt.family == "fp16_hash":
-        regs = _decode_fp16_hash(fmt, states)
-    elif fmt.family == "mul1":
+        return _decode_fp16_hash(fmt, states, to_bf16)  # rounds to bf16 itself
+    if fmt.family == "mul1":
         regs = _decode_mul1(fmt, states)
     elif fmt.family == "sqg_t12":
         regs = _decode_sqg_t12(bits, states, lut_addr, lut_in_smem)

@@ -66,7 +66,9 @@ def test_decoder_families_emit_their_instructions():
         ).ptx
         for name, fmt in FORMATS.items()
     }
-    assert "lop3.b32" in ptx["mcg"] and "0x6a" in ptx["mcg"] and "add.rn.f16 " in ptx["mcg"]
+    assert "lop3.b32" in ptx["mcg"] and "0x6a" in ptx["mcg"]
+    # The pair's half sums: one fma.rn.f16x2 per hash, one add.rn.f16x2 to merge (ptx.py).
+    assert "fma.rn.f16x2" in ptx["mcg"] and "add.rn.f16x2" in ptx["mcg"]
     assert "dp4a.u32.u32" in ptx["mul1"] and "fma.rn.f16x2" in ptx["mul1"]
     assert "ld.global.nc.u8" in ptx["sqg_e4m3"]
     assert "ld.global.nc.u32" in ptx["sqg_fp16"] and "bfind.u32" in ptx["sqg_fp16"]

@@ -1,0 +1,353 @@
+"""CPU-side instruction budget of the dense trellis GEMM mainloop (SASS per decoded weight).
+
+What it measures
+----------------
+For each (codebook, bits) the dense GEMM specialisation is compiled on the CPU (fake tensors,
+``--gpu-arch``, the same spill-free optimisation level that :func:`b12x.kernels.specs.
+compile_spec` picks), its cubin is disassembled with ``nvdisasm`` and the **steady-state loop**
+is located: the backward branch whose body holds the most ``HMMA`` instructions (the unrolled
+K16-row loop, not a remainder loop). Each N16 tile contributes two ``HMMA`` per M16 block and
+eight decoded weights per thread, so
+
+    weights per iteration per thread = 8 · HMMA / (2 · m_tiles)
+
+and every count below is divided by that. The table prints, per decoded weight, all
+instructions and the issue-pipe classes that bound the decode on sm_90:
+
+* ``alu``  — integer ALU pipe: LOP3, SHF, PRMT, SGXT, IADD3, ISETP, SEL, LEA, … (the pipe that
+  window extraction and the codebook hash mostly load);
+* ``imad`` — the IMAD family (IMAD, IMAD.MOV, IMAD.SHL, IMAD.WIDE, …) and IDP (dp4a): the
+  FMA-heavy pipe;
+* ``fp16`` — HADD2 / HFMA2 / HMUL2; ``mem`` — loads and stores; ``uni`` — the uniform datapath
+  (U* opcodes, issue slots only); ``mma`` — HMMA.
+
+It is a reproducible static metric (same compiler, same number); it does not replace timing on
+the GPU. ``nvdisasm`` comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
+nvidia-cuda-nvdisasm``) or a CUDA toolkit on ``PATH``.
+
+Usage: ``python benchmarks/sass_budget.py [--codebooks mcg,3inst,mul1] [--bits 2,3,4,6]
+[--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--json out.json] [--dump DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90")
+
+__all__ = [
+    "LoopBudget",
+    "find_nvdisasm",
+    "compile_cubin",
+    "disassemble",
+    "parse_sass",
+    "steady_loop",
+    "pipe_class",
+    "budget",
+]
+
+_INSTR = re.compile(
+    r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)"
+    r"(?P<rest>[^;]*);"
+)
+_LABEL = re.compile(r"^\s*(?P<name>\.L_x_\d+):")
+_TARGET = re.compile(r"`\((?P<name>\.L_x_\d+)\)")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+_ALU = {
+    "LOP3", "LOP", "SHF", "SHL", "SHR", "PRMT", "SGXT", "IADD3", "IADD", "ISETP", "SEL", "LEA",
+    "BMSK", "FLO", "BREV", "POPC", "IMNMX", "VIMNMX", "IABS", "PLOP3", "MOV", "VIADD", "P2R",
+    "R2P", "CS2R", "BFE", "BFI",
+}  # fmt: skip
+_FP16 = {"HADD2", "HFMA2", "HMUL2", "HMNMX2", "HSETP2"}
+_MEM = {"LDG", "LDS", "LD", "STG", "STS", "ST", "LDC", "LDSM", "ATOM", "ATOMS", "RED"}
+_CTRL = {"BRA", "BSSY", "BSYNC", "EXIT", "NOP", "BAR", "WARPSYNC", "CALL", "RET", "YIELD"}
+CLASSES = ("alu", "imad", "fp16", "mem", "uni", "mma", "ctrl", "other")
+
+
+def pipe_class(opcode: str) -> str:
+    """Issue-pipe class of a SASS opcode (``"IMAD.MOV.U32"`` -> ``"imad"``), see the docstring."""
+    base = opcode.split(".")[0]
+    if base.startswith("IMAD") or base in ("IMUL", "IDP"):
+        return "imad"
+    if base == "HMMA":
+        return "mma"
+    if base in _FP16:
+        return "fp16"
+    if base in _MEM:
+        return "mem"
+    if base in _CTRL:
+        return "ctrl"
+    if base.startswith("U") or base == "S2UR":
+        return "uni"
+    if base in _ALU:
+        return "alu"
+    return "other"
+
+
+def find_nvdisasm() -> str | None:
+    """Path of ``nvdisasm``: the nvidia-cuda-nvdisasm wheel first, then ``PATH``."""
+    try:
+        import nvidia  # namespace package of the NVIDIA wheels
+    except ImportError:
+        nvidia = None
+    if nvidia is not None:
+        for root in getattr(nvidia, "__path__", []):
+            for flavour in ("cu13", "cu12", "cuda_nvdisasm"):
+                path = pathlib.Path(root, flavour, "bin", "nvdisasm")
+                if path.is_file() and os.access(path, os.X_OK):
+                    return str(path)
+    return shutil.which("nvdisasm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    registers: int | None
+    spill_bytes: int | None
+    opt_level: int
+
+
+def compile_cubin(spec, arch: str) -> Compiled:
+    """Compile ``spec`` for ``arch`` and return its cubin, at the level ``compile_spec`` picks."""
+    import cutlass.cute as cute
+
+    from b12x.kernels.specs import OPT_LEVELS, build_kernel, compile_options
+
+    first = None
+    for level in OPT_LEVELS:
+        with tempfile.TemporaryDirectory(prefix="sass_budget_") as dump:
+            log = io.StringIO()
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                kernel, args = build_kernel(spec)
+                opts = compile_options(arch, remarks=True, opt_level=level)
+                opts += f" --keep-cubin --dump-dir {dump}"
+                fn = cute.compile(kernel, *args, options=opts)
+        text = log.getvalue()
+        spills = [int(a) + int(b) for a, b in _SPILL.findall(text)]
+        regs = [int(r) for r in _REGS.findall(text)]
+        result = Compiled(
+            cubin=bytes(fn.artifacts.CUBIN),
+            registers=max(regs) if regs else None,
+            spill_bytes=sum(spills) if spills else None,
+            opt_level=level,
+        )
+        if result.spill_bytes == 0:
+            return result
+        first = first or result
+    return first
+
+
+def disassemble(cubin: bytes, nvdisasm: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="sass_budget_") as tmp:
+        path = pathlib.Path(tmp, "kernel.cubin")
+        path.write_bytes(cubin)
+        done = subprocess.run(
+            [nvdisasm, "-c", str(path)], capture_output=True, text=True, check=True
+        )
+    return done.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+    addr: int
+    opcode: str
+    text: str
+    target: str | None
+
+
+def parse_sass(sass: str) -> tuple[list[Instr], dict[str, int]]:
+    """(instructions in address order, label -> address of the instruction after it)."""
+    instrs: list[Instr] = []
+    pending: list[str] = []
+    labels: dict[str, int] = {}
+    for line in sass.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            pending.append(m.group("name"))
+            continue
+        m = _INSTR.search(line)
+        if not m:
+            continue
+        addr = int(m.group("addr"), 16)
+        for name in pending:
+            labels[name] = addr
+        pending = []
+        t = _TARGET.search(m.group("rest"))
+        instrs.append(Instr(addr, m.group("op"), m.group(0), t.group("name") if t else None))
+    return instrs, labels
+
+
+def steady_loop(instrs: list[Instr], labels: dict[str, int]) -> list[Instr]:
+    """Body of the backward-branch loop holding the most HMMA (ties: the shorter body)."""
+    best = None
+    for ins in instrs:
+        if not ins.opcode.startswith("BRA") or ins.target not in labels:
+            continue
+        start = labels[ins.target]
+        if start > ins.addr:
+            continue
+        body = [i for i in instrs if start <= i.addr <= ins.addr]
+        hmma = sum(i.opcode.startswith("HMMA") for i in body)
+        key = (hmma, -len(body))
+        if hmma and (best is None or key > best[0]):
+            best = (key, body)
+    if best is None:
+        raise ValueError("sass: no loop with HMMA instructions found")
+    return best[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopBudget:
+    codebook: str
+    bits: int
+    arch: str
+    m_tiles: int
+    n_tiles: int
+    bf16: bool
+    registers: int | None
+    spill_bytes: int | None
+    loop_instructions: int
+    weights_per_iteration: int
+    opcodes: dict
+    classes: dict
+
+    @property
+    def per_weight(self) -> float:
+        return self.loop_instructions / self.weights_per_iteration
+
+    def class_per_weight(self, name: str) -> float:
+        return self.classes.get(name, 0) / self.weights_per_iteration
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["per_weight"] = self.per_weight
+        out["class_per_weight"] = {c: self.class_per_weight(c) for c in CLASSES}
+        return out
+
+
+def budget(
+    codebook: str,
+    bits: int,
+    *,
+    arch: str = "sm_90",
+    m_tiles: int = 1,
+    n_tiles: int = 4,
+    bf16: bool = False,
+    depth: int = 1,
+    unroll: int = 1,
+    nvdisasm: str | None = None,
+    dump: str | None = None,
+) -> LoopBudget:
+    """Compile one dense GEMM specialisation and count its steady-state loop (module doc)."""
+    from b12x.kernels.specs import KernelSpec
+
+    tool = nvdisasm or find_nvdisasm()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    spec = KernelSpec(
+        "gemm",
+        codebook,
+        bits,
+        bf16=bf16,
+        m_tiles=m_tiles,
+        n_tiles=n_tiles,
+        write_partials=True,
+        depth=depth,
+        unroll=unroll,
+    )
+    comp = compile_cubin(spec, arch)
+    sass = disassemble(comp.cubin, tool)
+    if dump:
+        name = f"{codebook}_k{bits}_{arch}_{m_tiles}x{n_tiles}{'_bf16' if bf16 else ''}.sass"
+        pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
+        pathlib.Path(dump, name).write_text(sass)
+    instrs, labels = parse_sass(sass)
+    body = steady_loop(instrs, labels)
+    opcodes = collections.Counter(i.opcode for i in body)
+    classes = collections.Counter(pipe_class(i.opcode) for i in body)
+    hmma = classes["mma"]
+    if hmma % (2 * m_tiles):
+        raise ValueError(f"sass: {hmma} HMMA is not a multiple of 2·m_tiles={2 * m_tiles}")
+    return LoopBudget(
+        codebook=codebook,
+        bits=bits,
+        arch=arch,
+        m_tiles=m_tiles,
+        n_tiles=n_tiles,
+        bf16=bf16,
+        registers=comp.registers,
+        spill_bytes=comp.spill_bytes,
+        loop_instructions=len(body),
+        weights_per_iteration=8 * hmma // (2 * m_tiles),
+        opcodes=dict(sorted(opcodes.items(), key=lambda kv: -kv[1])),
+        classes=dict(classes),
+    )
+
+
+def _row(b: LoopBudget) -> str:
+    cls = "  ".join(f"{b.class_per_weight(c):5.2f}" for c in CLASSES[:6])
+    return (
+        f"{b.codebook:6s} K{b.bits}  {b.loop_instructions:5d} / {b.weights_per_iteration:3d} w"
+        f"  {b.per_weight:6.3f}   {cls}   regs {b.registers} spill {b.spill_bytes}"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--codebooks", default="mcg,3inst,mul1")
+    parser.add_argument("--bits", default="2,3,4,6")
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--tiles", default="1x4", help="m_tiles x n_tiles per warp")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--depth", type=int, default=1, help="register stages in flight")
+    parser.add_argument("--unroll", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--dump", default=None, help="write each disassembly into this folder")
+    args = parser.parse_args(argv)
+    tool = find_nvdisasm()
+    if tool is None:
+        print("nvdisasm not found: pip install nvidia-cuda-nvdisasm", file=sys.stderr)
+        return 2
+    m_tiles, n_tiles = (int(v) for v in args.tiles.lower().split("x"))
+    head = "  ".join(f"{c:>5s}" for c in CLASSES[:6])
+    dtype = "bf16" if args.bf16 else "fp16"
+    print(f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}")
+    print(f"codebook     loop / weights  instr/w   {head}   (per decoded weight)")
+    rows = []
+    for codebook in args.codebooks.split(","):
+        for bits in (int(v) for v in args.bits.split(",")):
+            b = budget(
+                codebook,
+                bits,
+                arch=args.arch,
+                m_tiles=m_tiles,
+                n_tiles=n_tiles,
+                bf16=args.bf16,
+                depth=args.depth,
+                unroll=args.unroll,
+                nvdisasm=tool,
+                dump=args.dump,
+            )
+            rows.append(b.as_dict())
+            print(_row(b), flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
