@@ -9,6 +9,8 @@ Layout
   wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
   :func:`representative_specializations` is a small subset that still touches every kernel kind,
   codebook family, both compute dtypes and both window geometries (2- and 3-word lanes).
+* :func:`supported_moe_variants` (re-exported from :mod:`b12x.moe.support`) lists the fused
+  MoE's variants (uniform, K3/K4 tiers, QSRT pairs); the oracle merges it into coverage.
 * :func:`compile_specialization` compiles one spec for one arch on the CPU with fake tensors and
   returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
   ``remarks{ptx}`` report, which the DSL prints and we capture).
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from b12x.formats import FORMATS
 from b12x.kernels.specs import KernelSpec, compile_spec
+from b12x.moe.support import supported_moe_variants  # the MoE kernels' own list (oracle reads it)
 
 __all__ = [
     "CompileReport",
@@ -33,6 +36,7 @@ __all__ = [
     "kernel_specializations",
     "representative_specializations",
     "compile_specialization",
+    "supported_moe_variants",
     "GEMM_TILES",
     "ARCHES",
 ]

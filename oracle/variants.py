@@ -14,7 +14,9 @@ Layout
   axis, and the K3/K4 MCG tiers. Adding a codebook or pair kind to the tables adds its variants.
 * Tolerances are data: per-dtype defaults live in :mod:`oracle.tolerance`; per-variant overrides
   live in :data:`TOLERANCE_OVERRIDES` here, each with a mandatory reason.
-* Kernel coverage comes from ``b12x.support.supported_variants()``, imported lazily (entries are
+* Kernel coverage comes from ``b12x.support.supported_variants()`` plus, when b12x.support has
+  it, ``supported_moe_variants()`` (the fused MoE: uniform, tiers, and QSRT pairs declared with
+  ``pair_kind`` and no ``rate_axis``, the pair being phase-bound), imported lazily (entries are
   dicts ``{"op", "codebook", "bits", "compute_dtype"[, "pair_kind", "rate_axis", "tier_layout",
   "rotation", "path"]}`` or ``(op, codebook, bits, dtype)`` tuples; ``dense_linear``/``gemm``
   mean ``dense``, ``float16``/``bfloat16`` mean ``fp16``/``bf16``). A missing key means "not
@@ -417,8 +419,9 @@ def declared_support() -> tuple[tuple[dict[str, Any], ...] | None, str]:
     getter = getattr(support, "supported_variants", None)
     if getter is None:
         return None, f"{NO_KERNELS_YET} (b12x.support has no supported_variants)"
+    moe_getter = getattr(support, "supported_moe_variants", None)  # the fused MoE's own list
     entries = []
-    for entry in getter():
+    for entry in [*getter(), *(moe_getter() if moe_getter is not None else ())]:
         if isinstance(entry, Mapping):
             entries.append(dict(entry))
         else:

@@ -28,19 +28,27 @@ Layout
 * **Mainloop.** Per K16 row each lane loads its A fragments and its 2–3 ring words per tile and
   calls the dense kernel's shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by
   keyword**, with the codegen constants taken from one frozen :class:`MainloopBundle`.
+* **QSRT pairs** (spec §4.2; :class:`MoePairGemmKernel`, ``MoeGemmSpec.pair`` set, ``bits`` the
+  base 3): FC1 with records on the N axis (one 256-column pair per CTA, LLHH warp tiles), FC2
+  with records on the K axis (absolute K16 row ``16p + kt``: rows 0..7 of a pair at ``b_lo``,
+  8..15 at ``b_hi``); one :class:`MainloopBundle` per record rate, so every tile loop has a
+  compile-time rate. ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA
+  and branches CTA-uniformly into two fully specialised bodies. Payload offsets are byte
+  offsets from ``(b_lo, b_hi)``, every index × stride product in 64 bits.
 
 Invariants
 ----------
-* Inactive blocks (past the route count, or holding the sentinel id) never read ``descriptors``
-  or ``payload`` and never write ``out``.
-* The codebook, bit rate, dtype and tile shape are compile-time (:class:`MoeGemmSpec`); the LUT
-  address arrives in one Int64 slot like the dense kernel's.
+* Inactive blocks (past the route count, or holding the sentinel id) never read ``descriptors``,
+  ``modes`` or ``payload`` and never write ``out``.
+* The codebook, bit rate(s), pair layout, dtype and tile shape are compile-time
+  (:class:`MoeGemmSpec`); the LUT address arrives in one Int64 slot like the dense kernel's (one
+  table per codebook serves every record rate).
+* The unpaired spec (``pair=None``) builds :class:`MoeGroupedGemmKernel` exactly as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import cutlass
 import cutlass.cute as cute
@@ -52,9 +60,13 @@ from b12x.kernels.dense_gemm import decode_and_accumulate
 from b12x.kernels.trellis_decode import lane_ring_start, ring_words_per_lane
 
 __all__ = [
+    "DYNAMIC",
+    "DYNAMIC_KINDS",
     "MainloopBundle",
     "MoeGemmSpec",
     "MoeGroupedGemmKernel",
+    "MoePairGemmKernel",
+    "PAIR_KINDS",
     "build_moe_gemm",
     "compiled_moe_gemm",
     "TIER_SHIFT",
@@ -64,6 +76,16 @@ TIER_SHIFT = 8
 #: K16 rows loaded per mainloop iteration; each divides 8, and K is a multiple of 128 (8 rows).
 DEPTHS = (1, 2, 4, 8)
 LOCAL_MASK = (1 << TIER_SHIFT) - 1
+
+#: QSRT pair kind -> (b_lo, b_hi): record 0 / record 1 rates in storage order (spec §4.3).
+PAIR_KINDS = {"P22": (2, 2), "P33": (3, 3), "P24": (2, 4), "P43": (4, 3), "P44": (4, 4)}
+DYNAMIC = "dynamic"
+#: The bodies of a dynamic launch, indexed by the per-expert mode (0 = P33, 1 = P24, §4.2).
+DYNAMIC_KINDS = ("P33", "P24")
+PAIR_CHOICES = (*PAIR_KINDS, DYNAMIC)
+PAIR_RATE_AXES = ("n", "k")
+PAIR_BASE_BITS = 3
+RECORD_TILES = 8  # 128 channels of one record = 8 sixteen-wide tiles on the rate axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +99,8 @@ class MoeGemmSpec:
     n_tiles: int = 2
     warps: int = 4
     depth: int = 4
+    pair: str | None = None
+    rate_axis: str | None = None
 
     def __post_init__(self):
         resolve_format(self.codebook, self.bits)
@@ -86,6 +110,34 @@ class MoeGemmSpec:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if self.depth not in DEPTHS:
             raise ValueError(f"depth: expected one of {DEPTHS}, got {self.depth!r}")
+        if self.pair is None:
+            if self.rate_axis is not None:
+                raise ValueError(f"rate_axis: an unpaired spec has none, got {self.rate_axis!r}")
+            return
+        self._check_pair()
+
+    def _check_pair(self) -> None:
+        if self.pair not in PAIR_CHOICES:
+            raise ValueError(f"pair: expected None or one of {PAIR_CHOICES}, got {self.pair!r}")
+        if self.rate_axis not in PAIR_RATE_AXES:
+            raise ValueError(
+                f"rate_axis: a paired spec needs 'n' (FC1) or 'k' (FC2), got {self.rate_axis!r}"
+            )
+        if self.bits != PAIR_BASE_BITS:
+            raise ValueError(
+                f"bits: pair layouts compile on the trellis_bits = {PAIR_BASE_BITS} base "
+                f"(spec §4.2), got {self.bits}"
+            )
+        for kind in self.body_kinds:
+            for rate in PAIR_KINDS[kind]:
+                resolve_format(self.codebook, rate)
+        if self.rate_axis == "n" and (
+            self.n_tiles % 2 or self.warps * self.n_tiles != 2 * RECORD_TILES
+        ):
+            raise ValueError(
+                f"n_tiles/warps: an N-axis pair CTA owns exactly one pair (16 N16 tiles, half of "
+                f"each warp's tiles per record), got n_tiles={self.n_tiles}, warps={self.warps}"
+            )
 
     @property
     def block_size(self) -> int:
@@ -95,6 +147,21 @@ class MoeGemmSpec:
     def n_group(self) -> int:
         """Output columns one CTA covers (N must be a multiple)."""
         return 16 * self.n_tiles * self.warps
+
+    @property
+    def body_kinds(self) -> tuple[str, ...]:
+        """The pair kinds compiled into fully specialised bodies: ``(kind,)`` for a static
+        kind, :data:`DYNAMIC_KINDS` (mode 0, mode 1) for ``"dynamic"``, ``()`` when unpaired."""
+        if self.pair is None:
+            return ()
+        return DYNAMIC_KINDS if self.pair == DYNAMIC else (self.pair,)
+
+    @property
+    def pair_words(self) -> int:
+        """u32 words of one pair per K16 row (N axis) or per N16 column (K axis):
+        ``64·(b_lo + b_hi)``, the same for both dynamic kinds (6 bits per coefficient pair)."""
+        (total,) = {sum(PAIR_KINDS[kind]) for kind in self.body_kinds}
+        return 64 * total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +370,320 @@ class MoeGroupedGemmKernel:
                                 out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
 
 
+def _lane_word_ptrs(base, first, bits: int) -> list:
+    """Byte pointers of the lane's ring words ``first, first+1, ...`` (mod ``8·bits``) of the
+    tile whose ring starts at byte address ``base`` (Int64); plain Python, inlined at trace."""
+    ring = 8 * bits
+    ptrs = []
+    for i in range(ring_words_per_lane(bits)):
+        idx = first + i
+        idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
+        ptrs.append(base + Int64(idx) * 4)
+    return ptrs
+
+
+def _load_tile_words(ptrs: list, row_off, tile: int, bits: int) -> list:
+    """The lane's ring words of tile ``tile`` (an immediate ``tile·32·bits`` bytes further)."""
+    return [Uint32(ptx.ld_global_nc_u32_imm(p + row_off, tile * 32 * bits)) for p in ptrs]
+
+
+def _n_axis_tiles(n_tiles: int) -> list[tuple[int, int, int]]:
+    """LLHH: ``(record, tile within the warp's record slab, output word offset)`` per ``nt``.
+
+    Warp w of a one-pair CTA owns record-0 tiles ``w·h + [0, h)`` and record-1 tiles
+    ``w·h + [0, h)`` (h = n_tiles/2): the first h of its ``nt`` are low, the rest high, so
+    every warp decodes the same mix of rates and the rate of each ``nt`` is compile-time. The
+    word offset is the tile's column inside the pair (record 1 starts at column 128) over 2,
+    relative to ``8·w·h``.
+    """
+    half = n_tiles // 2
+    out = []
+    for nt in range(n_tiles):
+        record, j = (0, nt) if nt < half else (1, nt - half)
+        out.append((record, j, 64 * record + 8 * j))
+    return out
+
+
+class MoePairGemmKernel(MoeGroupedGemmKernel):
+    """The grouped GEMM over QSRT pair payloads (spec §4.2): FC1 on the N axis, FC2 on K.
+
+    Arguments are the unpaired kernel's plus ``modes`` (int32 ``[E]``, 0 = P33, 1 = P24), read
+    once per live CTA at ``modes[local]`` only for ``pair == "dynamic"`` (a static kind never
+    reads it; the host passes any int32 tensor there). The mode picks one of two fully
+    specialised bodies by a CTA-uniform branch, so every inner loop has compile-time rates.
+
+    Payload views (int32, every ``(b_lo, b_hi)`` of a launch has the same ``s = b_lo + b_hi``):
+
+    * N axis: ``[E_payload·K/16, pairs, 64·s]``: per expert and K16 row, the prepared order
+      ``[pair p: record 0 (8 tiles × 8·b_lo) ‖ record 1 (8 tiles × 8·b_hi)]``. One CTA per
+      pair (``grid_x = pairs``), warps in LLHH order (:func:`_n_axis_tiles`).
+    * K axis: ``[E_payload·pairs, N/16, 64·s]``: per expert, pair-major ``[record 0 plane
+      (8 K16 rows × N/16 tiles × 8·b_lo) ‖ record 1 plane (8 × N/16 × 8·b_hi)]`` (the view's
+      last two dims only size the pair; the planes are read by byte offsets). K16 row
+      ``16p + kt`` of A is the absolute row: ``kt < 8`` reads record 0 at ``b_lo``, rows 8..15
+      record 1 at ``b_hi``.
+    """
+
+    def __init__(self, spec: MoeGemmSpec):
+        super().__init__(spec)
+        self.body_rates = tuple(PAIR_KINDS[kind] for kind in spec.body_kinds)
+        self.rate_bundles = {
+            rate: MainloopBundle(
+                fmt=resolve_format(spec.codebook, rate),
+                bits=rate,
+                bf16=spec.bf16,
+                m_tiles=spec.m_tiles,
+            )
+            for rates in self.body_rates
+            for rate in rates
+        }
+        self.dynamic = spec.pair == DYNAMIC
+        self.n_axis = spec.rate_axis == "n"
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        block_expert_ids: cute.Tensor,
+        route_count: cute.Tensor,
+        route_rows: cute.Tensor,
+        descriptors: cute.Tensor,
+        modes: cute.Tensor,
+        lut_addr: Int64,
+        tier: Int32,
+        expert_base: Int32,
+        out_col_word: Int32,
+        stream,
+    ):
+        grid_x = payload.shape[1]
+        if cutlass.const_expr(not self.n_axis):
+            grid_x = payload.shape[1] // (self.n_tiles * self.warps)
+        self.kernel(
+            a,
+            payload,
+            out,
+            block_expert_ids,
+            route_count,
+            route_rows,
+            descriptors,
+            modes,
+            lut_addr,
+            tier,
+            expert_base,
+            out_col_word,
+        ).launch(
+            grid=(grid_x, block_expert_ids.shape[0], 1),
+            block=(32 * self.warps, 1, 1),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        block_expert_ids: cute.Tensor,
+        route_count: cute.Tensor,
+        route_rows: cute.Tensor,
+        descriptors: cute.Tensor,
+        modes: cute.Tensor,
+        lut_addr: Int64,
+        tier: Int32,
+        expert_base: Int32,
+        out_col_word: Int32,
+    ):
+        tid = cute.arch.thread_idx()[0]
+        bx, by, _ = cute.arch.block_idx()
+        row_base = by * (16 * self.m_tiles)
+        expert = block_expert_ids[by]
+        in_count = Int32(cutlass.select_(row_base < route_count[0], Int32(1), Int32(0)))
+        low_ok = Int32(cutlass.select_(expert >= 0, Int32(1), Int32(0)))
+        high_ok = Int32(cutlass.select_(expert < descriptors.shape[0], Int32(1), Int32(0)))
+        live = in_count * low_ok * high_ok
+        if live == 1:
+            descriptor = descriptors[expert]
+            if (descriptor >> TIER_SHIFT) == tier:
+                local = descriptor & LOCAL_MASK
+                payload_expert = expert_base + local
+                if cutlass.const_expr(self.dynamic):
+                    if modes[local] == 1:
+                        self._pair_tile(
+                            a, payload, out, route_rows, lut_addr, payload_expert, row_base,
+                            bx, tid, out_col_word, 1,
+                        )  # fmt: skip
+                    else:
+                        self._pair_tile(
+                            a, payload, out, route_rows, lut_addr, payload_expert, row_base,
+                            bx, tid, out_col_word, 0,
+                        )  # fmt: skip
+                else:
+                    self._pair_tile(
+                        a, payload, out, route_rows, lut_addr, payload_expert, row_base, bx,
+                        tid, out_col_word, 0,
+                    )  # fmt: skip
+
+    @cute.jit
+    def _pair_tile(
+        self,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        route_rows: cute.Tensor,
+        lut_addr: Int64,
+        payload_expert: Int32,
+        row_base: Int32,
+        bx: Int32,
+        tid: Int32,
+        out_col_word: Int32,
+        body: cutlass.Constexpr,
+    ):
+        """One live block with the rates of body ``body`` (compile-time)."""
+        b_lo, b_hi = self.body_rates[body]
+        lane = tid % 32
+        warp = tid // 32
+        r = lane % 4
+        g = lane // 4
+        acc = cute.make_rmem_tensor((self.m_tiles * self.n_tiles * 8,), Float32)
+        for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
+            acc[i] = Float32(0.0)
+
+        a_base = a.iterator.toint()
+        a_row_bytes = Int64(a.shape[1]) * 4
+        n_rows = a.shape[0]
+        a_ptrs = []
+        rows = []
+        for mt in cutlass.range_constexpr(self.m_tiles):
+            for half in cutlass.range_constexpr(2):
+                route = route_rows[row_base + mt * 16 + half * 8 + g]
+                rows.append(route)  # >= n_rows: a padding slot (the sentinel), never stored
+                safe = Int32(cutlass.select_(route < n_rows, route, Int32(0)))
+                a_ptrs.append(a_base + Int64(safe) * a_row_bytes + r * 4)
+        first_lo, off_lo = lane_ring_start(lane, b_lo)
+        first_hi, off_hi = lane_ring_start(lane, b_hi)
+        offs = (off_lo, off_hi)
+        rates = (b_lo, b_hi)
+        bundles = (self.rate_bundles[b_lo], self.rate_bundles[b_hi])
+        pay = payload.iterator.toint()
+        pair_words = 64 * (b_lo + b_hi)
+
+        if cutlass.const_expr(self.n_axis):
+            # N axis: one pair per CTA; K16 row kt of the expert holds `pairs` pair spans.
+            k_rows = a.shape[1] // 8
+            half_tiles = self.n_tiles // 2
+            row_bytes = Int64(payload.shape[1]) * (4 * pair_words)
+            pair_base = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
+            pair_base = pair_base + Int64(bx) * (4 * pair_words)
+            slab = Int64(warp * half_tiles)
+            lo_base = pair_base + slab * (32 * b_lo)
+            hi_base = pair_base + RECORD_TILES * 32 * b_lo + slab * (32 * b_hi)
+            ptrs = (
+                _lane_word_ptrs(lo_base, first_lo, b_lo),
+                _lane_word_ptrs(hi_base, first_hi, b_hi),
+            )
+            tiles = _n_axis_tiles(self.n_tiles)
+            for kt0 in cutlass.range(0, k_rows, self.depth):
+                staged = []
+                for d in cutlass.range_constexpr(self.depth):
+                    row_off = Int64(kt0 + d) * row_bytes
+                    words = []
+                    for nt in cutlass.range_constexpr(self.n_tiles):
+                        rec, j, _ = tiles[nt]
+                        words.append(_load_tile_words(ptrs[rec], row_off, j, rates[rec]))
+                    staged.append((words, self._a_frags(a_ptrs, Int64(kt0 + d) * 32)))
+                for d in cutlass.range_constexpr(self.depth):
+                    words, a_frags = staged[d]
+                    for nt in cutlass.range_constexpr(self.n_tiles):
+                        rec = tiles[nt][0]
+                        self._accumulate(bundles[rec], lut_addr, a_frags, words[nt], offs[rec],
+                                         acc, nt)  # fmt: skip
+            col0 = bx * 128 + warp * (8 * half_tiles) + r + out_col_word
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                for half in cutlass.range_constexpr(2):
+                    row = rows[2 * mt + half]
+                    if row < n_rows:
+                        for nt in cutlass.range_constexpr(self.n_tiles):
+                            for nb in cutlass.range_constexpr(2):
+                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
+                                col_word = col0 + (tiles[nt][2] + nb * 4)
+                                self._store(out, row, col_word, acc[base], acc[base + 1])
+        else:
+            # K axis: pairs along the reduction; record 0 = absolute K16 rows 16p + 0..7.
+            pairs = a.shape[1] // 128
+            n16 = payload.shape[1]
+            tile0 = (bx * self.warps + warp) * self.n_tiles
+            pair_bytes = Int64(n16) * (4 * pair_words)
+            plane_rows = (Int64(n16) * (32 * b_lo), Int64(n16) * (32 * b_hi))
+            expert_addr = pay + Int64(payload_expert) * Int64(pairs) * pair_bytes
+            lo_base = expert_addr + Int64(tile0) * (32 * b_lo)
+            hi_base = expert_addr + plane_rows[0] * RECORD_TILES + Int64(tile0) * (32 * b_hi)
+            ptrs = (
+                _lane_word_ptrs(lo_base, first_lo, b_lo),
+                _lane_word_ptrs(hi_base, first_hi, b_hi),
+            )
+            for p in cutlass.range(pairs):
+                pair_off = Int64(p) * pair_bytes
+                for rec in cutlass.range_constexpr(2):
+                    for kt0 in cutlass.range(0, RECORD_TILES, self.depth):
+                        staged = []
+                        for d in cutlass.range_constexpr(self.depth):
+                            row_off = pair_off + Int64(kt0 + d) * plane_rows[rec]
+                            words = []
+                            for nt in cutlass.range_constexpr(self.n_tiles):
+                                words.append(_load_tile_words(ptrs[rec], row_off, nt, rates[rec]))
+                            k16 = Int64(p) * 16 + (rec * RECORD_TILES) + Int64(kt0 + d)
+                            staged.append((words, self._a_frags(a_ptrs, k16 * 32)))
+                        for d in cutlass.range_constexpr(self.depth):
+                            words, a_frags = staged[d]
+                            for nt in cutlass.range_constexpr(self.n_tiles):
+                                self._accumulate(bundles[rec], lut_addr, a_frags, words[nt],
+                                                 offs[rec], acc, nt)  # fmt: skip
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                for half in cutlass.range_constexpr(2):
+                    row = rows[2 * mt + half]
+                    if row < n_rows:
+                        for nt in cutlass.range_constexpr(self.n_tiles):
+                            for nb in cutlass.range_constexpr(2):
+                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
+                                col_word = ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
+                                self._store(out, row, col_word, acc[base], acc[base + 1])
+
+    def _a_frags(self, a_ptrs: list, a_off) -> list:
+        """A fragments of one K16 row (byte offset ``a_off`` from row 0) for every M16 block."""
+        frags = []
+        for mt in range(self.m_tiles):
+            frag = []
+            for q in range(4):
+                ptr = a_ptrs[2 * mt + q % 2] + a_off
+                frag.append(Uint32(ptx.ld_global_nc_u32_imm(ptr, 16 * (q // 2))))
+            frags.append(frag)
+        return frags
+
+    def _accumulate(self, bundle, lut_addr, a_frags, words, lane_off, acc, nt: int) -> None:
+        """The shared mainloop body for N16 tile ``nt`` at the bundle's record rate."""
+        decode_and_accumulate(
+            fmt=bundle.fmt,
+            bits=bundle.bits,
+            bf16=bundle.bf16,
+            lut_in_smem=bundle.lut_in_smem,
+            lut_addr=lut_addr,
+            a_frags=a_frags,
+            words=words,
+            lane_off=lane_off,
+            acc=acc,
+            acc_base=nt * self.m_tiles * 8,
+            m_tiles=bundle.m_tiles,
+        )
+
+    def _store(self, out, row, col_word, lo, hi) -> None:
+        if self.spec.bf16:
+            out[row, col_word] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
+        else:
+            out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
+
+
 def build_moe_gemm(spec: MoeGemmSpec):
     """(kernel object, fake argument tuple) for ``cute.compile`` (CPU compile checks use it)."""
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -312,18 +693,27 @@ def build_moe_gemm(spec: MoeGemmSpec):
         return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
 
     rows = cute.sym_int()  # routes (M·top_k), in route order
-    a = fake(Int32, (rows, cute.sym_int(divisibility=8)))
-    payload = fake(
-        Int32, (cute.sym_int(), cute.sym_int(divisibility=spec.n_group // 16), 8 * spec.bits)
-    )
-    out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
     blocks = fake(Int32, (cute.sym_int(),))
     count = fake(Int32, (1,))
     route_rows = fake(Int32, (cute.sym_int(divisibility=spec.block_size),))
     descriptors = fake(Int32, (cute.sym_int(),))
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    kernel = MoeGroupedGemmKernel(spec)
     scalars = (Int64(0), Int32(0), Int32(0), Int32(0))
+    if spec.pair is not None:
+        # K axis: K = 256·pairs (A rows of 128·pairs words); N axis: one 256-column pair per CTA.
+        a = fake(Int32, (rows, cute.sym_int(divisibility=128 if spec.rate_axis == "k" else 8)))
+        n_div = spec.n_group // 16 if spec.rate_axis == "k" else 1
+        payload = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=n_div), spec.pair_words))
+        out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
+        modes = fake(Int32, (cute.sym_int(),))
+        args = (a, payload, out, blocks, count, route_rows, descriptors, modes, *scalars)
+        return MoePairGemmKernel(spec), (*args, stream)
+    a = fake(Int32, (rows, cute.sym_int(divisibility=8)))
+    payload = fake(
+        Int32, (cute.sym_int(), cute.sym_int(divisibility=spec.n_group // 16), 8 * spec.bits)
+    )
+    out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
+    kernel = MoeGroupedGemmKernel(spec)
     args = (a, payload, out, blocks, count, route_rows, descriptors, *scalars)
     return kernel, (*args, stream)
 
@@ -334,31 +724,23 @@ MOE_SOURCE_MODULES = (
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
+    "b12x.kernels.specs",  # compile_options
 )
-_LOCK = threading.Lock()
-_KEYS: dict[tuple[MoeGemmSpec, str], object] = {}
 
 
 def compiled_moe_gemm(spec: MoeGemmSpec, arch: str):
-    """The tvm-ffi callable of ``spec`` for ``arch``, through the runtime compile cache.
+    """The tvm-ffi callable of ``spec`` for ``arch``, from the one runtime compile cache.
 
-    Honours the freeze switch: a spec that was not warmed up raises once frozen or under capture.
+    Keyed ``moe_gemm`` with every :class:`MoeGemmSpec` field as codegen input and
+    :data:`MOE_SOURCE_MODULES` as the hashed sources; honours the freeze switch and capture.
     """
     from b12x.kernels.specs import compile_options
     from b12x.runtime import compile_cache
-
-    memo = (spec, arch)
-    key = _KEYS.get(memo)
-    if key is None:
-        with _LOCK:
-            codegen = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-            key = _KEYS.setdefault(
-                memo,
-                compile_cache.make_key("moe_gemm", codegen, arch=arch, modules=MOE_SOURCE_MODULES),
-            )
 
     def build():
         kernel, args = build_moe_gemm(spec)
         return cute.compile(kernel, *args, options=compile_options(arch))
 
-    return compile_cache.CACHE.get_or_compile(key, build)
+    return compile_cache.compiled_kernel(
+        spec, arch, kernel="moe_gemm", modules=MOE_SOURCE_MODULES, build=build
+    )

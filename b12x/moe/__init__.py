@@ -5,6 +5,8 @@
 * :mod:`b12x.moe.plan` — :func:`plan_moe`, buffer specs, :func:`bind_moe`.
 * :mod:`b12x.moe.run` — input checks, the grouped-GEMM shared body, :func:`run_moe`.
 * :mod:`b12x.moe.tiers` — combined namespace, descriptors, :func:`plan_tiered_moe`.
+* :mod:`b12x.moe.pairs` — QSRT pairs per phase (FC1 N-axis, FC2 K-axis, dynamic P33/P24 mode
+  tables): choices, payload shapes, :func:`launch_paired_gemm`.
 * :mod:`b12x.moe.ops` — ``torch.ops.b12x.trellis_moe`` and :class:`MoeOp` (import it to register).
 * :mod:`b12x.moe.support` — :func:`supported_moe_variants`.
 

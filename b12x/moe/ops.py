@@ -5,10 +5,13 @@ Layout
 * ``b12x::trellis_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor[] w13, Tensor[] w2,
   Tensor gate_suh, Tensor? up_suh, Tensor intermediate_rotations, Tensor down_svh, str codebook,
   str w13_layout, Tensor? global_to_combined=None, Tensor? descriptor_map=None,
-  ScalarType? compute_dtype=None) -> Tensor`` — ``[M, H]`` in ``x.dtype``. One payload in
+  ScalarType? compute_dtype=None, str? fc1_pair=None, str? fc2_pair=None, Tensor? fc1_modes=None,
+  Tensor? fc2_modes=None) -> Tensor`` — ``[M, H]`` in ``x.dtype``. One payload in
   ``w13``/``w2`` is a uniform stack; two are K3/K4 tiers (then the two maps are required and the
-  codebook must be ``"mcg"``). The CUDA implementation plans, allocates the plan's buffers (an
-  eager op may: it is plan time for this call), binds and runs; graph consumers call
+  codebook must be ``"mcg"``). ``fc1_pair``/``fc2_pair`` select QSRT pairs per phase
+  (:mod:`b12x.moe.pairs`): the phase's payload is then a pair payload and a ``"dynamic"`` phase
+  takes its int32 ``[E]`` mode table. The CUDA implementation plans, allocates the plan's
+  buffers (an eager op may: it is plan time for this call), binds and runs; graph consumers call
   plan / bind / run themselves (:class:`MoeOp`).
 * The fake implementation runs the same :func:`check_moe_op_args` (metadata only) and returns an
   empty ``[M, H]``.
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
 from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.routing import check_route_ids
 from b12x.moe.run import MoeInputs, run_moe
@@ -39,9 +43,12 @@ OP_NAME = "b12x::trellis_moe"
 
 
 def check_moe_op_args(
-    x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined, descriptor_map
-) -> dict[str, Any]:
+    x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined, descriptor_map,
+    fc1_pair=None, fc2_pair=None,
+) -> dict[str, Any]:  # fmt: skip
     """Metadata-only validation shared by the real and the fake op; returns plan keywords."""
+    fc1_pair = check_pair_choice("fc1_pair", fc1_pair)
+    fc2_pair = check_pair_choice("fc2_pair", fc2_pair)
     check_tensor("x", x, dtypes=HALF_DTYPES, ndim=2)
     check_route_ids(topk_ids, device=x.device)
     if topk_ids.shape[0] != x.shape[0] or x.shape[0] == 0:
@@ -59,11 +66,25 @@ def check_moe_op_args(
     bits, experts = [], []
     for t, (a, b) in enumerate(zip(w13, w2, strict=True)):
         check_tensor(f"w13[{t}]", a, dtypes=(torch.int16,), device=x.device)
-        check_tensor(f"w2[{t}]", b, dtypes=(torch.int16,), ndim=4, device=x.device)
-        bits.append(int(b.shape[-1]) // 16)  # static: specialised under tracing
+        ndim = 2 if fc2_pair is not None else 4
+        check_tensor(f"w2[{t}]", b, dtypes=(torch.int16,), ndim=ndim, device=x.device)
+        # static: specialised under tracing; a paired FC2 compiles on the base rate
+        bits.append(PAIR_BASE_BITS if fc2_pair is not None else int(b.shape[-1]) // 16)
         experts.append(b.shape[0])
-    hidden, intermediate = w2[0].shape[2] * 16, w2[0].shape[1] * 16
     tiered = len(w13) == 2
+    if fc2_pair is None:
+        hidden, intermediate = w2[0].shape[2] * 16, w2[0].shape[1] * 16
+    else:
+        hidden = x.shape[1]
+        per_pair = (hidden // 16) * 128 * pair_rate_sum(fc2_pair)
+        if hidden % 128 or w2[0].shape[1] % per_pair or w2[0].shape[1] == 0:
+            raise ValueError(
+                f"w2: a {fc2_pair} FC2 payload holds whole pairs of {per_pair} words for H = "
+                f"{hidden}, got shape {tuple(w2[0].shape)}"
+            )
+        intermediate = PAIR_CHANNELS * (w2[0].shape[1] // per_pair)
+    if tiered and (fc1_pair is not None or fc2_pair is not None):
+        raise ValueError("fc1_pair/fc2_pair: QSRT pairs run on a uniform stack, not on tiers")
     if tiered and (global_to_combined is None or descriptor_map is None):
         raise ValueError("global_to_combined: two tiers need global_to_combined and descriptor_map")
     keywords = dict(
@@ -79,6 +100,8 @@ def check_moe_op_args(
         )  # fmt: skip
     else:
         keywords.update(bits=bits[0], num_experts=experts[0], codebook=codebook)
+        if fc1_pair is not None or fc2_pair is not None:
+            keywords.update(fc1_pair=fc1_pair, fc2_pair=fc2_pair)
     return keywords
 
 
@@ -123,16 +146,21 @@ def trellis_moe(
     global_to_combined: torch.Tensor | None = None,
     descriptor_map: torch.Tensor | None = None,
     compute_dtype: torch.dtype | None = None,
+    fc1_pair: str | None = None,
+    fc2_pair: str | None = None,
+    fc1_modes: torch.Tensor | None = None,
+    fc2_modes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     keywords = check_moe_op_args(
         x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map,
+        descriptor_map, fc1_pair, fc2_pair,
     )  # fmt: skip
     plan = _plan(keywords, compute_dtype or torch.float16)
     bound = bind_moe(plan, **allocate_moe_buffers(plan, x.device))
     inputs = MoeInputs(
         x, topk_weights, topk_ids, tuple(w13), tuple(w2), gate_suh, up_suh,
-        intermediate_rotations, down_svh, global_to_combined, descriptor_map,
+        intermediate_rotations, down_svh, global_to_combined, descriptor_map, fc1_modes,
+        fc2_modes,
     )  # fmt: skip
     return run_moe(bound, inputs).clone()
 
@@ -141,10 +169,11 @@ def trellis_moe(
 def _trellis_moe_fake(
     x, topk_weights, topk_ids, w13, w2, gate_suh, up_suh, intermediate_rotations, down_svh,
     codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
+    fc1_pair=None, fc2_pair=None, fc1_modes=None, fc2_modes=None,
 ):  # fmt: skip
     keywords = check_moe_op_args(
         x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map,
+        descriptor_map, fc1_pair, fc2_pair,
     )  # fmt: skip
     return x.new_empty((keywords["m"], keywords["hidden"]))
 
@@ -177,6 +206,7 @@ class MoeOp:
         fields = (
             "x", "topk_weights", "topk_ids", "w13", "w2", "gate_suh", "up_suh",
             "intermediate_rotations", "down_svh", "global_to_combined", "descriptor_map",
+            "fc1_modes", "fc2_modes",
         )  # fmt: skip
         values = {f: inputs.get(f) for f in fields}
         for name in ("w13", "w2"):  # one tensor (uniform) or `<name>_tier0`/`<name>_tier1`

@@ -1,4 +1,5 @@
-"""plan / bind / run of the fused trellis MoE, uniform rate or two K3/K4 tiers (spec §3.4, §4.1).
+"""plan / bind / run of the fused trellis MoE: uniform rate, two K3/K4 tiers, or QSRT pairs per
+phase on the uniform (K3-base) stack (spec §3.4, §4.1, §4.2).
 
 The launch sequence of :func:`run_moe` (every step writes a caller buffer; no allocation, no
 host synchronisation, so one call is CUDA-graph capturable; R4):
@@ -26,7 +27,10 @@ only on its own row (no split-K), so the op is **batch invariant**: a token's ou
 equals its batch-1 output bit for bit, given the same routes.
 
 Buffers: :func:`moe_buffer_specs` (exact shapes for the planned ``M``; see each name there).
-Plans are frozen; ``run`` reads the plan and never re-decides anything (R15).
+Plans are frozen; ``run`` reads the plan and never re-decides anything (R15). A paired phase
+(``fc1_pair``/``fc2_pair``) plans one :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` with ``pair``
+and ``rate_axis`` set (:func:`b12x.moe.pairs.pair_gemm_spec`) in place of the uniform spec; the
+buffers are the same.
 """
 
 from __future__ import annotations
@@ -38,9 +42,17 @@ from typing import Any
 
 import torch
 
+from b12x.dense import tiles as dense_tiles
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe import routing
+from b12x.moe.pairs import (
+    PAIR_BASE_BITS,
+    PAIR_CHANNELS,
+    check_pair_choice,
+    check_pair_codebook,
+    pair_gemm_spec,
+)
 from b12x.runtime.scratch import (
     BufferSpec,
     allocate_buffers,
@@ -85,6 +97,12 @@ class MoeProblem:
     x_dtype: torch.dtype
     compute_dtype: torch.dtype
     num_global_experts: int | None  # tiers only: the router's namespace
+    fc1_pair: str | None = None  # QSRT pairs on FC1's N axis: None, a kind or "dynamic"
+    fc2_pair: str | None = None  # QSRT pairs on FC2's K axis
+
+    @property
+    def paired(self) -> bool:
+        return self.fc1_pair is not None or self.fc2_pair is not None
 
     @property
     def num_experts(self) -> int:
@@ -124,16 +142,47 @@ def gemm_geometry(m_tiles: int, n: int) -> tuple[int, int]:
     return (4 if n % 256 == 0 else 2), 2
 
 
-def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n):
+def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n, pairs=(None, None)):
     def spec(bits, n):
         n_tiles, depth = gemm_geometry(m_tiles, n)
         return MoeGemmSpec(
             codebook, bits, compute_bf16, m_tiles=m_tiles, n_tiles=n_tiles, depth=depth
         )
 
-    fc1 = tuple(spec(t.bits, fc1_n) for t in tiers)
-    fc2 = tuple(spec(t.bits, fc2_n) for t in tiers)
-    return fc1, fc2
+    def phase_specs(phase, choice, n):
+        if choice is None:
+            return tuple(spec(t.bits, n) for t in tiers)
+        return (
+            pair_gemm_spec(
+                codebook=codebook, bf16=compute_bf16, m_tiles=m_tiles, choice=choice,
+                phase=phase, n=n,
+            ),
+        )  # fmt: skip
+
+    return phase_specs("fc1", pairs[0], fc1_n), phase_specs("fc2", pairs[1], fc2_n)
+
+
+def _check_pairs(fc1_pair, fc2_pair, *, codebook, tiers, intermediate) -> tuple:
+    """Validate the per-phase pair choices (before anything is launched)."""
+    choices = (check_pair_choice("fc1_pair", fc1_pair), check_pair_choice("fc2_pair", fc2_pair))
+    if choices == (None, None):
+        return choices
+    if len(tiers) != 1:
+        raise ValueError("fc1_pair/fc2_pair: QSRT pairs run on a uniform stack, not on tiers")
+    if tiers[0].bits != PAIR_BASE_BITS:
+        raise ValueError(
+            f"bits: pair layouts compile on the trellis_bits = {PAIR_BASE_BITS} base (spec "
+            f"§4.2), got {tiers[0].bits}"
+        )
+    if intermediate % PAIR_CHANNELS:
+        raise ValueError(
+            f"intermediate: I={intermediate} is not a whole number of {PAIR_CHANNELS}-channel "
+            f"pairs (QSRT pairs need I % {PAIR_CHANNELS} == 0)"
+        )
+    for name, choice in zip(("fc1_pair", "fc2_pair"), choices, strict=True):
+        if choice is not None:
+            check_pair_codebook(name, codebook, choice)
+    return choices
 
 
 def moe_buffer_specs(problem: MoeProblem, routes: routing.RoutePlan) -> tuple[BufferSpec, ...]:
@@ -196,10 +245,16 @@ def plan_moe(
     compute_dtype: torch.dtype = torch.float16,
     num_global_experts: int | None = None,
     m_tiles: int | None = None,
+    fc1_pair: str | None = None,
+    fc2_pair: str | None = None,
+    device: Any = None,
 ) -> MoePlan:
     """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
     uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
-    space). Every argument is validated here, before anything is launched."""
+    space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.moe.pairs`: None,
+    a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
+    simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
+    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched."""
     for name, value in (
         ("m", m),
         ("top_k", top_k),
@@ -241,9 +296,12 @@ def plan_moe(
         check_positive_int("num_global_experts", num_global_experts)
     elif num_global_experts is not None:
         raise ValueError("num_global_experts: only a tiered plan takes a global id space")
+    pairs = _check_pairs(
+        fc1_pair, fc2_pair, codebook=codebook, tiers=tiers, intermediate=intermediate
+    )
     problem = MoeProblem(
         m, top_k, hidden, intermediate, codebook, tuple(tiers), w13_layout, x_dtype,
-        compute_dtype, num_global_experts,
+        compute_dtype, num_global_experts, *pairs,
     )  # fmt: skip
     if top_k > problem.num_experts and len(tiers) == 1:
         raise ValueError(f"top_k: {top_k} exceeds the number of experts {problem.num_experts}")
@@ -261,9 +319,40 @@ def plan_moe(
         )
     fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
     fc1, fc2 = _gemm_specs(
-        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden
+        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden, pairs
     )
+    if device is not None:
+        fc2 = tuple(
+            _wave_balanced(spec) if spec.pair is None and wave_balanced_fc2(
+                problem, routes, spec, device) else spec
+            for spec in fc2
+        )  # fmt: skip
     return MoePlan(problem, routes, fc1, fc2, moe_buffer_specs(problem, routes))
+
+
+def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: Any) -> bool:
+    """Does FC2 take :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256
+    threads)? Only when THE tile predicate (:func:`b12x.dense.tiles.qualify`, phase ``"fc2"``;
+    it rejects the tile for any other phase) accepts it for this FC2 (K = I, N = H) on
+    ``device``, and the planned FC2 launch can have more live CTAs than the device has SMs
+    (at most ``min(blocks, M·top_k)`` live route blocks: a second wave that 4× wider CTAs
+    shorten). Opt-in (``plan_moe(device=...)``); not yet measured against the default."""
+    from b12x.dense.plan import device_limits
+
+    limits = device_limits(device)
+    tile_problem = dense_tiles.TileProblem(
+        "fc2", routes.capacity, problem.intermediate, problem.hidden, spec.bits,
+        cta_m_blocks=spec.m_tiles,
+    )  # fmt: skip
+    ok, _ = dense_tiles.qualify(dense_tiles.WAVE_BALANCED_FC2, tile_problem, limits)
+    live_blocks = min(routes.num_blocks, problem.m * problem.top_k)
+    ctas = live_blocks * (problem.hidden // spec.n_group)
+    return ok and ctas > limits.sm_count
+
+
+def _wave_balanced(spec: MoeGemmSpec) -> MoeGemmSpec:
+    warps, n_tiles = dense_tiles.kernel_geometry(dense_tiles.WAVE_BALANCED_FC2)
+    return dataclasses.replace(spec, n_tiles=n_tiles, warps=warps, depth=2)
 
 
 def allocate_moe_buffers(plan: MoePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -319,6 +408,7 @@ def describe(plan: MoePlan) -> dict[str, Any]:
     p = plan.problem
     return {
         "tiers": [(t.bits, t.num_experts) for t in p.tiers],
+        "pairs": {"fc1": p.fc1_pair, "fc2": p.fc2_pair},
         "block_size": plan.routes.block_size,
         "capacity": plan.routes.capacity,
         "kernels": [dataclasses.asdict(s) for s in plan.kernel_specs],

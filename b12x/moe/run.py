@@ -4,13 +4,16 @@ Layout
 ------
 * :class:`MoeInputs` (frozen): the per-call tensors (``x``, ``topk_weights``, ``topk_ids``) and
   the weights: ``w13``/``w2`` as one payload per tier, the rotation tables in the combined
-  namespace, and for tiers ``global_to_combined`` / ``descriptor_map``.
+  namespace, and for tiers ``global_to_combined`` / ``descriptor_map``. A paired phase (plan's
+  ``fc1_pair``/``fc2_pair``) takes its pair payload (:func:`b12x.moe.pairs.pair_payload_shape`)
+  and, when dynamic, its int32 ``[E]`` mode table ``fc1_modes``/``fc2_modes``.
 * :func:`check_moe_inputs` validates all of them against the plan before any launch (dtype,
   shape, contiguity, 16-byte alignment, device, ids dtype, expert counts).
 * :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
   launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
   (R11: the codebook is never a default). The uniform stage here and the tier stage in
-  :mod:`b12x.moe.tiers` both call it by keyword.
+  :mod:`b12x.moe.tiers` both call it by keyword; a paired phase goes through
+  :func:`b12x.moe.pairs.launch_paired_gemm` (:func:`paired_gemm_stage`).
 * :func:`run_moe` runs the sequence; nothing in it allocates (views, ``out=``, in-place ops).
 
 Invariants
@@ -30,7 +33,7 @@ from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
-from b12x.moe import boundary, routing
+from b12x.moe import boundary, pairs, routing
 from b12x.moe.plan import BoundMoe
 from b12x.runtime.validate import check_tensor
 
@@ -50,6 +53,8 @@ class MoeInputs:
     down_svh: torch.Tensor
     global_to_combined: torch.Tensor | None = None
     descriptor_map: torch.Tensor | None = None
+    fc1_modes: torch.Tensor | None = None  # dynamic FC1 pairs: int32 [E], 0 = P33, 1 = P24
+    fc2_modes: torch.Tensor | None = None  # dynamic FC2 pairs
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,9 +107,22 @@ def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
             want13 = (tier.num_experts, h // 16, 2 * i // 16, words)
         else:
             want13 = (2, tier.num_experts, h // 16, i // 16, words)
-        check_tensor(f"w13[{t}]", inputs.w13[t], dtypes=(torch.int16,), shape=want13, device=dev)
         want2 = (tier.num_experts, i // 16, h // 16, words)
+        shape_of = dict(
+            num_experts=tier.num_experts, hidden=h, intermediate=i, w13_layout=p.w13_layout
+        )
+        if p.fc1_pair is not None:
+            want13 = pairs.pair_payload_shape("fc1", p.fc1_pair, **shape_of)
+        if p.fc2_pair is not None:
+            want2 = pairs.pair_payload_shape("fc2", p.fc2_pair, **shape_of)
+        check_tensor(f"w13[{t}]", inputs.w13[t], dtypes=(torch.int16,), shape=want13, device=dev)
         check_tensor(f"w2[{t}]", inputs.w2[t], dtypes=(torch.int16,), shape=want2, device=dev)
+    for phase, choice in (("fc1", p.fc1_pair), ("fc2", p.fc2_pair)):
+        name, modes = f"{phase}_modes", getattr(inputs, f"{phase}_modes")
+        if choice == pairs.DYNAMIC:
+            pairs.check_pair_modes(name, modes, p.num_experts, dev)
+        elif modes is not None:
+            raise ValueError(f"{name}: only a dynamic {phase} pair layout takes a mode table")
     e = p.num_experts
     _table("gate_suh", inputs.gate_suh, e, h, dev, broadcast=True)
     if p.w13_layout == "proj":
@@ -171,10 +189,38 @@ def launch_grouped_gemm(
     )
 
 
+def paired_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
+    """FC1 (N-axis pairs) or FC2 (K-axis pairs) launches of a paired uniform stack."""
+    p = bound.plan.problem
+    e, i = p.tiers[0].num_experts, p.intermediate
+    if phase == "fc2":
+        pairs.launch_paired_gemm(
+            spec=bound.plan.fc2_spec[0], codebook=p.codebook, ctx=ctx, a=a2,
+            payload=inputs.w2[0], num_payload_experts=e, modes=inputs.fc2_modes, out=fc2,
+            n=p.hidden, expert_base=0, out_col=0,
+        )  # fmt: skip
+        return
+    if p.w13_layout == "packed":
+        launches = ((0, a_gate, e, 2 * i),)
+    else:
+        launches = ((0, a_gate, 2 * e, i), (1, a_up, 2 * e, i))
+    for proj, a, experts, n in launches:
+        pairs.launch_paired_gemm(
+            spec=bound.plan.fc1_spec[0], codebook=p.codebook, ctx=ctx, a=a,
+            payload=inputs.w13[0], num_payload_experts=experts, modes=inputs.fc1_modes,
+            out=fc1, n=n, expert_base=proj * e, out_col=proj * i,
+        )  # fmt: skip
+
+
 def uniform_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
     """FC1 or FC2 launches of a uniform stack (tier 0, identity descriptors)."""
     p = bound.plan.problem
     e = p.tiers[0].num_experts
+    if getattr(p, f"{phase}_pair") is not None:
+        paired_gemm_stage(
+            bound, inputs, ctx, phase=phase, a_gate=a_gate, a_up=a_up, a2=a2, fc1=fc1, fc2=fc2
+        )
+        return
     if phase == "fc1":
         spec = bound.plan.fc1_spec[0]
         if p.w13_layout == "packed":

@@ -3,7 +3,10 @@
 * :func:`supported_moe_variants` — ``{"op", "codebook", "bits", "w13_layout", "compute_dtype"}``
   dicts: the uniform fused MoE for every legal (codebook, bits) of :mod:`b12x.formats` in both
   FC1 layouts and both compute dtypes, and the mixed tiers (``"op": "moe_tiers"``, codebook
-  ``"mcg"``, ``"bits": (3, 4)``). QSRT pairs are not implemented (not listed).
+  ``"mcg"``, ``"bits": (3, 4)``), and QSRT pairs (``"op": "moe"``, ``"bits": 3`` (the base),
+  ``"pair_kind"`` P22/P33/P24/P43/P44 wherever both record rates are legal for the codebook;
+  both phases: FC1 on the N axis, FC2 on the K axis; ``"dynamic"`` P33/P24 mode tables are
+  covered by those two kinds).
 * :func:`moe_kernel_specializations` — the grouped-GEMM specs a representative set of plans
   launches; :func:`compile_moe_specialization` compiles one on the CPU for an arch.
 """
@@ -34,6 +37,24 @@ def supported_moe_variants() -> list[dict]:
                 {"op": "moe_tiers", "codebook": "mcg", "bits": (3, 4), "w13_layout": layout,
                  "compute_dtype": dtype}
             )  # fmt: skip
+    out += _pair_variants()
+    return out
+
+
+def _pair_variants() -> list[dict]:
+    from b12x.kernels.moe_gemm import PAIR_BASE_BITS, PAIR_KINDS
+
+    out = []
+    for name, fmt in FORMATS.items():
+        for kind, rates in PAIR_KINDS.items():
+            if not {PAIR_BASE_BITS, *rates} <= set(fmt.legal_bits):
+                continue
+            for layout in LAYOUTS:
+                for dtype in COMPUTE_DTYPES:
+                    out.append(
+                        {"op": "moe", "codebook": name, "bits": PAIR_BASE_BITS, "pair_kind": kind,
+                         "phases": ("fc1", "fc2"), "w13_layout": layout, "compute_dtype": dtype}
+                    )  # fmt: skip
     return out
 
 
@@ -50,7 +71,17 @@ def moe_kernel_specializations():
         MoeGemmSpec("sqg_fp16", 5, True, m_tiles=2, n_tiles=2, depth=2),
         MoeGemmSpec("3inst", 2, False, m_tiles=1, n_tiles=2, depth=8),
         MoeGemmSpec("mul1", 8, False, m_tiles=4, n_tiles=2, depth=2),
-    ]
+        # QSRT pairs (the plan's geometries, b12x.moe.pairs.pair_geometry)
+        MoeGemmSpec("mcg", 3, False, m_tiles=1, n_tiles=2, warps=8, depth=8, pair="P24",
+                    rate_axis="n"),
+        MoeGemmSpec("mcg", 3, True, m_tiles=4, n_tiles=4, warps=4, depth=2, pair="dynamic",
+                    rate_axis="n"),
+        MoeGemmSpec("mcg", 3, False, m_tiles=1, n_tiles=2, depth=8, pair="P44", rate_axis="k"),
+        MoeGemmSpec("mcg", 3, True, m_tiles=4, n_tiles=2, depth=1, pair="dynamic",
+                    rate_axis="k"),
+        MoeGemmSpec("sqg_e4m3", 3, False, m_tiles=2, n_tiles=4, depth=2, pair="P22",
+                    rate_axis="k"),
+    ]  # fmt: skip
 
 
 def compile_moe_specialization(spec, arch: str) -> str:
