@@ -10,12 +10,16 @@ Layout
   run in the copy) and/or ``oracle`` (families of ``python -m oracle --only``), and one or more
   ``[[mutant.edit]]`` rewrites applied in order:
 
-  - ``kind = "patch"``: ``file``, ``old``, ``new``; ``old`` must occur exactly once in the file;
+  - ``kind = "patch"``: ``file``, ``old``, ``new``; ``old`` must occur exactly once in the file
+    (or, with ``all = true``, at least once: every occurrence is rewritten, e.g. a guard that
+    several kernels of one module repeat);
   - ``kind = "ast"``: ``file``, ``op`` (one of :data:`AST_OPS`), ``callee`` (the called name or
     attribute), optional ``function`` (the enclosing ``def``) and ``drop`` (parameters to leave
     out). ``keyword-call-to-positional`` rewrites the one matching keyword call into a positional
     call (arguments in the order written), which a patch cannot express robustly.
 
+* ``covers`` (optional): tags of :data:`ISSUE_CLASSES`, the regression list of issue 6 that the
+  catalogue must cover (a completeness test checks every tag has a mutant with a rewrite).
 * :func:`load_catalogue` parses and validates (``ValueError`` naming the mutant and field).
 * :func:`apply_mutant` rewrites files under a root; a rewrite that matches zero or several times
   raises :class:`StaleMutant` (the catalogue has rotted: the gate fails).
@@ -37,6 +41,7 @@ from typing import Any
 
 __all__ = [
     "AST_OPS",
+    "ISSUE_CLASSES",
     "DEFAULT_CATALOGUE",
     "Edit",
     "KillCommand",
@@ -53,6 +58,25 @@ AST_OPS = ("keyword-call-to-positional",)
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _CLASS = re.compile(r"^R([1-9]|1[0-6])$")
 
+#: The regressions issue 6 names; every tag must be covered by a mutant with a rewrite.
+ISSUE_CLASSES = {
+    "stale-positional-call": "a stale positional call into a shared body (the seed bug)",
+    "codebook-default-at-tier-call": "a codebook default flipped at a tier call",
+    "k6-small-m-row-removed": "the K6 small-M dispatch row removed",
+    "fc2-pin-tile-floor": "the tile floor re-imposed on the FC2 pin",
+    "window-off-by-one": "an off-by-one in window extraction",
+    "k-axis-low-high-swapped": "low/high record selection swapped on the K axis",
+    "n-axis-interleave-skipped": "the N-axis interleave skipped",
+    "tail-unwritten": "a tail lane left unwritten",
+    "allocation-in-run": "an allocation inside run",
+    "cache-key-field-dropped": "a field dropped from the compile-cache key",
+    "index-stride-int32": "an index x stride product narrowed to 32 bits",
+    "inactive-route-not-masked": "an inactive route not masked",
+    "bf16-as-fp16": "bf16 silently computed as fp16",
+    "planned-capacity-disagrees": "planned capacity disagreeing with the launch",
+    "barrier-removed": "a barrier removed before scratch reuse",
+}
+
 
 class StaleMutant(Exception):
     """A rewrite (or kill command) of the catalogue no longer matches the project."""
@@ -68,6 +92,7 @@ class Edit:
     callee: str | None = None
     function: str | None = None
     drop: tuple[str, ...] = ()
+    all: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +115,7 @@ class Mutant:
     kill: KillCommand
     requires: tuple[str, ...] = ()
     not_applicable_reason: str = ""
+    covers: tuple[str, ...] = ()
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -126,7 +152,7 @@ def _relative(path: str, where: str) -> str:
 def _edit(table: Any, where: str) -> Edit:
     if not isinstance(table, dict):
         raise _fail(where, "an edit must be a table")
-    known = {"file", "kind", "old", "new", "op", "callee", "function", "drop"}
+    known = {"file", "kind", "old", "new", "op", "callee", "function", "drop", "all"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise _fail(where, f"unknown edit field(s) {unknown}")
@@ -139,7 +165,10 @@ def _edit(table: Any, where: str) -> Edit:
             raise _fail(where, "`old` must be a non-empty string")
         if not isinstance(new, str) or new == old:
             raise _fail(where, "`new` must be a string different from `old`")
-        return Edit(file=file, kind=kind, old=old, new=new)
+        every = table.get("all", False)
+        if not isinstance(every, bool):
+            raise _fail(where, f"`all` must be a boolean, got {every!r}")
+        return Edit(file=file, kind=kind, old=old, new=new, all=every)
     if kind == "ast":
         op = _str(table, "op", where)
         if op not in AST_OPS:
@@ -172,6 +201,7 @@ def _mutant(table: Any, index: int) -> Mutant:
         "kill",
         "requires",
         "not_applicable_reason",
+        "covers",
     }
     unknown = sorted(set(table) - known)
     if unknown:
@@ -206,7 +236,13 @@ def _mutant(table: Any, index: int) -> Mutant:
         raise _fail(where, "`not_applicable_reason` must be a string")
     if requires and not reason:
         raise _fail(where, "`requires` needs a `not_applicable_reason`")
-    return Mutant(mid, klass, tier, description, edits, kill, requires, reason)
+    if not edits and not reason:
+        raise _fail(where, "a mutant without a rewrite needs a `not_applicable_reason`")
+    covers = _str_list(table, "covers", where)
+    unknown = sorted(set(covers) - set(ISSUE_CLASSES))
+    if unknown:
+        raise _fail(where, f"unknown `covers` tag(s) {unknown}; known: {sorted(ISSUE_CLASSES)}")
+    return Mutant(mid, klass, tier, description, edits, kill, requires, reason, covers)
 
 
 def load_catalogue(path: str | Path | None = None) -> tuple[Mutant, ...]:
@@ -235,10 +271,13 @@ def load_catalogue(path: str | Path | None = None) -> tuple[Mutant, ...]:
 
 def _patch(text: str, edit: Edit) -> str:
     count = text.count(edit.old)
-    if count != 1:
+    if count != 1 and not (edit.all and count >= 1):
         first = edit.old.strip().splitlines()[0][:60]
-        raise StaleMutant(f"{edit.file}: patch text {first!r}... found {count} times (expected 1)")
-    return text.replace(edit.old, edit.new, 1)
+        want = "at least 1" if edit.all else "1"
+        raise StaleMutant(
+            f"{edit.file}: patch text {first!r}... found {count} times (expected {want})"
+        )
+    return text.replace(edit.old, edit.new)
 
 
 def _callee_name(node: ast.Call) -> str | None:

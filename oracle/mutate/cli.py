@@ -5,15 +5,18 @@ Layout
 * :func:`build_parser` / :func:`main` (``argv -> exit code``). ``--tier`` selects the mutants
   (default ``cpu``); GPU mutants run only where CUDA is present, else they are reported
   "not-applicable" after checking that their rewrite still applies. ``--only`` takes mutant ids;
-  ``--jobs`` the parallelism (default the core count); ``--no-baseline`` skips the unmutated run of
-  the kill tests; ``--isolation subprocess`` starts a fresh Python per kill command instead of
-  forking from the preloaded server; ``--catalogue`` another catalogue file; ``--list`` prints the
-  catalogue.
-* Output: a rich table (id, class, tier, status, killer, seconds), then the kill rate per tier; the
-  JSON report (``--json``) holds every result and the summary.
+  ``--jobs`` the parallelism (default the core count, at most 6 while GPU mutants share the GPU);
+  ``--timeout`` the limit per kill command; ``--no-baseline`` skips the unmutated run of the kill
+  tests; ``--isolation`` ``auto`` (default: CPU kill commands forked from the preloaded server,
+  GPU ones in fresh processes), ``fork`` or ``subprocess``; ``--catalogue`` another catalogue
+  file; ``--list`` prints the catalogue; ``--from-json FILE`` re-renders a saved report.
+* Output: a rich table (id, class, tier, status, killer or reason, seconds), then per tier the kill
+  rate (killed / runnable), the survivors with the kill command that should have killed them, the
+  baseline failures and the not-applicable mutants with their reasons. The JSON report
+  (``--json``) holds every result (with its time), the per-tier summary and those lists.
 
-Exit code: 0 when no selected mutant survived, went stale or errored; 1 otherwise; 2 for a usage
-error (unknown id, bad option).
+Exit code: 0 when no selected mutant survived, went stale, errored or had a failing baseline;
+1 otherwise; 2 for a usage error (unknown id, bad option).
 """
 
 from __future__ import annotations
@@ -25,15 +28,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oracle.mutate.catalogue import load_catalogue
-from oracle.mutate.runner import gate_passed, run_catalogue, summarize
+from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
-__all__ = ["build_parser", "main", "select"]
+__all__ = ["build_parser", "main", "report_lines", "select"]
 
 _STYLE = {
     "killed": "green",
     "survived": "bold red",
     "stale": "bold red",
     "error": "bold red",
+    "baseline-failed": "bold red",
     "not-applicable": "yellow",
 }
 
@@ -45,17 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--only", metavar="IDS", help="comma-separated mutant ids")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel mutants (default: cores)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="parallel mutants (default: cores, 6 on a GPU)"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per kill command")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
     parser.add_argument(
         "--isolation",
-        choices=("fork", "subprocess"),
-        default="fork",
-        help="fork kill commands from a preloaded server (default) or start fresh processes",
+        choices=("auto", "fork", "subprocess"),
+        default="auto",
+        help="auto (default): fork CPU kill commands from a preloaded server, start GPU ones "
+        "as fresh processes; fork or subprocess: one way for all",
     )
     parser.add_argument("--catalogue", metavar="TOML", help="another catalogue file")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    parser.add_argument("--from-json", metavar="FILE", help="re-render a saved JSON report")
     parser.add_argument("-q", "--quiet", action="store_true", help="summary lines only")
     return parser
 
@@ -102,16 +110,69 @@ def _rate_lines(summary: dict) -> list[str]:
     for tier in sorted(summary):
         c = summary[tier]
         rate = "n/a" if c["kill_rate"] is None else f"{100 * c['kill_rate']:.1f}%"
+        runnable = c.get("runnable", c["killed"] + c["survived"])
         lines.append(
-            f"tier {tier}: kill rate {rate} ({c['killed']} killed, {c['survived']} survived, "
-            f"{c['not-applicable']} not-applicable, {c['stale']} stale, {c['error']} error)"
+            f"tier {tier}: kill rate {rate} ({c['killed']}/{runnable} runnable killed; "
+            f"{c['survived']} survived, {c['not-applicable']} not-applicable, {c['stale']} stale, "
+            f"{c['error']} error, {c.get('baseline-failed', 0)} baseline-failed; "
+            f"{c.get('seconds', 0.0):.1f}s)"
         )
     return lines
+
+
+def report_lines(results: list[dict]) -> list[str]:
+    """Lines under the rates: survivors, baseline failures, not-applicable (from JSON rows)."""
+    lines = []
+    for r in results:
+        if r["status"] == "survived":
+            where = f"{r['id']} ({r['class']}, {r['tier']})"
+            lines.append(f"SURVIVOR {where}: not killed by {r['kill']}")
+        elif r["status"] == "baseline-failed":
+            lines.append(f"BASELINE FAILED {r['id']} ({r['tier']}): {r['reason']}")
+    for r in results:
+        if r["status"] == "not-applicable":
+            lines.append(f"not-applicable {r['id']} ({r['tier']}): {r['reason']}")
+    return lines
+
+
+def _report(args, results, summary, gpu) -> dict:
+    rows = [r.to_json() for r in results]
+    return {
+        "tier": args.tier,
+        "gpu": gpu,
+        "passed": gate_passed(results),
+        "summary": summary,
+        "survivors": [
+            {"id": r["id"], "tier": r["tier"], "kill": r["kill"]}
+            for r in rows
+            if r["status"] == "survived"
+        ],
+        "not_applicable": [
+            {"id": r["id"], "tier": r["tier"], "reason": r["reason"]}
+            for r in rows
+            if r["status"] == "not-applicable"
+        ],
+        "results": rows,
+    }
+
+
+def _render_saved(path: str) -> int:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    for line in _rate_lines(data["summary"]):
+        print(line)
+    for line in report_lines(data["results"]):
+        print(line)
+    for r in data["results"]:
+        print(f"{r['id']:42s} {r['tier']:4s} {r['status']:15s} {r['seconds']:7.1f}s "
+              f"{r['killer'] or r['reason']}")  # fmt: skip
+    return 0 if data.get("passed") else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.from_json:
+        return _render_saved(args.from_json)
     try:
         mutants = load_catalogue(args.catalogue)
         chosen = select(mutants, args.tier, args.only)
@@ -121,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.id:40s} {m.klass:4s} {m.tier:4s} {m.kill.describe()}")
         return 0
-    gpu = _cuda()
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs: expected a positive int, got {args.jobs}")
+    gpu = _cuda() if any(m.tier == "gpu" for m in chosen) else False
     results = run_catalogue(
         chosen,
         gpu=gpu,
@@ -131,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
     )
     summary = summarize(results)
+    report = _report(args, results, summary, gpu)
     if not args.quiet:
         from rich.console import Console
 
@@ -140,17 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_table(results, summary, console)
     for line in _rate_lines(summary):
         print(line)
-    failing = [r for r in results if r.status in ("survived", "stale", "error")]
-    for r in failing:
-        print(f"FAIL {r.id}: {r.status}: {r.reason or r.kill}")
+    for line in report_lines(report["results"]):
+        if not (args.quiet and line.startswith("not-applicable")):
+            print(line)
+    for r in results:
+        if r.status in FAILING_STATUSES:
+            print(f"FAIL {r.id}: {r.status}: {r.reason or r.kill}")
     if args.json:
-        report = {
-            "tier": args.tier,
-            "gpu": gpu,
-            "passed": gate_passed(results),
-            "summary": summary,
-            "results": [r.to_json() for r in results],
-        }
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

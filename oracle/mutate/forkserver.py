@@ -18,8 +18,12 @@ Layout
 Invariants
 ----------
 * A child first drops every already-imported project module (``reference``, ``b12x``,
-  ``oracle``, ``tests``, ``conftest``) and this script's directory from ``sys.path``, so the copy
-  at ROOT is what the kill command imports. The server itself runs no torch op before forking.
+  ``oracle``, ``tests``, ``conftest``), this script's directory and every other project checkout
+  (a path holding ``b12x/__init__.py``, e.g. the original root a device's ``env.sh`` exports)
+  from ``sys.path`` and ``PYTHONPATH``, and puts ROOT first on both, so the copy at ROOT is what
+  the kill command imports; other entries (a carried CuTe DSL) stay. The server itself runs no
+  torch op before forking and never initialises CUDA: GPU kill commands are not forked
+  (:class:`~oracle.mutate.runner.SubprocessExecutor` runs them).
 """
 
 from __future__ import annotations
@@ -65,13 +69,26 @@ def _purge_project_modules() -> None:
             del sys.modules[name]
 
 
+def _is_checkout(entry: str) -> bool:
+    """A path entry that is a checkout of the project (or the cwd): never ahead of the copy."""
+    if not entry or entry == ".":
+        return True
+    try:
+        return os.path.isfile(os.path.join(entry, "b12x", "__init__.py"))
+    except OSError:
+        return False
+
+
 def _child(request: dict) -> int:
     root = request["cwd"]
     os.chdir(root)
-    sys.path[:] = [root] + [p for p in sys.path if p not in ("", _HERE, root)]
+    keep = [p for p in sys.path if p not in (_HERE, root) and not _is_checkout(p)]
+    sys.path[:] = [root, *keep]
     _purge_project_modules()
     importlib.invalidate_caches()
-    os.environ["PYTHONPATH"] = root
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    foreign = [p for p in dict.fromkeys(inherited) if p != root and not _is_checkout(p)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *foreign])
     fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

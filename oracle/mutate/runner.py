@@ -7,17 +7,24 @@ Layout
   sources keep their mtimes, so unchanged modules need no recompiling), and the cached bytecode
   of every file a mutant edits is deleted.
 * :func:`child_env` / :func:`probe_imports`: kill commands run with the copy as working directory
-  and as the only ``PYTHONPATH`` entry, ahead of the editable install's path hook, so the copy is
-  what gets imported (``probe_imports`` reports the imported files; a test checks them).
+  and as the FIRST ``PYTHONPATH`` entry; other entries (a carried CuTe DSL, say) are kept, but any
+  entry that is itself a project checkout (holds ``b12x/__init__.py``, e.g. the original root that
+  a device's ``env.sh`` puts on the path) is dropped, so the copy is what gets imported, ahead of
+  the editable install's path hook too (``probe_imports`` reports the imported files; tests check
+  them, with the original root on ``PYTHONPATH``).
 * :func:`run_mutant` → :class:`MutantResult`: ``not-applicable`` when a required path is missing
   (with the catalogue's reason) or for a GPU mutant without a GPU (after checking the rewrite still
   applies), ``stale`` when a rewrite or a kill node id no longer matches, ``killed`` with the first
   failing test / oracle check as ``killer``, ``survived``, or ``error`` (timeout, crash).
-* :func:`run_baseline` runs the union of the kill commands once on an unmutated copy: a kill test
-  that already fails there cannot prove anything, and its mutants become ``error``.
+* :func:`run_baseline` runs the union of the kill commands once on an unmutated copy (in parallel
+  with the mutants): a kill test that already fails there cannot prove anything, and its mutants
+  become ``baseline-failed`` (never counted as killed).
 * :func:`run_catalogue` runs mutants in parallel (threads driving subprocesses, up to ``jobs``,
-  default the core count) and returns results in catalogue order; :func:`summarize` gives counts
-  and the kill rate per tier (killed / (killed + survived)); :func:`gate_passed` is the verdict.
+  default the core count, at most :data:`GPU_JOBS` when GPU mutants run on the one GPU) and
+  returns results in catalogue order. ``isolation="auto"`` forks CPU kill commands from the
+  preloaded server and starts GPU kill commands as fresh processes (CUDA must not be initialised
+  in a forked child's parent). :func:`summarize` gives counts and the kill rate per tier
+  (killed / (killed + survived)); :func:`gate_passed` is the verdict.
 
 Invariants
 ----------
@@ -53,10 +60,16 @@ __all__ = [
     "Completed",
     "ForkExecutor",
     "SubprocessExecutor",
+    "GPU_JOBS",
     "child_env",
+    "child_pythonpath",
     "copy_project",
+    "default_jobs",
+    "foreign_path_entries",
+    "is_project_checkout",
     "make_executor",
     "gate_passed",
+    "probe",
     "probe_imports",
     "project_root",
     "run_baseline",
@@ -74,8 +87,10 @@ COPIED_PATHS = (
     "pyproject.toml",
     "conftest.py",
 )
-STATUSES = ("killed", "survived", "not-applicable", "stale", "error")
-FAILING_STATUSES = frozenset({"survived", "stale", "error"})
+STATUSES = ("killed", "survived", "not-applicable", "stale", "error", "baseline-failed")
+FAILING_STATUSES = frozenset({"survived", "stale", "error", "baseline-failed"})
+#: Default parallelism when GPU mutants run: kill commands compile on the CPU and share one GPU.
+GPU_JOBS = 6
 _IGNORED = shutil.ignore_patterns(".hypothesis", ".pytest_cache", "results", "*.ptx")
 _FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
 _NOT_FOUND = re.compile(r"ERROR: (?:file or directory )?not found: (\S+)")
@@ -127,18 +142,40 @@ def _drop_bytecode(root: Path, files: Iterable[str]) -> None:
             cached.unlink()
 
 
+def is_project_checkout(entry: str) -> bool:
+    """True for a path entry that is a checkout of this project (holds ``b12x/__init__.py``)."""
+    if not entry or entry == ".":
+        return True  # the working directory: a kill command's cwd is the copy itself
+    try:
+        return (Path(entry) / "b12x" / "__init__.py").is_file()
+    except OSError:
+        return False
+
+
+def foreign_path_entries(pythonpath: str | None) -> list[str]:
+    """The entries of ``pythonpath`` that are not project checkouts (a carried DSL, wheels)."""
+    entries = (pythonpath or "").split(os.pathsep)
+    return [e for e in dict.fromkeys(entries) if not is_project_checkout(e)]
+
+
+def child_pythonpath(root: str | Path, inherited: str | None) -> str:
+    """``PYTHONPATH`` of a kill command: the copy first, then the non-project inherited entries."""
+    return os.pathsep.join([str(root), *foreign_path_entries(inherited)])
+
+
 def child_env(root: str | Path) -> dict[str, str]:
     """The environment of a kill command: the copy first on the path, no enclosing pytest."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env["PYTHONPATH"] = str(root)
+    env["PYTHONPATH"] = child_pythonpath(root, os.environ.get("PYTHONPATH"))
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
     return env
 
 
-def probe_imports(root: str | Path, execute=None) -> dict[str, str]:
-    """Where ``reference``, ``b12x``, ``oracle`` and ``oracle.mutate`` are imported from when a
-    kill command runs in the copy at ``root`` (through ``execute``, default a subprocess)."""
+def probe(root: str | Path, execute=None) -> dict:
+    """What a kill command in the copy at ``root`` sees (through ``execute``, default a
+    subprocess): ``modules`` (where ``reference``, ``b12x``, ``oracle``, ``oracle.mutate`` were
+    imported from), ``sys_path`` and ``pythonpath``."""
     execute = SubprocessExecutor() if execute is None else execute
     proc = execute("module", ["oracle.mutate.probe"], Path(root), 120.0)
     if proc.returncode != 0:
@@ -146,6 +183,12 @@ def probe_imports(root: str | Path, execute=None) -> dict[str, str]:
             f"probe failed (rc={proc.returncode}): {_tail(proc.stdout + proc.stderr)}"
         )
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def probe_imports(root: str | Path, execute=None) -> dict[str, str]:
+    """Where ``reference``, ``b12x``, ``oracle`` and ``oracle.mutate`` are imported from when a
+    kill command runs in the copy at ``root`` (see :func:`probe`)."""
+    return probe(root, execute)["modules"]
 
 
 def _pytest_args(node_ids: Sequence[str], *, stop_first: bool) -> list[str]:
@@ -191,7 +234,11 @@ class ForkExecutor:
     def __init__(self, python: str = sys.executable) -> None:
         server = Path(__file__).resolve().parent / "forkserver.py"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-        env.pop("PYTHONPATH", None)
+        # Keep what the kill commands need besides the project (a carried CuTe DSL); drop any
+        # project checkout, so the server itself can import nothing of the project.
+        foreign = foreign_path_entries(env.pop("PYTHONPATH", None))
+        if foreign:
+            env["PYTHONPATH"] = os.pathsep.join(foreign)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
         self._proc = subprocess.Popen(
             [python, str(server)],
@@ -250,7 +297,7 @@ class ForkExecutor:
 
 
 def make_executor(isolation: str = "fork", python: str = sys.executable):
-    """``"fork"`` (default where ``os.fork`` exists) or ``"subprocess"``."""
+    """``"fork"`` (where ``os.fork`` exists; else a subprocess executor) or ``"subprocess"``."""
     if isolation not in ("fork", "subprocess"):
         raise ValueError(f"isolation: expected 'fork' or 'subprocess', got {isolation!r}")
     if isolation == "fork" and hasattr(os, "fork"):
@@ -380,7 +427,8 @@ def run_baseline(
     """Run every distinct kill test of ``mutants`` once on an unmutated copy.
 
     Returns ``{mutant id: reason}`` for mutants whose kill command already fails (or does not
-    resolve) there; such a kill proves nothing, so those mutants must not count as killed."""
+    resolve, or times out) there; such a kill proves nothing, so those mutants must not count as
+    killed."""
     src = project_root() if src is None else Path(src)
     execute = SubprocessExecutor() if execute is None else execute
     node_ids = list(dict.fromkeys(n for m in mutants for n in m.kill.pytest))
@@ -389,7 +437,10 @@ def run_baseline(
     with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
         root = copy_project(src, Path(tmp) / "project")
         if node_ids:
-            proc = execute("pytest", _pytest_args(node_ids, stop_first=False), root, timeout)
+            try:
+                proc = execute("pytest", _pytest_args(node_ids, stop_first=False), root, timeout)
+            except subprocess.TimeoutExpired:
+                proc = Completed(-1, f"baseline timed out after {timeout:.0f}s")
             out = proc.stdout + proc.stderr
             broken = {n for _, n in _FAILED_LINE.findall(out)} | set(_NOT_FOUND.findall(out))
             if proc.returncode not in (0, 1) and not broken:
@@ -399,11 +450,23 @@ def run_baseline(
                 if hit:
                     bad[m.id] = f"kill test(s) fail on the unmutated project: {', '.join(hit)}"
         for family in families:
-            if execute("module", _oracle_args(family), root, timeout).returncode != 0:
+            try:
+                rc = execute("module", _oracle_args(family), root, timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = -1
+            if rc != 0:
                 for m in mutants:
                     if family in m.kill.oracle:
                         bad.setdefault(m.id, f"oracle family {family} fails unmutated")
     return bad
+
+
+def default_jobs(mutants: Sequence[Mutant], gpu: bool) -> int:
+    """The core count; at most :data:`GPU_JOBS` when GPU kill commands share the one GPU."""
+    cores = os.cpu_count() or 1
+    if gpu and any(m.tier == "gpu" and m.edits for m in mutants):
+        return max(1, min(cores, GPU_JOBS))
+    return cores
 
 
 def run_catalogue(
@@ -413,57 +476,89 @@ def run_catalogue(
     gpu: bool = False,
     jobs: int | None = None,
     baseline: bool = True,
-    isolation: str = "fork",
+    isolation: str = "auto",
     execute=None,
     timeout: float = 300.0,
     on_result: Callable[[MutantResult], None] | None = None,
 ) -> list[MutantResult]:
-    """Run ``mutants`` (in parallel up to ``jobs``, default the core count), catalogue order.
+    """Run ``mutants`` (in parallel up to ``jobs``, default :func:`default_jobs`), catalogue order.
 
-    ``execute`` reuses a caller's executor (left open); otherwise one is made for ``isolation``
-    and closed at the end."""
+    The baseline (unmutated) runs of the kill commands go first in the same pool, one per
+    executor; a mutant whose kill command fails there is ``baseline-failed``, never killed.
+    ``execute`` reuses a caller's executor for every kill command (left open); otherwise
+    ``isolation`` picks: ``"fork"``, ``"subprocess"``, or ``"auto"`` (fork for CPU mutants, fresh
+    processes for GPU mutants on a GPU), and the executors made here are closed at the end."""
+    if isolation not in ("auto", "fork", "subprocess"):
+        raise ValueError(f"isolation: expected 'auto', 'fork' or 'subprocess', got {isolation!r}")
     if jobs is None:
-        jobs = os.cpu_count() or 1
+        jobs = default_jobs(mutants, gpu)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: expected a positive int, got {jobs!r}")
-    owned = execute is None
-    execute = make_executor(isolation) if owned else execute
+    owned: dict[str, object] = {}
+
+    def executor_for(m: Mutant):
+        if execute is not None:
+            return execute
+        kind = isolation
+        if kind == "auto":
+            kind = "subprocess" if (gpu and m.tier == "gpu") else "fork"
+        if kind not in owned:
+            owned[kind] = make_executor(kind)
+        return owned[kind]
+
+    runnable = [m for m in mutants if _runnable(m, gpu)]
+    groups: dict[int, tuple[object, list[Mutant]]] = {}
+    for m in runnable:
+        ex = executor_for(m)
+        groups.setdefault(id(ex), (ex, []))[1].append(m)
+    bad: dict[str, str] = {}
     try:
-        bad = {}
-        if baseline:
-            runnable = [m for m in mutants if _runnable(m, gpu)]
-            bad = run_baseline(runnable, src=src, execute=execute)
-        results: dict[str, MutantResult] = {}
-
-        def one(m: Mutant) -> MutantResult:
-            r = run_mutant(m, src=src, gpu=gpu, execute=execute, timeout=timeout)
-            if m.id in bad and r.status in ("killed", "survived"):
-                r = dataclasses.replace(r, status="error", killer="", reason=bad[m.id])
-            if on_result is not None:
-                on_result(r)
-            return r
-
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            for r in pool.map(one, mutants):
+            base = []
+            if baseline:
+                base = [
+                    pool.submit(run_baseline, ms, src=src, execute=ex, timeout=2 * timeout)
+                    for ex, ms in groups.values()
+                ]
+            pending = {
+                pool.submit(
+                    run_mutant, m, src=src, gpu=gpu, execute=executor_for(m), timeout=timeout
+                ): m
+                for m in mutants
+            }
+            results: dict[str, MutantResult] = {}
+            for future in base:
+                bad.update(future.result())
+            for future in concurrent.futures.as_completed(pending):
+                r = future.result()
+                if r.id in bad and r.status in ("killed", "survived"):
+                    why = bad[r.id]
+                    r = dataclasses.replace(r, status="baseline-failed", killer="", reason=why)
                 results[r.id] = r
+                if on_result is not None:
+                    on_result(r)
     finally:
-        if owned:
-            execute.close()
+        for ex in owned.values():
+            ex.close()
     return [results[m.id] for m in mutants]
 
 
 def summarize(results: Sequence[MutantResult]) -> dict[str, dict]:
-    """Per tier: count of each status and ``kill_rate`` = killed / (killed + survived)."""
+    """Per tier: the count of each status, ``runnable`` (every mutant that was not
+    not-applicable), ``kill_rate`` = killed / runnable (``None`` when nothing ran) and
+    ``seconds`` (the summed time of the tier's mutants)."""
     out: dict[str, dict] = {}
     for r in results:
-        tier = out.setdefault(r.tier, {s: 0 for s in STATUSES})
+        tier = out.setdefault(r.tier, {s: 0 for s in STATUSES} | {"seconds": 0.0})
         tier[r.status] += 1
+        tier["seconds"] = round(tier["seconds"] + r.seconds, 2)
     for counts in out.values():
-        judged = counts["killed"] + counts["survived"]
-        counts["kill_rate"] = None if judged == 0 else counts["killed"] / judged
+        runnable = sum(counts[s] for s in STATUSES if s != "not-applicable")
+        counts["runnable"] = runnable
+        counts["kill_rate"] = None if runnable == 0 else counts["killed"] / runnable
     return out
 
 
 def gate_passed(results: Sequence[MutantResult]) -> bool:
-    """True iff no result is survived, stale or error."""
+    """True iff no result is survived, stale, error or baseline-failed."""
     return not any(r.status in FAILING_STATUSES for r in results)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -29,7 +30,17 @@ from oracle.mutate import (
 from oracle.mutate.catalogue import apply_edit
 from oracle.mutate.cli import main as mutate_main
 from oracle.mutate.cli import select
-from oracle.mutate.runner import MutantResult, SubprocessExecutor, probe_imports, project_root
+from oracle.mutate.runner import (
+    MutantResult,
+    SubprocessExecutor,
+    child_pythonpath,
+    foreign_path_entries,
+    make_executor,
+    probe,
+    probe_imports,
+    project_root,
+    run_catalogue,
+)
 
 REQUIRED_CLASSES = {"R1", "R2", "R3", "R4", "R5", "R6", "R7", "R8", "R9", "R11", "R13", "R14"}
 REQUIRED_IDS = {
@@ -346,3 +357,123 @@ def test_cli_exits_1_on_a_survivor_and_on_a_stale_mutant(tmp_path, capsys):
         "harmless": "survived",
         "rotten": "stale",
     }
+
+
+# ------------------------------------------------------------------------ patches over every copy
+
+
+def test_patch_with_all_rewrites_every_occurrence_and_is_stale_without_one(tmp_path):
+    (tmp_path / "m.py").write_text("if ok:\n    a = 1\nif ok:\n    b = 2\n")
+    apply_edit(tmp_path, Edit(file="m.py", old="if ok:\n", new="if True:\n", all=True))
+    assert (tmp_path / "m.py").read_text() == "if True:\n    a = 1\nif True:\n    b = 2\n"
+    with pytest.raises(StaleMutant, match="found 0 times \\(expected at least 1\\)"):
+        apply_edit(tmp_path, Edit(file="m.py", old="if ok:\n", new="x\n", all=True))
+
+
+def test_covers_tags_are_validated(tmp_path):
+    good = GOOD.replace('tier = "cpu"', 'tier = "cpu"\ncovers = ["allocation-in-run"]')
+    [m] = load_catalogue(_write(tmp_path, good))
+    assert m.covers == ("allocation-in-run",)
+    with pytest.raises(ValueError, match="unknown `covers` tag"):
+        load_catalogue(_write(tmp_path, good.replace("allocation-in-run", "nonsense")))
+    with pytest.raises(ValueError, match="`all` must be a boolean"):
+        load_catalogue(_write(tmp_path, GOOD.replace('new = "2"', 'new = "2"\nall = 1')))
+
+
+# ------------------------------------------------------------------------ the child's import path
+
+
+def test_child_pythonpath_puts_the_copy_first_and_drops_other_checkouts(tmp_path):
+    copy = tmp_path / "copy"
+    dsl = tmp_path / "dsl"
+    dsl.mkdir()
+    inherited = os.pathsep.join([str(project_root()), str(dsl), "", str(dsl)])
+    entries = child_pythonpath(copy, inherited).split(os.pathsep)
+    assert entries == [str(copy), str(dsl)]
+    assert foreign_path_entries(None) == []
+
+
+@pytest.mark.parametrize("isolation", ["subprocess", "fork"])
+def test_kill_commands_import_the_copy_with_the_original_root_on_pythonpath(
+    tmp_path, monkeypatch, isolation
+):
+    """The device's env.sh exports PYTHONPATH=<original root>:<carried DSL>; a kill command must
+    still import the copy, and keep the DSL entry."""
+    dsl = tmp_path / "dsl-site"
+    dsl.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(project_root()), str(dsl)]))
+    root = copy_project(project_root(), tmp_path / "copy")
+    execute = make_executor(isolation)
+    try:
+        seen = probe(root, execute)
+    finally:
+        execute.close()
+    for name, file in seen["modules"].items():
+        assert Path(file).resolve().is_relative_to(root.resolve()), (name, file)
+    assert Path(seen["sys_path"][0]).resolve() == root.resolve()
+    assert str(dsl) in seen["sys_path"]
+    assert str(project_root()) not in seen["sys_path"]
+    assert seen["pythonpath"].split(os.pathsep) == [str(root), str(dsl)]
+
+
+# ------------------------------------------------------------------------ baseline and isolation
+
+
+def test_a_failing_baseline_is_reported_not_counted_as_a_kill(tiny_project):
+    (tiny_project / "tests" / "test_calc.py").write_text(
+        "from b12x.calc import double\n\n\ndef test_double():\n    assert double(3) == 7\n"
+    )
+    breaks = Edit(file="b12x/calc.py", old="2 * x", new="3 * x")
+    mutant = _mutant([breaks], ["tests/test_calc.py::test_double"])
+    [result] = run_catalogue([mutant], src=tiny_project, jobs=1, isolation="subprocess")
+    assert result.status == "baseline-failed" and "unmutated" in result.reason
+    assert not gate_passed([result])
+    assert summarize([result])["cpu"]["kill_rate"] == 0.0
+
+
+def test_auto_isolation_starts_gpu_kill_commands_as_fresh_processes(tiny_project, monkeypatch):
+    from oracle.mutate import runner
+
+    made = []
+
+    def spy(kind="fork", python=None):
+        made.append(kind)
+        return SubprocessExecutor()
+
+    monkeypatch.setattr(runner, "make_executor", spy)
+    breaks = Edit(file="b12x/calc.py", old="2 * x", new="3 * x")
+    kill = ["tests/test_calc.py::test_double"]
+    mutants = [_mutant([breaks], kill, id="c"), _mutant([breaks], kill, id="g", tier="gpu")]
+    results = run_catalogue(mutants, src=tiny_project, gpu=True, jobs=2)
+    assert [(r.id, r.status) for r in results] == [("c", "killed"), ("g", "killed")]
+    assert sorted(made) == ["fork", "subprocess"]
+    assert runner.default_jobs(mutants, gpu=True) <= runner.GPU_JOBS
+    with pytest.raises(ValueError, match="isolation"):
+        run_catalogue(mutants, src=tiny_project, isolation="thread")
+
+
+def test_summary_counts_runnable_and_time():
+    rows = [
+        MutantResult("a", "R1", "gpu", "killed", seconds=2.0),
+        MutantResult("b", "R2", "gpu", "baseline-failed", seconds=1.0),
+        MutantResult("c", "R3", "gpu", "not-applicable"),
+    ]
+    gpu = summarize(rows)["gpu"]
+    assert (gpu["runnable"], gpu["kill_rate"], gpu["seconds"]) == (2, 0.5, 3.0)
+
+
+def test_cli_json_lists_survivors_and_renders_again(tmp_path, capsys):
+    catalogue = tmp_path / "rot.toml"
+    catalogue.write_text(ROT)
+    report = tmp_path / "mutate.json"
+    argv = ["--catalogue", str(catalogue), "--no-baseline", "--isolation", "subprocess"]
+    assert mutate_main([*argv, "-q", "--only", "harmless", "--json", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "SURVIVOR harmless (R7, cpu): not killed by tests/reference/test_routing.py" in out
+    data = json.loads(report.read_text())
+    assert data["survivors"] == [
+        {"id": "harmless", "tier": "cpu", "kill": data["results"][0]["kill"]}
+    ]
+    assert data["summary"]["cpu"]["runnable"] == 1
+    assert mutate_main(["--from-json", str(report)]) == 1
+    assert "tier cpu: kill rate 0.0%" in capsys.readouterr().out
