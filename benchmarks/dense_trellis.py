@@ -1,11 +1,18 @@
 """Benchmark: the dense trellis GEMM / linear against cuBLAS bf16 and the HBM copy bandwidth.
 
-For K × N = 8192 × 28672 at K-bits 2, 3, 4, 6 (MCG) and M = 1, 4, 16, 64, 256, 1024, 4096 it
-prints, per case: the trellis GEMM time (in-register decode, rotated activations in, fp16 out),
+For K × N = 8192 × 28672 at K-bits 2, 3, 4, 6 (MCG) and M = 1, 4, 16, 32, 48, 64, 256, 1024, 4096
+it prints, per case: the trellis GEMM time (in-register decode, rotated activations in, fp16 out),
 the full linear time (rotations + GEMM), the weight bytes moved per second as a fraction of the
 HBM copy bandwidth measured in the same run, and the ratio to cuBLAS bf16 on the dequantised
 weight (``x_bf16 @ W_bf16``) measured in the same run. Payloads are rotated over several copies
 so the working set exceeds the L2; timings are medians of CUDA-event samples.
+
+Per (bits, M) a ``dispatch`` line then puts the path the dense dispatch table picks on this
+device (:func:`b12x.dense.dispatch.explain`; the K6 and generic rows run the fused GEMM) next to
+the fused and decode+cuBLAS GEMM times, names the faster one and says whether the table agrees,
+so the decode_matmul threshold (``DECODE_MATMUL_MIN_M``) can be checked against the measurement.
+M = 32 and 48 sit between the last fused win (16) and the first decode+cuBLAS win (64) of the
+2026-12-02 H200 run.
 
 Usage: ``python benchmarks/dense_trellis.py [--m 1,4,16] [--bits 2,3,4,6] [--json out.json]``
 """
@@ -19,6 +26,7 @@ import torch
 from bench_timing import hbm_copy_bandwidth
 from bench_timing import median_us as _time_us
 
+from b12x.dense import dispatch
 from b12x.dense_linear import trellis_linear
 from b12x.kernels import host
 
@@ -30,8 +38,32 @@ def _copies(nbytes: int) -> int:
     return max(2, -(-3 * L2_BYTES // max(nbytes, 1)))
 
 
+def dispatch_path(m: int, bits: int, capability: tuple[int, int]) -> str:
+    """What the dense table picks for an MCG fp16 case: ``"fused"`` or ``"decode_matmul"``."""
+    case = {"capability": capability, "m": m, "bits": bits, "codebook": "mcg"}
+    picked = dispatch.explain(case).path
+    return "decode_matmul" if picked == "decode_matmul" else f"fused ({picked})"
+
+
+def dispatch_line(bits: int, m: int, picked: str, times: dict[str, float]) -> str:
+    """One table line: the dispatch pick next to the fused and decode+cuBLAS GEMM times."""
+    fused, decoded = times.get("fused"), times.get("decode_matmul")
+    text = f"K{bits} M={m:5d} dispatch -> {picked:22s}"
+    text += f" fused {fused:9.1f} us" if fused is not None else " fused         - "
+    text += f"  decode+cuBLAS {decoded:9.1f} us" if decoded is not None else ""
+    if fused is not None and decoded is not None:
+        faster = "fused" if fused <= decoded else "decode_matmul"
+        verdict = "agrees" if picked.split()[0] == faster else "DISAGREES"
+        text += f"  faster: {faster} ({max(fused, decoded) / min(fused, decoded):.2f}x) {verdict}"
+    return text
+
+
+SWEEP_TILES = {"small": ((1, 2), (1, 4)), "large": ((2, 2), (2, 4), (4, 1), (4, 2))}
+
+
 def sweep(ms, bit_list) -> None:
-    """Time the decode kernel, and the fused GEMM over unroll factors and split counts."""
+    """Time the decode kernel, and the fused GEMM over tiles, load depth and split counts; print
+    the fastest configuration per (bits, M) next to the one the host heuristics pick."""
     for bits in bit_list:
         payloads = [
             torch.randint(
@@ -47,31 +79,39 @@ def sweep(ms, bit_list) -> None:
         )
         for m in ms:
             x = torch.randn(m, K, device="cuda").to(torch.float16)
-            m_tiles, n_tiles = host.choose_tiles(m, N)
-            for unroll in (1, 2, 4):
-                for split in (None, 8, 16, 24):
-                    us = _time_us(
-                        lambda i, x=x, u=unroll, s=split, ps=payloads, t=(m_tiles, n_tiles): (
-                            host.trellis_matmul(
-                                x,
-                                ps[i % len(ps)],
-                                "mcg",
-                                tiles=t,
-                                unroll=u,
-                                split_k=s,
+            default = _time_us(
+                lambda i, x=x, ps=payloads: host.trellis_matmul(x, ps[i % len(ps)], "mcg")
+            )
+            results = []
+            for tiles in SWEEP_TILES["small" if m <= 16 else "large"]:
+                for depth in (1, 2, 4):
+                    for split in (None, 4, 8, 16):
+                        try:
+                            us = _time_us(
+                                lambda i, x=x, t=tiles, d=depth, s=split, ps=payloads: (
+                                    host.trellis_matmul(
+                                        x, ps[i % len(ps)], "mcg", tiles=t, depth=d, split_k=s
+                                    )
+                                )
                             )
-                        )
-                    )
-                    print(
-                        f"sweep K{bits} M={m} unroll={unroll} split={split}: {us:.1f} us",
-                        flush=True,
-                    )
+                        except (
+                            Exception
+                        ) as exc:  # a spec that does not build is reported, not fatal
+                            print(f"sweep K{bits} M={m} tiles={tiles} depth={depth}: {exc}")
+                            break
+                        results.append((us, tiles, depth, split))
+            best = min(results)
+            print(
+                f"sweep K{bits} M={m}: heuristic {default:.1f} us; best {best[0]:.1f} us at "
+                f"tiles={best[1]} depth={best[2]} split={best[3]}",
+                flush=True,
+            )
         del payloads
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--m", default="1,4,16,64,256,1024,4096")
+    parser.add_argument("--m", default="1,4,16,32,48,64,256,1024,4096")
     parser.add_argument("--bits", default="2,3,4,6")
     parser.add_argument("--json", default=None)
     parser.add_argument("--paths", default="fused,decode_matmul")
@@ -85,10 +125,13 @@ def main() -> None:
     paths = args.paths.split(",")
     torch.manual_seed(0)
     bw = hbm_copy_bandwidth()
-    print(f"HBM copy bandwidth: {bw / 1e12:.2f} TB/s  (K={K}, N={N})")
+    capability = torch.cuda.get_device_capability()
+    print(f"HBM copy bandwidth: {bw / 1e12:.2f} TB/s  (K={K}, N={N}, capability {capability})")
+    print(f"dispatch: decode_matmul for M >= {dispatch.DECODE_MATMUL_MIN_M} (off the K6 row)")
 
     w_bf16 = [torch.randn(K, N, device="cuda").to(torch.bfloat16) for _ in range(2)]
     rows = []
+    summary = []
     cublas = {}
     for m in ms:
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
@@ -105,6 +148,8 @@ def main() -> None:
         ]
         for m in ms:
             x16 = torch.randn(m, K, device="cuda").to(torch.float16)
+            picked = dispatch_path(m, bits, capability)
+            times = {}
             for path in paths:
                 if path == "fused":
                     gemm = _time_us(
@@ -121,10 +166,12 @@ def main() -> None:
                         x, ps[i % len(ps)], suh, svh, codebook="mcg", path=p
                     )
                 )
+                times[path] = gemm
                 row = {
                     "bits": bits,
                     "m": m,
                     "path": path,
+                    "dispatch": picked,
                     "gemm_us": gemm,
                     "linear_us": full,
                     "cublas_bf16_us": cublas[m],
@@ -139,8 +186,13 @@ def main() -> None:
                     f"{row['ratio_linear']:.3f}  weight BW {100 * row['weight_bw_frac']:.1f}%",
                     flush=True,
                 )
+            summary.append(dispatch_line(bits, m, picked, times))
+            print(summary[-1], flush=True)
         del payloads
         torch.cuda.empty_cache()
+    print("\ndispatch vs measurement (GEMM times):")
+    for line in summary:
+        print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"hbm_copy_Bps": bw, "rows": rows}, fh, indent=1)

@@ -1,28 +1,79 @@
 #!/usr/bin/env bash
-# One GPU session on the lent H200, batched: the GPU-marked tests, a bounded slice of the oracle's
-# differential grid, and the benchmarks. Every log lands under $OUT (the device tool's output dir).
+# One GPU session on the lent H200, batched into phases: the GPU-marked tests, a bounded slice of
+# the oracle's differential grid, the dense and MoE benchmarks, compute-sanitizer and the
+# GPU-tier mutation gate. Every log lands under $OUT (the device tool's output dir) and every
+# phase adds "phase <name>: rc=<rc> <wall>s of <budget>s" plus a few result lines to
+# $OUT/summary.txt. Phases are independent: one failing or timing out never stops the next.
 #   usage (device tool, carry [".device"]):  source .device/env.sh && bash scripts/gpu_tier.sh
-# Budgets (seconds) can be set with TESTS_S, GRID_S, BENCH_S; each phase is cut at its budget.
+# Budgets (seconds; each phase is cut at its budget; the defaults add up to 570 s, inside the
+# device's 600 s per call):
+#   TESTS_S=240 GRID_S=60 BENCH_S=55 MOE_BENCH_S=60 SANITIZE_S=70 MUTATE_S=85
+# Switches (1 = run, 0 = skip): TESTS, GRID, BENCH, MOE_BENCH, SANITIZE, MUTATE (all default 1).
+# Others: WORKERS (xdist workers, default 8), GRID_FILTER, GRID_CASES, MOE_M (default
+# 1,8,64,512,4096), SANITIZE_TOOLS (default "memcheck racecheck").
 set -u
 OUT="${OUT:-./results/gpu}"
 mkdir -p "$OUT"
-TESTS_S="${TESTS_S:-300}"; GRID_S="${GRID_S:-120}"; BENCH_S="${BENCH_S:-120}"
+TESTS_S="${TESTS_S:-240}"; GRID_S="${GRID_S:-60}"; BENCH_S="${BENCH_S:-55}"
+MOE_BENCH_S="${MOE_BENCH_S:-60}"; SANITIZE_S="${SANITIZE_S:-70}"; MUTATE_S="${MUTATE_S:-85}"
+summary="$OUT/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
-workers="${WORKERS:-8}"   # compiles are CPU-bound; all workers share the one GPU
-timeout "$TESTS_S" python3 -m pytest tests -m "gpu and not multi_gpu" -n "$workers" -q \
-  -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE \
-  > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?" | tee -a "$OUT/summary.txt"
-tail -n 40 "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$OUT/summary.txt"
-grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -n 60 | tee -a "$OUT/summary.txt"
-timeout "$GRID_S" python3 -m oracle run --tier gpu --filter "${GRID_FILTER:-m<=129}" \
-  --max-cases "${GRID_CASES:-400}" -q --json "$OUT/oracle_grid.json" --results "$OUT/cases" \
-  > "$OUT/oracle_grid.log" 2>&1
-echo "oracle grid rc=$?" | tee -a "$OUT/summary.txt"
-tail -n 5 "$OUT/oracle_grid.log" | tee -a "$OUT/summary.txt"
-if [ "${BENCH:-1}" = 1 ]; then
-  timeout "$BENCH_S" python3 benchmarks/dense_trellis.py --json "$OUT/dense_bench.json" \
-    > "$OUT/dense_bench.log" 2>&1
-  echo "dense bench rc=$?" | tee -a "$OUT/summary.txt"
-  tail -n 45 "$OUT/dense_bench.log" | tee -a "$OUT/summary.txt"
+total_start=$SECONDS
+
+# phase NAME BUDGET LOG CMD...: run CMD under `timeout BUDGET` with stdout+stderr in LOG, then
+# record its exit status and wall time (rc 124: cut at the budget).
+phase() {
+  local name="$1" budget="$2" log="$3" start=$SECONDS rc
+  shift 3
+  timeout "$budget" "$@" > "$log" 2>&1
+  rc=$?
+  local note=""
+  [ "$rc" = 124 ] && note=" (timed out)"
+  echo "phase $name: rc=$rc $((SECONDS - start))s of ${budget}s$note" | tee -a "$summary"
+  return 0
+}
+
+if [ "${TESTS:-1}" = 1 ]; then
+  workers="${WORKERS:-8}"   # compiles are CPU-bound; all workers share the one GPU
+  phase gpu_tests "$TESTS_S" "$OUT/gpu_tests.log" \
+    python3 -m pytest tests -m "gpu and not multi_gpu" -n "$workers" -q \
+    -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE
+  tail -n 40 "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$summary"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -n 60 | tee -a "$summary"
 fi
+
+if [ "${GRID:-1}" = 1 ]; then
+  phase oracle_grid "$GRID_S" "$OUT/oracle_grid.log" \
+    python3 -m oracle run --tier gpu --filter "${GRID_FILTER:-m<=129}" \
+    --max-cases "${GRID_CASES:-400}" -q --json "$OUT/oracle_grid.json" --results "$OUT/cases"
+  tail -n 5 "$OUT/oracle_grid.log" | tee -a "$summary"
+fi
+
+if [ "${BENCH:-1}" = 1 ]; then
+  phase dense_bench "$BENCH_S" "$OUT/dense_bench.log" \
+    python3 benchmarks/dense_trellis.py --json "$OUT/dense_bench.json"
+  tail -n 45 "$OUT/dense_bench.log" | tee -a "$summary"
+fi
+
+if [ "${MOE_BENCH:-1}" = 1 ]; then
+  # GLM-like defaults of the script: H 5120, I 1536, 128 experts, top-8, MCG K4, packed FC1
+  phase moe_bench "$MOE_BENCH_S" "$OUT/moe_bench.log" \
+    python3 benchmarks/moe_trellis.py --m "${MOE_M:-1,8,64,512,4096}" --json "$OUT/moe_bench.json"
+  grep -E "^(HBM|M=)|Error|error" "$OUT/moe_bench.log" | tail -n 12 | tee -a "$summary"
+fi
+
+if [ "${SANITIZE:-1}" = 1 ]; then
+  # the tools run concurrently inside; each gets the phase budget minus a margin for the summary
+  phase sanitize "$SANITIZE_S" "$OUT/sanitize.log" \
+    env OUT="$OUT" TOOLS="${SANITIZE_TOOLS:-memcheck racecheck}" \
+    TOOL_S="$((SANITIZE_S > 10 ? SANITIZE_S - 5 : SANITIZE_S))" bash scripts/sanitize.sh
+  grep -vE "^sanitize: /" "$OUT/sanitize.log" | tail -n 12 | tee -a "$summary"
+fi
+
+if [ "${MUTATE:-1}" = 1 ]; then
+  phase mutate_gpu "$MUTATE_S" "$OUT/mutate_gpu.log" \
+    python3 -m oracle mutate --tier gpu --json "$OUT/mutate_gpu.json" -q
+  tail -n 15 "$OUT/mutate_gpu.log" | tee -a "$summary"
+fi
+
+echo "gpu tier: $((SECONDS - total_start))s in all" | tee -a "$summary"

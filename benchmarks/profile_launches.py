@@ -1,0 +1,86 @@
+"""Where the time of one MoE step and one dense linear goes: every GPU kernel, its count and time.
+
+Runs :func:`b12x.moe.run.run_moe` (GLM-like geometry of ``moe_trellis.py``) and the dense
+``trellis_linear`` (8192 × 28672, MCG) at small M under ``torch.profiler`` and prints, per
+kernel name, the launch count and total device time, largest first, plus the step's sum. This
+is a diagnostic for the launch sequence (how much of a step is glue versus the trellis GEMMs),
+not a benchmark: its times include profiler overhead and are never quoted as ratios.
+
+Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import types
+
+import torch
+from moe_trellis import make_weights
+from torch.profiler import ProfilerActivity, profile
+
+from b12x.dense_linear import trellis_linear
+from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.moe.run import MoeInputs, run_moe
+
+
+def _table(label: str, fn, top: int) -> None:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.device_time
+    launches = sum(c for c, _ in totals.values())
+    device_us = sum(t for _, t in totals.values())
+    print(f"== {label}: {launches} kernels, {device_us:.1f} us of device time")
+    for name, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {us:9.1f} us  x{count:<3d} {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", default="1,8")
+    parser.add_argument("--top", type=int, default=25)
+    cli = parser.parse_args()
+    args = types.SimpleNamespace(
+        experts=128, hidden=5120, intermediate=1536, top_k=8, bits=4, codebook="mcg",
+        layout="packed",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    w13, w2, tables = make_weights(args)
+    for m in (int(v) for v in cli.m.split(",")):
+        x = (0.05 * torch.randn(m, args.hidden, device="cuda")).to(torch.bfloat16)
+        topk_w, topk_ids = torch.softmax(torch.randn(m, args.experts, device="cuda"), -1).topk(8)
+        plan = plan_moe(
+            m=m, top_k=8, hidden=args.hidden, intermediate=args.intermediate, codebook="mcg",
+            bits=4, num_experts=args.experts, w13_layout="packed", x_dtype=torch.bfloat16,
+            compute_dtype=torch.float16,
+        )  # fmt: skip
+        bound = bind_moe(plan, **allocate_moe_buffers(plan, "cuda"))
+        inputs = MoeInputs(
+            x, topk_w, topk_ids, (w13,), (w2,), tables["gate_suh"], None,
+            tables["intermediate_rotations"], tables["down_svh"],
+        )  # fmt: skip
+        _table(f"run_moe M={m}", lambda b=bound, i=inputs: run_moe(b, i), cli.top)
+    k, n = 8192, 28672
+    trellis = torch.randint(-(2**15), 2**15, (k // 16, n // 16, 64), device="cuda").to(torch.int16)
+    suh = torch.full((k,), 0.02, device="cuda", dtype=torch.float16)
+    svh = torch.ones(n, device="cuda", dtype=torch.float16)
+    for m in (int(v) for v in cli.m.split(",")):
+        x = torch.randn(m, k, device="cuda").to(torch.float16)
+        _table(
+            f"trellis_linear M={m} K4",
+            lambda x=x: trellis_linear(x, trellis, suh, svh, codebook="mcg"),
+            cli.top,
+        )
+
+
+if __name__ == "__main__":
+    main()

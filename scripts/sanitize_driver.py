@@ -1,0 +1,229 @@
+"""Tiny launches of every b12x device path, for compute-sanitizer (driven by scripts/sanitize.sh).
+
+Each case plans, allocates exactly the plan's caller buffers, runs once, synchronises and prints
+one line: ``ok <case> <wall s> sum=<finite sum of the output>``, ``skip <case>: <reason>`` or
+``FAIL <case>: <error>``; the exit status is 1 when any case failed. Shapes are tiny (the
+sanitizers slow kernels down 10-100x) but still cross the boundaries that matter: a tail M that
+is not a multiple of 16 and a live M below the planned M, split-K, bf16 compute, codebooks with
+and without a look-up table, inactive route ids (−1, E, 2^40) and unmapped tier ids.
+
+Cases (``--only SUBSTRING`` selects, ``--list`` lists):
+
+* ``dense_generic_f16_splitk``: generic path, fp16, split-K 2 (c_tmp + reduce), planned M 48,
+  live M 33.
+* ``dense_generic_bf16``: generic path, bf16 input and compute, sqg_e4m3 K3 (LUT), M 17.
+* ``decode_kernel``: the decode kernel for mcg K4, sqg_e4m3 K3 and sqg_fp16 K5.
+* ``dense_decode_matmul``: M 1040 > 1024 takes the decode-then-GEMM path.
+* ``dense_k6_small_m``: the K6/MCG small-M row is gated to capability (12, 0); it is planned
+  here with the device's limits but capability (12, 0) (the plan API takes a device description),
+  so its launches (rotation, GEMM into the fp16 output, in-place output rotation) run on this GPU.
+* ``moe_uniform_f16``: uniform MCG K3, packed FC1, fp16, planned M 12, live M 10, inactive ids.
+* ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
+* ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.
+
+Usage: ``python3 scripts/sanitize_driver.py [--only S] [--list]`` (needs a CUDA device; the
+project root on ``PYTHONPATH``, as ``.device/env.sh`` or ``pip install -e .`` gives it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import traceback
+
+import torch
+
+from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.dense.plan import device_limits
+from b12x.kernels import host
+from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.moe.run import MoeInputs, run_moe
+from b12x.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
+
+F16, BF16 = torch.float16, torch.bfloat16
+DEV = "cuda"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _payload(g, *shape) -> torch.Tensor:
+    data = torch.randint(-(2**15), 2**15, shape, generator=g, dtype=torch.int32)
+    return data.to(torch.int16).to(DEV)
+
+
+def _signs(g, *shape, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g).sign() * scale).to(F16).to(DEV)
+
+
+def _dense(m_plan, m_live, k, n, bits, codebook, x_dtype, *, expect_path, seed, **plan_kw):
+    plan = plan_dense(m=m_plan, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x_dtype, **plan_kw)
+    if plan.path != expect_path:
+        raise RuntimeError(f"planned path {plan.path!r}, expected {expect_path!r}")
+    bound = bind_dense(plan, **allocate_dense_buffers(plan, DEV))
+    g = _gen(seed)
+    x = (0.5 * torch.randn(m_live, k, generator=g)).to(x_dtype).to(DEV)
+    trellis = _payload(g, k // 16, n // 16, 16 * bits)
+    return run_dense(bound, x, trellis, _signs(g, k), _signs(g, n, scale=0.125))
+
+
+def dense_generic_f16_splitk():
+    return _dense(48, 33, 512, 256, 4, "mcg", F16, expect_path="generic", seed=1, split_k=2)
+
+
+def dense_generic_bf16():
+    return _dense(
+        17, 17, 256, 256, 3, "sqg_e4m3", BF16, expect_path="generic", seed=2,
+        compute_dtype=BF16,
+    )  # fmt: skip
+
+
+def decode_kernel():
+    outs = []
+    for seed, (codebook, bits) in enumerate((("mcg", 4), ("sqg_e4m3", 3), ("sqg_fp16", 5))):
+        payload = _payload(_gen(10 + seed), 64 // 16, 256 // 16, 16 * bits)
+        outs.append(host.decode_weight(payload, codebook).float().sum().view(1))
+    return torch.cat(outs)
+
+
+def dense_decode_matmul():
+    return _dense(1040, 1040, 256, 256, 4, "mcg", F16, expect_path="decode_matmul", seed=3)
+
+
+def dense_k6_small_m():
+    limits = dataclasses.replace(device_limits(), capability=(12, 0))
+    return _dense(
+        16, 16, 512, 256, 6, "mcg", BF16, expect_path="k6_mcg_small_m", seed=4, device=limits
+    )
+
+
+def _experts(g, e, h, i, bits, layout):
+    words = 16 * bits
+    if layout == "packed":
+        w13 = _payload(g, e, h // 16, 2 * i // 16, words)
+    else:
+        w13 = _payload(g, 2, e, h // 16, i // 16, words)
+
+    def scales(rows, width):
+        sign = torch.where(torch.rand(rows, width, generator=g) < 0.5, -1.0, 1.0)
+        return (sign * (0.8 + 0.4 * torch.rand(rows, width, generator=g))).half().to(DEV)
+
+    gate = scales(e, h)
+    return {
+        "w13": w13,
+        "w2": _payload(g, e, i // 16, h // 16, words),
+        "gate_suh": gate,
+        "up_suh": gate if layout == "packed" else scales(e, h),
+        "intermediate_rotations": scales(e, 3 * i),
+        "down_svh": scales(1, h),
+    }
+
+
+def _routes(g, m, top_k, e, x_dtype, h):
+    x = (0.25 * torch.randn(m, h, generator=g)).to(x_dtype)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
+    ids[0, 0], ids[1, top_k - 1], ids[m - 1] = -1, e, 2**40  # last token: all routes inactive
+    w = torch.rand(m, top_k, generator=g)
+    return x.to(DEV), w.to(DEV), ids.to(DEV)
+
+
+def _uniform(m_plan, m_live, bits, layout, x_dtype, compute_dtype, seed):
+    h, i, e, top_k = 256, 128, 8, 4
+    g = _gen(seed)
+    ex = _experts(g, e, h, i, bits, layout)
+    plan = plan_moe(
+        m=m_plan, top_k=top_k, hidden=h, intermediate=i, codebook="mcg", bits=bits,
+        num_experts=e, w13_layout=layout, x_dtype=x_dtype, compute_dtype=compute_dtype,
+    )  # fmt: skip
+    bound = bind_moe(plan, **allocate_moe_buffers(plan, DEV))
+    x, w, ids = _routes(g, m_live, top_k, e, x_dtype, h)
+    inputs = MoeInputs(
+        x, w, ids, (ex["w13"],), (ex["w2"],), ex["gate_suh"],
+        ex["up_suh"] if layout == "proj" else None, ex["intermediate_rotations"], ex["down_svh"],
+    )  # fmt: skip
+    return run_moe(bound, inputs)
+
+
+def moe_uniform_f16():
+    return _uniform(12, 10, 3, "packed", F16, F16, seed=5)
+
+
+def moe_uniform_bf16_proj():
+    return _uniform(20, 20, 4, "proj", BF16, BF16, seed=6)
+
+
+def moe_tiered():
+    h, i, top_k, m = 256, 128, 2, 16
+    g = _gen(7)
+    t0, t1 = _experts(g, 5, h, i, 3, "proj"), _experts(g, 3, h, i, 4, "proj")
+    t0_ids, t1_ids, num_global = [9, 0, 4, 6, 2], [7, 1, 3], 10  # global 5 and 8 unmapped
+    g2c, desc = build_tiered_maps(t0_ids, t1_ids, num_global)
+    tables = combine_tier_rotations(t0, t1, (5, 3))
+    plan = plan_tiered_moe(
+        m=m, top_k=top_k, hidden=h, intermediate=i, codebook="mcg", tier0_bits=3, tier1_bits=4,
+        tier0_experts=5, tier1_experts=3, num_global_experts=num_global, w13_layout="proj",
+        x_dtype=F16, compute_dtype=F16,
+    )  # fmt: skip
+    bound = bind_moe(plan, **allocate_moe_buffers(plan, DEV))
+    x = (0.25 * torch.randn(m, h, generator=g)).half().to(DEV)
+    ids = torch.randint(0, num_global, (m, top_k), generator=g)
+    ids[0, 0], ids[1, 1], ids[2, 0], ids[3, 1] = 5, 8, -1, num_global  # unmapped, out of range
+    w = torch.rand(m, top_k, generator=g).to(DEV)
+    inputs = MoeInputs(
+        x, w, ids.to(DEV), (t0["w13"], t1["w13"]), (t0["w2"], t1["w2"]), tables["gate_suh"],
+        tables["up_suh"], tables["intermediate_rotations"], tables["down_svh"], g2c.to(DEV),
+        desc.to(DEV),
+    )  # fmt: skip
+    return run_moe(bound, inputs)
+
+
+CASES = {
+    f.__name__: f
+    for f in (
+        dense_generic_f16_splitk,
+        dense_generic_bf16,
+        decode_kernel,
+        dense_decode_matmul,
+        dense_k6_small_m,
+        moe_uniform_f16,
+        moe_uniform_bf16_proj,
+        moe_tiered,
+    )
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    names = [n for n in CASES if args.only in n]
+    if args.list:
+        print("\n".join(names))
+        return 0
+    if not torch.cuda.is_available():
+        print("skip all: no CUDA device")
+        return 2
+    failed = 0
+    for name in names:
+        start = time.perf_counter()
+        try:
+            out = CASES[name]()
+            torch.cuda.synchronize()
+            total = float(out.float().nan_to_num(0.0, 0.0, 0.0).sum())
+            finite = bool(torch.isfinite(out).all())
+            note = "" if finite else " (non-finite values present)"
+            print(f"ok {name} {time.perf_counter() - start:.1f}s sum={total:.6g}{note}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported per case, the run goes on
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
+    print(f"driver: {len(names) - failed} ok, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
