@@ -51,7 +51,7 @@ fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   phase dense_bench "$BENCH_S" "$OUT/dense_bench.log" \
-    python3 benchmarks/dense_trellis.py --json "$OUT/dense_bench.json"
+    python3 benchmarks/dense_trellis.py ${DENSE_ARGS:-} --json "$OUT/dense_bench.json"
   tail -n 45 "$OUT/dense_bench.log" | tee -a "$summary"
 fi
 
