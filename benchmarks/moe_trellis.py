@@ -23,24 +23,12 @@ import json
 
 import torch
 import torch.nn.functional as F
+from bench_timing import capture_graph as _graph
 from bench_timing import hbm_copy_bandwidth, median_us
 
 from b12x.kernels import host
 from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.run import MoeInputs, run_moe
-
-
-def _graph(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def make_weights(args):

@@ -42,8 +42,12 @@ echo "sanitize: $cs ($("$cs" --version 2>/dev/null | grep -Eo 'Version [^ ]+' | 
 
 run_tool() {  # tool -> $OUT/sanitize_<tool>.log and .rc
   local tool="$1" log="$OUT/sanitize_$1.log" start=$SECONDS
+  # --report-api-errors no: the first H200 run (2026-12-02) counted 34 "errors" that were all
+  # CUDA_ERROR_INVALID_VALUE from cuGetProcAddress_v2 (the runtime probing for driver entry points
+  # this driver does not export), none from a kernel. API return codes are not memory errors;
+  # device-side findings (out-of-bounds, misaligned, races) are still reported and counted.
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$TOOL_S" "$cs" --tool "$tool" --print-limit 50 \
-    --error-exitcode 86 python3 scripts/sanitize_driver.py $DRIVER_ARGS > "$log" 2>&1
+    --report-api-errors no --error-exitcode 86 python3 scripts/sanitize_driver.py $DRIVER_ARGS > "$log" 2>&1
   echo "$?" > "$OUT/sanitize_$tool.rc"
   echo "$((SECONDS - start))" > "$OUT/sanitize_$tool.wall"
 }
