@@ -1,8 +1,19 @@
-"""Allocation-free torch pieces of the MoE between the GEMM launches (spec §3.1, §3.4).
+"""The MoE's boundaries around the grouped GEMMs (spec §3.1, §3.4): the CuTe DSL launches and
+the allocation-free torch path that defines their rounding points.
 
 Layout
 ------
-* :func:`h128_fp32_` — blockwise H128 over the last dim with the kernels' fp32 butterfly: per
+* Kernel launches (keyword-only; :mod:`b12x.kernels.moe_boundary`, one launch per stage):
+  :func:`rotate_inputs` (the gate and, for ``proj``, the up rotation in one launch),
+  :func:`activate` (the intermediate boundary FC1 → FC2 input) and :func:`reduce_output`
+  (H128 of FC2, ``down_svh``, top-k weights, the slot-ordered fp32 sum, ``x.dtype``). Each reads
+  the route packer's ``route_expert`` (int64, drop bucket ``E``) and clamps it in the kernel.
+* The torch path (:func:`reference_rotate_inputs`, :func:`reference_activate`,
+  :func:`reference_reduce_output`): the same stages as torch ops on the plan's scratch buffers.
+  ``run_moe`` takes it where no kernel can run (a CPU-bound plan: the CPU suite's emulated
+  GEMMs); the GPU tests compare the kernels against it. Its rounding points are the contract:
+* :func:`h128_fp32_` — blockwise H128 over the last dim with the boundary kernels' fp32 butterfly
+  (:func:`b12x.kernels.moe_boundary._h128`, the same add/sub order, so bit-identical): per
   128-block, stages over index bits 0..6 in that order (bits 0–1 are the in-thread H4, bits 2–6
   the xor-shuffles with lane offsets 1..16), the lower element keeping ``lo + hi`` and the upper
   ``lo − hi``, then ``× 0.088388347648`` in fp32 (§3.1). It ping-pongs between two caller
@@ -19,8 +30,22 @@ Invariants
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["H128_SCALE_FP32", "gather_rows_", "h128_fp32_"]
+from b12x.kernels.moe_boundary import MoeBoundarySpec, compiled_moe_boundary
+
+__all__ = [
+    "H128_SCALE_FP32",
+    "activate",
+    "boundary_specs",
+    "gather_rows_",
+    "h128_fp32_",
+    "reduce_output",
+    "reference_activate",
+    "reference_reduce_output",
+    "reference_rotate_inputs",
+    "rotate_inputs",
+]
 
 BLOCK = 128
 H128_SCALE_FP32 = 0.088388347648
@@ -51,3 +76,220 @@ def gather_rows_(table: torch.Tensor, slot_expert: torch.Tensor, out: torch.Tens
         out.copy_(table.expand(out.shape[0], table.shape[1]))
     else:
         torch.index_select(table, 0, slot_expert, out=out)
+
+
+# ---------------------------------------------------------------------------- kernel launches
+
+
+def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
+    """The three boundary specialisations ``run_moe`` launches for a plan's ``problem``
+    (:class:`b12x.moe.plan.MoeProblem`): its warm-up set next to ``MoePlan.kernel_specs``."""
+    x_bf16 = problem.x_dtype == torch.bfloat16
+    cd_bf16 = problem.compute_dtype == torch.bfloat16
+    return (
+        MoeBoundarySpec("rotate", x_bf16, cd_bf16, proj=problem.w13_layout == "proj"),
+        MoeBoundarySpec("activate", cd_bf16, cd_bf16),
+        MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=problem.top_k),
+    )
+
+
+def _prefix(buf, name: str, rows: int) -> torch.Tensor:
+    return buf[name].narrow(0, 0, rows)
+
+
+def _flat(buf, name: str, rows: int, cols: int) -> torch.Tensor:
+    return buf[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def rotate_inputs(
+    *,
+    arch: str,
+    x: torch.Tensor,
+    gate_suh: torch.Tensor,
+    up_suh: torch.Tensor | None,
+    route_expert: torch.Tensor,
+    out_gate: torch.Tensor,
+    out_up: torch.Tensor | None,
+    top_k: int,
+    num_experts: int,
+) -> None:
+    """One launch: ``out_*[r] = cd(fp16(H128(fp16(fp16(x[r // top_k]) · suh[e_r]))))``.
+
+    ``x`` ``[M, H]`` fp16/bf16; ``*_suh`` fp16 ``[E, H]`` or ``[1, H]``; ``route_expert`` int64
+    ``[n]`` (clamped to ``E − 1`` in the kernel); ``out_*`` ``[n, H]`` in the compute dtype.
+    ``up_suh``/``out_up`` are both given (``proj``) or both None (``packed``).
+    """
+    proj = up_suh is not None
+    if proj != (out_up is not None):
+        raise ValueError("up_suh/out_up: give both (proj layout) or neither (packed)")
+    spec = MoeBoundarySpec(
+        "rotate", x.dtype == torch.bfloat16, out_gate.dtype == torch.bfloat16, proj=proj
+    )
+    fn = compiled_moe_boundary(spec, arch)
+    gate_w, out_w = _words(gate_suh), _words(out_gate)
+    fn(
+        _words(x),
+        gate_w,
+        _words(up_suh) if proj else gate_w,
+        route_expert,
+        out_w,
+        _words(out_up) if proj else out_w,
+        top_k,
+        num_experts,
+    )
+
+
+def activate(
+    *,
+    arch: str,
+    fc1: torch.Tensor,
+    rotations: torch.Tensor,
+    route_expert: torch.Tensor,
+    out: torch.Tensor,
+    num_experts: int,
+) -> None:
+    """One launch: ``out[r] = cd(H128(silu(H128(g)·s1) · H128(u)·s2 · s3))``.
+
+    ``fc1`` ``[n, 2I]`` (gate ``[0, I)``, up ``[I, 2I)``) and ``out`` ``[n, I]`` in the compute
+    dtype; ``rotations`` fp16 ``[E, 3I]`` (``s1 | s2 | s3``); ``route_expert`` int64 ``[n]``.
+    """
+    spec = MoeBoundarySpec("activate", fc1.dtype == torch.bfloat16, out.dtype == torch.bfloat16)
+    fn = compiled_moe_boundary(spec, arch)
+    fn(_words(fc1), _words(rotations), route_expert, _words(out), num_experts)
+
+
+def reduce_output(
+    *,
+    arch: str,
+    fc2: torch.Tensor,
+    svh: torch.Tensor,
+    route_expert: torch.Tensor,
+    route_inactive: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+    top_k: int,
+    num_experts: int,
+) -> None:
+    """One launch: ``out[t] = x_dtype(Σ_{s<k} active_r · (H128(fc2[r])·svh[e_r])·w[r])``,
+    ``r = t·k + s``, summed in fp32 from +0 in slot order.
+
+    ``fc2`` ``[n, H]`` (compute dtype); ``svh`` fp16 ``[E, H]`` or ``[1, H]``; ``route_expert``
+    int64 ``[n]``; ``route_inactive`` bool ``[n]``; ``weights`` fp32 ``[n]``; ``out`` ``[M, H]``
+    (``M·k = n``) fp16/bf16. Inactive routes add exactly +0 (their rows and weights are unread
+    as values: a select drops them).
+    """
+    if weights.dtype != torch.float32:
+        raise TypeError(f"weights: expected dtype torch.float32, got {weights.dtype}")
+    spec = MoeBoundarySpec(
+        "reduce", fc2.dtype == torch.bfloat16, out.dtype == torch.bfloat16, top_k=top_k
+    )
+    fn = compiled_moe_boundary(spec, arch)
+    fn(
+        _words(fc2),
+        _words(svh),
+        route_expert,
+        route_inactive.view(torch.uint8),
+        weights,
+        _words(out),
+        num_experts,
+    )
+
+
+# ---------------------------------------------------------------------------- the torch path
+
+
+def _route_tables(buf, n: int, top_k: int, num_experts: int):
+    """(route_token, route_expert_safe) of the first ``n`` routes, into their buffers."""
+    route_token = _prefix(buf, "route_token", n)
+    torch.arange(n, out=route_token)
+    route_token.floor_divide_(top_k)
+    route_expert = _prefix(buf, "route_expert_safe", n)
+    route_expert.copy_(_prefix(buf, "route_expert", n))
+    route_expert.clamp_(max=num_experts - 1)  # the drop bucket E never indexes a table
+    return route_token, route_expert
+
+
+def reference_rotate_inputs(
+    buf, *, x, gate_suh, up_suh, out_gate, out_up, n: int, top_k: int, num_experts: int
+) -> None:
+    """Torch path of :func:`rotate_inputs` on the plan's scratch (``input_f16``, ``route_x``,
+    ``route_scale``, ``route_prod``, ``h128_a``/``h128_b``, ``rotation_f16``)."""
+    m, h = x.shape
+    route_token, route_expert = _route_tables(buf, n, top_k, num_experts)
+    x16 = x
+    if x.dtype != torch.float16:
+        x16 = _prefix(buf, "input_f16", m)
+        x16.copy_(x)
+    route_x = _prefix(buf, "route_x", n)
+    torch.index_select(x16, 0, route_token, out=route_x)
+    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
+    scale16 = _flat(buf, "route_scale", n, h)
+    for suh, dest in ((gate_suh, out_gate), (up_suh, out_up)):
+        if suh is None:
+            continue
+        gather_rows_(suh, route_expert, scale16)
+        prod = _prefix(buf, "route_prod", n)
+        torch.mul(route_x, scale16, out=prod)  # fp16(x16 · suh): one rounding
+        ping.copy_(prod)
+        rotated = _prefix(buf, "rotation_f16", n)
+        rotated.copy_(h128_fp32_(ping, pong))
+        dest.copy_(rotated)
+
+
+def reference_activate(buf, *, fc1, rotations, out, n: int, top_k: int, num_experts: int) -> None:
+    """Torch path of :func:`activate` on the plan's scratch (``route_scale``,
+    ``route_scale_f32``, ``h128_a``/``h128_b``, ``gate_f32``)."""
+    i = out.shape[1]
+    _, route_expert = _route_tables(buf, n, top_k, num_experts)
+    inter16 = _flat(buf, "route_scale", n, 3 * i)
+    gather_rows_(rotations, route_expert, inter16)
+    inter = _flat(buf, "route_scale_f32", n, 3 * i)
+    inter.copy_(inter16)
+    ping, pong = _flat(buf, "h128_a", n, i), _flat(buf, "h128_b", n, i)
+    gate = _prefix(buf, "gate_f32", n)
+    ping.copy_(fc1[:, :i])
+    gate.copy_(h128_fp32_(ping, pong))
+    gate.mul_(inter[:, :i])
+    ping.copy_(fc1[:, i:])
+    up = h128_fp32_(ping, pong)
+    up.mul_(inter[:, i : 2 * i])
+    F.silu(gate, inplace=True)
+    gate.mul_(up)
+    gate.mul_(inter[:, 2 * i :])
+    ping.copy_(gate)
+    out.copy_(h128_fp32_(ping, pong))
+
+
+def reference_reduce_output(
+    buf, *, fc2, svh, weights, out, n: int, top_k: int, num_experts: int
+) -> None:
+    """Torch path of :func:`reduce_output` on the plan's scratch (``route_scale``,
+    ``route_scale_f32``, ``h128_a``/``h128_b``, ``route_terms``, ``route_weights``, ``term``,
+    ``accum``); ``weights`` any floating dtype ``[n]``."""
+    m, h = out.shape
+    _, route_expert = _route_tables(buf, n, top_k, num_experts)
+    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
+    ping.copy_(fc2)
+    y = h128_fp32_(ping, pong)
+    scale16 = _flat(buf, "route_scale", n, h)
+    gather_rows_(svh, route_expert, scale16)
+    svh32 = _flat(buf, "route_scale_f32", n, h)
+    svh32.copy_(scale16)
+    terms = _prefix(buf, "route_terms", n)
+    torch.mul(y, svh32, out=terms)
+    inactive = _prefix(buf, "route_inactive", n)
+    terms.masked_fill_(inactive.view(n, 1), 0.0)  # stale rows of inactive routes -> exact 0
+    route_weights = _prefix(buf, "route_weights", n)
+    route_weights.copy_(weights)
+    route_weights.masked_fill_(inactive, 0.0)
+    acc, term = _prefix(buf, "accum", m), _prefix(buf, "term", m)
+    acc.zero_()
+    terms3, weights2 = terms.view(m, top_k, h), route_weights.view(m, top_k)
+    for s in range(top_k):
+        torch.mul(terms3[:, s], weights2[:, s : s + 1], out=term)
+        acc.add_(term)
+    out.copy_(acc)

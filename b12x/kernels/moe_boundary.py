@@ -1,0 +1,435 @@
+"""CuTe DSL boundary kernels of the fused MoE: the work between (and around) the grouped GEMMs,
+one launch per stage (spec §3.1, §3.4; :func:`b12x.moe.run.run_moe`).
+
+Layout
+------
+* Every kernel gives one warp a (row, 128-feature block) job. Lane ``l`` holds elements
+  ``4l .. 4l+3`` of the block: two packed 16-bit pairs read from the operand viewed as
+  ``int32[rows, F/2]`` (words ``64·blk + 2l + q``, ``q = 0, 1``; the lower element in the low
+  half). Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
+* The butterfly (:func:`_h128`) is the fp32 H128 of :func:`b12x.moe.boundary.h128_fp32_` in the
+  same add/sub order: stages over index bits 0..6; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)``
+  then ``(s0+s2, s1+s3, s0−s2, s1−s3)``), bits 2–6 as xor-shuffles with lane offsets 1..16 where
+  the lower lane keeps ``lo + hi`` and the upper ``lo − hi``; then ``× 0.088388347648`` in fp32.
+  Every fp32 add/sub/mul/div is an explicit ``.rn`` PTX instruction, so neither LLVM nor ptxas
+  contracts a product and a sum into an FMA: each op rounds exactly where the torch glue rounds.
+* :class:`MoeRotateKernel` (``kind="rotate"``): ``A[r] = cd(fp16(H128(fp16(fp16(x[t]) ·
+  suh[e]))))`` for the gate table and, for the ``proj`` layout, the up table (grid y = projection).
+* :class:`MoeActivateKernel` (``kind="activate"``): from ``fc1[r] = [gate | up]`` (compute dtype)
+  ``g = H128(gate)·s1``, ``u = H128(up)·s2``, ``a = silu(g)·u·s3`` (``s1|s2|s3`` the expert's
+  ``intermediate_rotations`` row, fp16 → fp32), ``A2[r] = cd(H128(a))``.
+* :class:`MoeReduceKernel` (``kind="reduce"``): one warp per (token, block):
+  ``out[t] = x_dtype(Σ_{s=0..k−1} (H128(fc2[r])·svh[e])·w[r])`` in fp32 from ``+0`` in slot order;
+  an inactive route adds ``+0`` (selected, so a stale ``fc2`` row or a NaN weight never leaks).
+* :class:`MoeBoundarySpec` holds every codegen input; :func:`compiled_moe_boundary` resolves it
+  through :func:`b12x.runtime.compile_cache.compiled_kernel` (kernel id ``moe_boundary``, sources
+  :data:`MOE_BOUNDARY_SOURCE_MODULES`), so the freeze switch and capture detection hold.
+
+Invariants
+----------
+* Expert ids arrive as the route packer's int64 ``route_expert`` (the drop bucket ``E`` for an
+  inactive route); every kernel clamps them to ``E − 1`` before a table row is formed, so no
+  inactive id ever indexes a table (R7, R9). Route ids themselves are never read or written here.
+* A table with one row (``[1, F]``) is the broadcast row for every expert.
+* Each output row depends only on its own route row (reduce: on its own token's ``k`` routes, in
+  slot order), so the stages are deterministic and batch invariant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from b12x.kernels import ptx
+
+__all__ = [
+    "BOUNDARY_KINDS",
+    "H128_SCALE_FP32",
+    "MOE_BOUNDARY_SOURCE_MODULES",
+    "MoeActivateKernel",
+    "MoeBoundarySpec",
+    "MoeReduceKernel",
+    "MoeRotateKernel",
+    "build_moe_boundary",
+    "compiled_moe_boundary",
+]
+
+BOUNDARY_KINDS = ("rotate", "activate", "reduce")
+H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.moe.boundary (fp32-rounded)
+WORDS_PER_BLOCK = 64  # a 128-feature block of 16-bit values, as int32 words
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeBoundarySpec:
+    """Every codegen input of one boundary kernel (plus the arch: the compile-cache key).
+
+    ``in_bf16``: the 16-bit input is bf16 (rotate: ``x``; activate / reduce: the GEMM output in
+    the compute dtype). ``out_bf16``: the output is bf16 (rotate / activate: the compute dtype;
+    reduce: ``x.dtype``). ``proj``: rotate writes gate and up rotations (grid y = 2). ``top_k``:
+    reduce's unrolled slot count (0 for the other kinds, which take it at run time).
+    """
+
+    kind: str
+    in_bf16: bool
+    out_bf16: bool
+    proj: bool = False
+    top_k: int = 0
+    warps: int = 4
+
+    def __post_init__(self):
+        if self.kind not in BOUNDARY_KINDS:
+            raise ValueError(f"kind: expected one of {BOUNDARY_KINDS}, got {self.kind!r}")
+        for name in ("in_bf16", "out_bf16", "proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected bool, got {getattr(self, name)!r}")
+        if self.proj and self.kind != "rotate":
+            raise ValueError(f"proj: only the rotate kernel has projections, not {self.kind!r}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, int) or (k < 1) != (self.kind != "reduce"):
+            raise ValueError(f"top_k: reduce needs top_k >= 1, the other kinds 0; got {k!r}")
+        if isinstance(self.warps, bool) or self.warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps: expected 1, 2, 4 or 8, got {self.warps!r}")
+
+
+# ---------------------------------------------------------------------------- fp32 primitives
+
+
+@dsl_user_op
+def _f32_asm(text: str, *args, loc=None, ip=None) -> Float32:
+    operands = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
+    constraints = ",".join(["=f"] + ["f"] * len(args))
+    res = llvm.inline_asm(
+        T.f32(),
+        operands,
+        text,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return Float32(res)
+
+
+def _add(a, b) -> Float32:
+    return _f32_asm("add.rn.f32 $0, $1, $2;", a, b)
+
+
+def _sub(a, b) -> Float32:
+    return _f32_asm("sub.rn.f32 $0, $1, $2;", a, b)
+
+
+def _mul(a, b) -> Float32:
+    return _f32_asm("mul.rn.f32 $0, $1, $2;", a, b)
+
+
+def _div(a, b) -> Float32:
+    return _f32_asm("div.rn.f32 $0, $1, $2;", a, b)
+
+
+def _silu(g) -> Float32:
+    """``g / (1 + exp(−g))`` in fp32 (torch's formula; exp is the accurate libm exp)."""
+    e = cute.math.exp(_f32_asm("neg.f32 $0, $1;", g), fastmath=False)
+    return _div(g, _add(Float32(1.0), e))
+
+
+_F16_TO_F32 = (
+    "{{ .reg .b16 l, h; .reg .f32 f; mov.b32 {{l, h}}, $1; cvt.f32.f16 f, {half}; mov.b32 $0, f; }}"
+)
+
+
+def _pair_f32(word, bf16: bool):
+    """Two fp32 values (exact) from a packed 16-bit pair, the low half first."""
+    word = Uint32(word)
+    if bf16:
+        lo = ptx.asm_u32("shl.b32 $0, $1, 16;", word)
+        hi = ptx.asm_u32("and.b32 $0, $1, 0xffff0000;", word)
+    else:
+        lo = ptx.asm_u32(_F16_TO_F32.format(half="l"), word)
+        hi = ptx.asm_u32(_F16_TO_F32.format(half="h"), word)
+    return ptx.u32_as_f32(lo), ptx.u32_as_f32(hi)
+
+
+def _pack(lo, hi, bf16: bool) -> Int32:
+    """RN-pack two fp32 values into a half2 / bfloat2 word."""
+    if bf16:
+        return Int32(ptx.f32x2_to_bfloat2(lo, hi))
+    return Int32(ptx.f32x2_to_half2(lo, hi))
+
+
+def _h128(v: list, lane) -> list:
+    """Scaled H128 of the warp's block; ``v`` = this lane's 4 fp32 elements (module docstring)."""
+    a, b, c, d = v
+    s0, s1, s2, s3 = _add(a, b), _sub(a, b), _add(c, d), _sub(c, d)
+    out = [_add(s0, s2), _add(s1, s3), _sub(s0, s2), _sub(s1, s3)]
+    for offset in (1, 2, 4, 8, 16):
+        upper = (lane & offset) != 0
+        nxt = []
+        for x in out:
+            partner = cute.arch.shuffle_sync_bfly(x, offset)
+            # lower lane: lo + hi (hi = partner); upper lane: lo − hi (lo = partner).
+            nxt.append(Float32(cutlass.select_(upper, _sub(partner, x), _add(x, partner))))
+        out = nxt
+    scale = Float32(H128_SCALE_FP32)
+    return [_mul(x, scale) for x in out]
+
+
+def _expert(route_expert, r, num_experts) -> Int32:
+    """Route ``r``'s expert, clamped to ``E − 1`` (the drop bucket ``E`` never indexes a table)."""
+    e = Int64(route_expert[r])
+    last = Int64(num_experts) - Int64(1)
+    return Int32(cutlass.select_(e > last, last, e))
+
+
+def _table_row(expert, table) -> Int32:
+    """The row of ``table`` for ``expert``: row 0 of a one-row (broadcast) table."""
+    return Int32(cutlass.select_(table.shape[0] > 1, expert, Int32(0)))
+
+
+def _job(warps: int):
+    tid = cute.arch.thread_idx()[0]
+    return tid % 32, cute.arch.block_idx()[0] * warps + tid // 32
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+class MoeRotateKernel:
+    """``x [M, H]`` (fp16|bf16) → per route ``cd(H128(fp16(x[t]·suh[e])))`` (gate, up)."""
+
+    def __init__(self, spec: MoeBoundarySpec):
+        self.spec = spec
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,
+        gate_suh: cute.Tensor,
+        up_suh: cute.Tensor,
+        route_expert: cute.Tensor,
+        out_gate: cute.Tensor,
+        out_up: cute.Tensor,
+        top_k: Int32,
+        num_experts: Int32,
+        stream,
+    ):
+        w = self.spec.warps
+        jobs = out_gate.shape[0] * (out_gate.shape[1] // WORDS_PER_BLOCK)
+        projs = 2 if cutlass.const_expr(self.spec.proj) else 1
+        self.kernel(x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts).launch(
+            grid=((jobs + w - 1) // w, projs, 1), block=(32 * w, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts):
+        lane, job = _job(self.spec.warps)
+        blocks = out_gate.shape[1] // WORDS_PER_BLOCK
+        if job < out_gate.shape[0] * blocks:
+            r = job // blocks
+            col = (job - r * blocks) * WORDS_PER_BLOCK + 2 * lane
+            token = r // top_k
+            if cutlass.const_expr(self.spec.proj):
+                if cute.arch.block_idx()[1] == 0:
+                    self._rotate(x, gate_suh, route_expert, out_gate, r, token, col, lane,
+                                 num_experts)  # fmt: skip
+                else:
+                    self._rotate(x, up_suh, route_expert, out_up, r, token, col, lane,
+                                 num_experts)  # fmt: skip
+            else:
+                self._rotate(x, gate_suh, route_expert, out_gate, r, token, col, lane, num_experts)
+
+    def _rotate(self, x, suh, route_expert, out, r, token, col, lane, num_experts):
+        row = _table_row(_expert(route_expert, r, num_experts), suh)
+        vals = []
+        for q in range(2):
+            word = Uint32(x[token, col + q])
+            if cutlass.const_expr(self.spec.in_bf16):  # fp16(x): the input_f16 rounding
+                lo, hi = _pair_f32(word, True)
+                word = ptx.f32x2_to_half2(lo, hi)
+            prod = ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, Uint32(suh[row, col + q]))
+            lo, hi = _pair_f32(prod, False)  # fp16(x · suh): one rounding
+            vals += [lo, hi]
+        res = _h128(vals, lane)
+        for q in range(2):
+            packed = ptx.f32x2_to_half2(res[2 * q], res[2 * q + 1])  # the fp16 rotation
+            if cutlass.const_expr(self.spec.out_bf16):
+                lo, hi = _pair_f32(packed, False)
+                packed = ptx.f32x2_to_bfloat2(lo, hi)
+            out[r, col + q] = Int32(packed)
+
+
+class MoeActivateKernel:
+    """``fc1 [n, 2I]`` (cd) → ``A2 [n, I] = cd(H128(silu(H128(g)·s1)·(H128(u)·s2)·s3))``."""
+
+    def __init__(self, spec: MoeBoundarySpec):
+        self.spec = spec
+
+    @cute.jit
+    def __call__(
+        self,
+        fc1: cute.Tensor,
+        rotations: cute.Tensor,
+        route_expert: cute.Tensor,
+        out: cute.Tensor,
+        num_experts: Int32,
+        stream,
+    ):
+        w = self.spec.warps
+        jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
+        self.kernel(fc1, rotations, route_expert, out, num_experts).launch(
+            grid=((jobs + w - 1) // w, 1, 1), block=(32 * w, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, fc1, rotations, route_expert, out, num_experts):
+        lane, job = _job(self.spec.warps)
+        half_i = out.shape[1]  # I/2 words
+        blocks = half_i // WORDS_PER_BLOCK
+        if job < out.shape[0] * blocks:
+            r = job // blocks
+            col = (job - r * blocks) * WORDS_PER_BLOCK + 2 * lane
+            row = _expert(route_expert, r, num_experts)  # [E, 3I]: never broadcast
+            in_bf16 = self.spec.in_bf16
+            g, u, s1, s2, s3 = [], [], [], [], []
+            for q in cutlass.range_constexpr(2):
+                g += list(_pair_f32(fc1[r, col + q], in_bf16))
+                u += list(_pair_f32(fc1[r, half_i + col + q], in_bf16))
+                s1 += list(_pair_f32(rotations[row, col + q], False))
+                s2 += list(_pair_f32(rotations[row, half_i + col + q], False))
+                s3 += list(_pair_f32(rotations[row, 2 * half_i + col + q], False))
+            hg, hu = _h128(g, lane), _h128(u, lane)
+            act = []
+            for j in cutlass.range_constexpr(4):
+                gj = _silu(_mul(hg[j], s1[j]))
+                act.append(_mul(_mul(gj, _mul(hu[j], s2[j])), s3[j]))
+            res = _h128(act, lane)
+            for q in cutlass.range_constexpr(2):
+                out[r, col + q] = _pack(res[2 * q], res[2 * q + 1], self.spec.out_bf16)
+
+
+class MoeReduceKernel:
+    """``fc2 [n, H]`` (cd) → ``out [M, H] = x_dtype(Σ_s (H128(fc2[r])·svh[e])·w[r])``."""
+
+    def __init__(self, spec: MoeBoundarySpec):
+        self.spec = spec
+
+    @cute.jit
+    def __call__(
+        self,
+        fc2: cute.Tensor,
+        svh: cute.Tensor,
+        route_expert: cute.Tensor,
+        route_inactive: cute.Tensor,
+        weights: cute.Tensor,
+        out: cute.Tensor,
+        num_experts: Int32,
+        stream,
+    ):
+        w = self.spec.warps
+        jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
+        self.kernel(fc2, svh, route_expert, route_inactive, weights, out, num_experts).launch(
+            grid=((jobs + w - 1) // w, 1, 1), block=(32 * w, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, fc2, svh, route_expert, route_inactive, weights, out, num_experts):
+        lane, job = _job(self.spec.warps)
+        blocks = out.shape[1] // WORDS_PER_BLOCK
+        if job < out.shape[0] * blocks:
+            t = job // blocks
+            col = (job - t * blocks) * WORDS_PER_BLOCK + 2 * lane
+            k = self.spec.top_k
+            acc = [Float32(0.0)] * 4
+            for s in cutlass.range_constexpr(k):
+                r = t * k + s
+                active = Int32(route_inactive[r]) == 0
+                row = _table_row(_expert(route_expert, r, num_experts), svh)
+                y, sv = [], []
+                for q in cutlass.range_constexpr(2):
+                    y += list(_pair_f32(fc2[r, col + q], self.spec.in_bf16))
+                    sv += list(_pair_f32(svh[row, col + q], False))
+                hy = _h128(y, lane)
+                wr = Float32(weights[r])
+                for j in cutlass.range_constexpr(4):
+                    term = _mul(_mul(hy[j], sv[j]), wr)
+                    acc[j] = _add(acc[j], Float32(cutlass.select_(active, term, Float32(0.0))))
+            for q in cutlass.range_constexpr(2):
+                out[t, col + q] = _pack(acc[2 * q], acc[2 * q + 1], self.spec.out_bf16)
+
+
+# ---------------------------------------------------------------------------- build / compile
+
+_KERNELS = {"rotate": MoeRotateKernel, "activate": MoeActivateKernel, "reduce": MoeReduceKernel}
+
+
+def build_moe_boundary(spec: MoeBoundarySpec):
+    """(kernel object, fake argument tuple) for ``cute.compile`` (CPU compile checks use it).
+
+    16-bit operands are int32 word views ``[rows, F/2]`` with ``F/2 % 64 == 0``; ``route_expert``
+    is int64 ``[n]``, ``route_inactive`` uint8 ``[n]`` (the bool buffer's bytes), ``weights``
+    fp32 ``[n]`` (4-byte aligned: the caller's ``topk_weights`` need not be 16-byte aligned).
+    """
+    from cutlass import Uint8
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    def fake(dtype, shape, align=16):
+        order = tuple(range(len(shape) - 1, -1, -1))
+        return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
+
+    def words():
+        return cute.sym_int(divisibility=WORDS_PER_BLOCK)
+
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    n = cute.sym_int()
+    experts = fake(Int64, (n,))
+    kernel = _KERNELS[spec.kind](spec)
+    if spec.kind == "rotate":
+        h = words()
+        x = fake(Int32, (cute.sym_int(), h))
+        gate, up = fake(Int32, (cute.sym_int(), h)), fake(Int32, (cute.sym_int(), h))
+        out_gate, out_up = fake(Int32, (n, h)), fake(Int32, (n, h))
+        args = (x, gate, up, experts, out_gate, out_up, Int32(1), Int32(1))
+    elif spec.kind == "activate":
+        fc1 = fake(Int32, (n, cute.sym_int(divisibility=2 * WORDS_PER_BLOCK)))
+        rotations = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=3 * WORDS_PER_BLOCK)))
+        out = fake(Int32, (n, words()))
+        args = (fc1, rotations, experts, out, Int32(1))
+    else:
+        h = words()
+        fc2, svh = fake(Int32, (n, h)), fake(Int32, (cute.sym_int(), h))
+        inactive, weights = fake(Uint8, (n,)), fake(Float32, (n,), align=4)
+        out = fake(Int32, (cute.sym_int(), h))
+        args = (fc2, svh, experts, inactive, weights, out, Int32(1))
+    return kernel, (*args, stream)
+
+
+MOE_BOUNDARY_SOURCE_MODULES = (
+    "b12x.kernels.ptx",
+    "b12x.kernels.moe_boundary",
+    "b12x.kernels.specs",  # compile_options
+)
+
+
+def compiled_moe_boundary(spec: MoeBoundarySpec, arch: str):
+    """The tvm-ffi callable of ``spec`` for ``arch``, from the one runtime compile cache.
+
+    Keyed ``moe_boundary`` with every :class:`MoeBoundarySpec` field as codegen input and
+    :data:`MOE_BOUNDARY_SOURCE_MODULES` as the hashed sources; honours the freeze switch and
+    capture detection.
+    """
+    from b12x.kernels.specs import compile_options
+    from b12x.runtime import compile_cache
+
+    def build():
+        kernel, args = build_moe_boundary(spec)
+        return cute.compile(kernel, *args, options=compile_options(arch))
+
+    return compile_cache.compiled_kernel(
+        spec, arch, kernel="moe_boundary", modules=MOE_BOUNDARY_SOURCE_MODULES, build=build
+    )

@@ -1,0 +1,191 @@
+"""CPU: the MoE boundary kernels (:mod:`b12x.kernels.moe_boundary`) compile spill-free for
+sm_80 / sm_90 / sm_120 with uncontracted ``.rn`` fp32 arithmetic, their specs validate, they
+resolve through the runtime compile cache, the launch wrappers reject bad arguments before any
+compile, and the kernels' lane butterfly order is bit-identical to the torch path's
+:func:`b12x.moe.boundary.h128_fp32_` (an fp32 emulation of the lane algorithm).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+import torch
+
+from b12x.kernels.moe_boundary import (
+    H128_SCALE_FP32,
+    MOE_BOUNDARY_SOURCE_MODULES,
+    MoeBoundarySpec,
+    build_moe_boundary,
+    compiled_moe_boundary,
+)
+from b12x.kernels.specs import compile_options
+from b12x.moe import boundary
+from b12x.moe.plan import plan_moe
+from b12x.runtime import compile_cache
+
+ARCHES = ("sm_80", "sm_90", "sm_120")
+SPECS = (
+    MoeBoundarySpec("rotate", False, False),
+    MoeBoundarySpec("rotate", True, True, proj=True),
+    MoeBoundarySpec("activate", False, False),
+    MoeBoundarySpec("activate", True, True),
+    MoeBoundarySpec("reduce", False, False, top_k=8),
+    MoeBoundarySpec("reduce", True, False, top_k=3),
+)
+
+
+def _compile(spec: MoeBoundarySpec, arch: str):
+    import cutlass.cute as cute
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        kernel, args = build_moe_boundary(spec)
+        fn = cute.compile(kernel, *args, options=compile_options(arch, ptx=True, remarks=True))
+    text = log.getvalue()
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
+    spills = [
+        int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes", text)
+    ]
+    return fn.artifacts.PTX or "", regs, spills
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.in_bf16}-{s.out_bf16}")
+def test_boundary_kernels_compile_without_spills(spec, arch):
+    ptx, regs, spills = _compile(spec, arch)
+    assert re.search(rf"\.target {arch}\b", ptx)
+    assert regs and 0 < max(regs) <= 128, regs
+    assert spills and sum(spills) == 0, spills
+    # Five xor-shuffle stages of 4 values per H128 (activate runs two butterflies per route).
+    butterflies = {"rotate": 1, "activate": 3, "reduce": spec.top_k}[spec.kind]
+    assert ptx.count("shfl.sync.bfly") >= 20 * butterflies
+    assert "add.rn.f32" in ptx and "sub.rn.f32" in ptx and "mul.rn.f32" in ptx
+    if spec.kind == "activate":
+        assert "div.rn.f32" in ptx  # silu's IEEE division, as torch's
+        assert "ex2.approx" in ptx  # the accurate libm exp (range reduction + ex2), not removed
+    else:
+        # Nothing to contract: every product and sum rounds on its own, as the torch glue does.
+        assert "fma" not in ptx
+    mma = ptx.count("mma.sync")
+    assert mma == 0
+
+
+def test_specs_validate():
+    with pytest.raises(ValueError, match="kind"):
+        MoeBoundarySpec("rotate_in", False, False)
+    with pytest.raises(ValueError, match="proj"):
+        MoeBoundarySpec("activate", False, False, proj=True)
+    with pytest.raises(ValueError, match="top_k"):
+        MoeBoundarySpec("reduce", False, False)
+    with pytest.raises(ValueError, match="top_k"):
+        MoeBoundarySpec("rotate", False, False, top_k=2)
+    with pytest.raises(ValueError, match="warps"):
+        MoeBoundarySpec("rotate", False, False, warps=3)
+    with pytest.raises(TypeError, match="in_bf16"):
+        MoeBoundarySpec("rotate", 1, False)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, cd, layout, top_k",
+    [
+        (torch.float16, torch.float16, "packed", 8),
+        (torch.bfloat16, torch.bfloat16, "proj", 2),
+        (torch.bfloat16, torch.float16, "proj", 1),
+    ],
+)
+def test_boundary_specs_follow_the_problem(x_dtype, cd, layout, top_k):
+    plan = plan_moe(
+        m=4, top_k=top_k, hidden=256, intermediate=256, codebook="mcg", bits=3, num_experts=8,
+        w13_layout=layout, x_dtype=x_dtype, compute_dtype=cd,
+    )  # fmt: skip
+    rotate, act, reduce = boundary.boundary_specs(plan.problem)
+    x_bf16, cd_bf16 = x_dtype == torch.bfloat16, cd == torch.bfloat16
+    assert rotate == MoeBoundarySpec("rotate", x_bf16, cd_bf16, proj=layout == "proj")
+    assert act == MoeBoundarySpec("activate", cd_bf16, cd_bf16)
+    assert reduce == MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=top_k)
+
+
+def test_boundary_kernels_resolve_through_the_runtime_cache(monkeypatch):
+    spec = MoeBoundarySpec("reduce", False, True, top_k=5, warps=1)
+    key = compile_cache.launch_key(
+        spec, "sm_90", kernel="moe_boundary", modules=MOE_BOUNDARY_SOURCE_MODULES
+    )
+    other = compile_cache.launch_key(
+        MoeBoundarySpec("reduce", False, True, top_k=6, warps=1),
+        "sm_90",
+        kernel="moe_boundary",
+        modules=MOE_BOUNDARY_SOURCE_MODULES,
+    )
+    assert key.kernel == "moe_boundary" and key != other  # top_k is a codegen input
+    assert dict(key.codegen)["top_k"] == 5
+    empty = compile_cache.CompileCache()
+    monkeypatch.setattr(compile_cache, "CACHE", empty)
+    frozen = pytest.raises(compile_cache.KernelResolutionFrozen, match="moe_boundary")
+    with compile_cache.frozen(), frozen:
+        compiled_moe_boundary(spec, "sm_90")
+    assert len(empty) == 0 and empty.misses == 0
+
+
+def test_launch_wrappers_reject_bad_arguments_before_compiling(monkeypatch):
+    def no_compile(spec, arch):
+        raise AssertionError(f"compiled {spec}")
+
+    monkeypatch.setattr(boundary, "compiled_moe_boundary", no_compile)
+    x = torch.zeros(2, 128, dtype=torch.float16)
+    suh = torch.ones(1, 128, dtype=torch.float16)
+    experts = torch.zeros(4, dtype=torch.int64)
+    out = torch.zeros(4, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="up_suh/out_up"):
+        boundary.rotate_inputs(
+            arch="sm_90", x=x, gate_suh=suh, up_suh=suh, route_expert=experts, out_gate=out,
+            out_up=None, top_k=2, num_experts=1,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="weights"):
+        boundary.reduce_output(
+            arch="sm_90", fc2=out, svh=suh, route_expert=experts,
+            route_inactive=torch.zeros(4, dtype=torch.bool), weights=torch.ones(4).half(),
+            out=x, top_k=2, num_experts=1,
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------ butterfly order (emulation)
+
+
+def _lane_butterfly(block: torch.Tensor) -> torch.Tensor:
+    """The kernels' ``_h128`` in fp32 torch ops: ``block [R, 128]`` as 32 lanes × 4 values."""
+    v = block.view(-1, 32, 4)
+    a, b, c, d = v.unbind(-1)
+    s0, s1, s2, s3 = a + b, a - b, c + d, c - d
+    out = torch.stack([s0 + s2, s1 + s3, s0 - s2, s1 - s3], dim=-1)
+    lane = torch.arange(32)
+    for offset in (1, 2, 4, 8, 16):
+        partner = out[:, lane ^ offset]
+        upper = ((lane & offset) != 0).view(1, 32, 1)
+        out = torch.where(upper, partner - out, out + partner)
+    return (out * H128_SCALE_FP32).view(-1, 128)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("spread", [1.0, 1e-30, 1e30])
+def test_lane_butterfly_is_bit_identical_to_the_torch_path(spread):
+    g = torch.Generator().manual_seed(7)
+    rows, features = 6, 384
+    x = torch.randn(rows, features, generator=g) * spread
+    x *= torch.exp2(torch.randint(-20, 20, (rows, features), generator=g).float())
+    x[0, :5] = torch.tensor([0.0, -0.0, 1e-45, -3.4e38, 3.4e38])  # subnormal, overflow paths
+    src, tmp = x.clone(), torch.empty_like(x)
+    want = boundary.h128_fp32_(src, tmp)
+    got = _lane_butterfly(x.clone().view(-1, 128)).view(rows, features)
+    assert torch.equal(_bits(got), _bits(want))
+    # The order matters: the natural H4 ((a+b)+c)+d differs somewhere from the stage order.
+    v = x.view(-1, 32, 4)
+    a, b, c, d = v.unbind(-1)
+    natural = a + b + c + d
+    staged = (a + b) + (c + d)
+    assert not torch.equal(_bits(natural), _bits(staged))
