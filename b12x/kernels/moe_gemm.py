@@ -20,11 +20,19 @@ Layout
   ``tier`` argument, with payload expert ``expert_base + local``. A uniform stack passes the
   identity descriptors (tier 0); two tiers are two launches (tier 0, tier 1) over the same
   blocks, each with its own payload and bit rate (spec §4.1, "a documented sequence").
-* **Work split.** CTA ``(x, b)``: warp ``w`` owns N16 tiles ``(x·warps + w)·n_tiles + [0,
-  n_tiles)`` of block ``b``'s ``m_tiles`` M16 row blocks, over all K16 rows, ``depth`` rows per
-  iteration with all their loads issued first (K % 128 == 0 makes ``depth | K/16``). No split-K,
-  so the result is deterministic and independent of the other blocks: each row's output depends
-  only on its own A row, which makes the MoE batch-invariant per route.
+* **Work split.** CTA ``(x, b)`` runs ``k_split`` warp groups of ``warps`` warps (``32·warps·
+  k_split`` threads); warp ``w = group·warps + c`` owns N16 tiles ``(x·warps + c)·n_tiles + [0,
+  n_tiles)`` of block ``b``'s ``m_tiles`` M16 row blocks over the contiguous K16 slice ``group·S
+  + [0, S)``, ``S = K/16/k_split`` (K % 128·k_split == 0, so ``depth | S``), ``depth`` rows per
+  iteration with all their loads issued first, in ascending row order.
+* **K reduction** (``k_split > 1``): after the mainloop, groups 1.. stage their fp32 partial
+  sums in shared memory (``spec.smem_bytes``, rounds of ``reduce_chunk`` accumulators per lane,
+  each between CTA barriers) and group 0 adds them in a FIXED order, ``((acc_0 + acc_1) + acc_2)
+  + …``; group 0 alone runs the epilogue. No split-K across CTAs, no global scratch, no atomics:
+  each row's output is a deterministic function of its own A row and the spec's ``k_split``
+  (m_tiles, n_tiles, warps and depth never change a row's summation order), which keeps the MoE
+  batch-invariant per route as long as ``k_split`` depends on the weight geometry only
+  (:func:`b12x.moe.plan.choose_k_split`).
 * **Mainloop.** Per K16 row each lane loads its A fragments and its 2–3 ring words per tile and
   calls the dense kernel's shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by
   keyword**, with the codegen constants taken from one frozen :class:`MainloopBundle`.
@@ -44,6 +52,9 @@ Invariants
   (:class:`MoeGemmSpec`); the LUT address arrives in one Int64 slot like the dense kernel's (one
   table per codebook serves every record rate).
 * The unpaired spec (``pair=None``) builds :class:`MoeGroupedGemmKernel` exactly as before.
+  The paired kernel keeps ``k_split = 1`` (its K-axis records interleave rates per pair).
+* Every thread of a live CTA reaches the reduction barriers: liveness and the tier test are
+  CTA-uniform and every group runs the same number of slice iterations.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32, Int64, Uint32
 
 from b12x.formats import DecodeFormat, resolve_format
@@ -75,6 +87,13 @@ __all__ = [
 TIER_SHIFT = 8
 #: K16 rows loaded per mainloop iteration; each divides 8, and K is a multiple of 128 (8 rows).
 DEPTHS = (1, 2, 4, 8)
+#: Intra-CTA K split factors: warp groups that share N tiles and split the K16 rows.
+K_SPLITS = (1, 2, 4, 8)
+#: fp32 accumulators per lane that one round of the shared-memory K reduction moves.
+REDUCE_CHUNK = 16
+#: Static shared memory a launch may use without an opt-in attribute (bytes).
+MAX_STATIC_SMEM = 48 * 1024
+MAX_CTA_THREADS = 1024
 LOCAL_MASK = (1 << TIER_SHIFT) - 1
 
 #: QSRT pair kind -> (b_lo, b_hi): record 0 / record 1 rates in storage order (spec §4.3).
@@ -101,6 +120,7 @@ class MoeGemmSpec:
     depth: int = 4
     pair: str | None = None
     rate_axis: str | None = None
+    k_split: int = 1
 
     def __post_init__(self):
         resolve_format(self.codebook, self.bits)
@@ -110,10 +130,20 @@ class MoeGemmSpec:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if self.depth not in DEPTHS:
             raise ValueError(f"depth: expected one of {DEPTHS}, got {self.depth!r}")
+        if type(self.k_split) is not int or self.k_split not in K_SPLITS:
+            raise ValueError(f"k_split: expected one of {K_SPLITS}, got {self.k_split!r}")
+        if self.cta_threads > MAX_CTA_THREADS or self.smem_bytes > MAX_STATIC_SMEM:
+            raise ValueError(
+                f"warps/k_split: {self.warps} warps × k_split {self.k_split} need "
+                f"{self.cta_threads} threads and {self.smem_bytes} B of shared memory (at most "
+                f"{MAX_CTA_THREADS} threads and {MAX_STATIC_SMEM} B)"
+            )
         if self.pair is None:
             if self.rate_axis is not None:
                 raise ValueError(f"rate_axis: an unpaired spec has none, got {self.rate_axis!r}")
             return
+        if self.k_split != 1:
+            raise ValueError(f"k_split: the paired kernel has no K split, got {self.k_split}")
         self._check_pair()
 
     def _check_pair(self) -> None:
@@ -142,6 +172,28 @@ class MoeGemmSpec:
     @property
     def block_size(self) -> int:
         return 16 * self.m_tiles
+
+    @property
+    def cta_threads(self) -> int:
+        """Threads of one CTA: ``k_split`` warp groups of ``warps`` warps."""
+        return 32 * self.warps * self.k_split
+
+    @property
+    def reduce_chunk(self) -> int:
+        """Accumulators per lane moved in one round of the K reduction (divides the total)."""
+        accs = self.m_tiles * self.n_tiles * 8
+        return REDUCE_CHUNK if accs % REDUCE_CHUNK == 0 else 8
+
+    @property
+    def smem_bytes(self) -> int:
+        """The K reduction's staging buffer: one ``reduce_chunk`` slice per lane of every warp
+        of groups ``1 .. k_split-1`` (group 0 keeps its partial sums in registers)."""
+        return (self.k_split - 1) * self.warps * 32 * self.reduce_chunk * 4
+
+    @property
+    def k_multiple(self) -> int:
+        """K must be a multiple of this: 128 (8 K16 rows, every ``depth`` divides 8) per group."""
+        return 128 * self.k_split
 
     @property
     def n_group(self) -> int:
@@ -190,6 +242,7 @@ class MoeGroupedGemmKernel:
         self.warps = spec.warps
         self.m_tiles = spec.m_tiles
         self.depth = spec.depth
+        self.k_split = spec.k_split
 
     @cute.jit
     def __call__(
@@ -222,7 +275,8 @@ class MoeGroupedGemmKernel:
             out_col_word,
         ).launch(
             grid=(grid_x, block_expert_ids.shape[0], 1),
-            block=(32 * self.warps, 1, 1),
+            block=(self.spec.cta_threads, 1, 1),
+            smem=self.spec.smem_bytes,
             stream=stream,
         )
 
@@ -286,8 +340,14 @@ class MoeGroupedGemmKernel:
         warp = tid // 32
         r = lane % 4
         g = lane // 4
+        # Warp w = group·warps + column warp: the group picks the K slice, the column warp the
+        # N tiles (k_split == 1: one group, the whole K range).
+        col_warp = warp % self.warps
+        group = warp // self.warps
         k_rows = a.shape[1] // 8
-        tile0 = (bx * self.warps + warp) * self.n_tiles
+        slice_rows = k_rows // self.k_split  # a multiple of 8 (K % 128·k_split == 0)
+        k_begin = group * slice_rows
+        tile0 = (bx * self.warps + col_warp) * self.n_tiles
 
         acc = cute.make_rmem_tensor((self.m_tiles * self.n_tiles * 8,), Float32)
         for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
@@ -319,7 +379,7 @@ class MoeGroupedGemmKernel:
 
         # `depth` K16 rows per iteration: every load of the group is issued before the first
         # decode, so `depth` rows of ring words and A fragments are in flight at once.
-        for kt0 in cutlass.range(0, k_rows, self.depth):
+        for kt0 in cutlass.range(k_begin, k_begin + slice_rows, self.depth):
             staged = []
             for d in cutlass.range_constexpr(self.depth):
                 row_off = Int64(kt0 + d) * row_bytes
@@ -354,20 +414,57 @@ class MoeGroupedGemmKernel:
                         m_tiles=bundle.m_tiles,
                     )
 
-        for mt in cutlass.range_constexpr(self.m_tiles):
-            for half in cutlass.range_constexpr(2):
-                row = rows[2 * mt + half]
-                if row < n_rows:
-                    for nt in cutlass.range_constexpr(self.n_tiles):
-                        for nb in cutlass.range_constexpr(2):
-                            base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
-                            col_word = ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
-                            lo = acc[base]
-                            hi = acc[base + 1]
-                            if cutlass.const_expr(bundle.bf16):
-                                out[row, col_word] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
-                            else:
-                                out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
+        if cutlass.const_expr(self.k_split > 1):
+            self._reduce_groups(acc, group, col_warp * 32 + lane)
+
+        # Group 0 holds the reduced sums and alone runs the epilogue (the scatter).
+        if group == 0:
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                for half in cutlass.range_constexpr(2):
+                    row = rows[2 * mt + half]
+                    if row < n_rows:
+                        for nt in cutlass.range_constexpr(self.n_tiles):
+                            for nb in cutlass.range_constexpr(2):
+                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
+                                col_word = ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
+                                lo = acc[base]
+                                hi = acc[base + 1]
+                                if cutlass.const_expr(bundle.bf16):
+                                    out[row, col_word] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
+                                else:
+                                    out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
+
+    @cute.jit
+    def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):
+        """Sum the K groups' partial accumulators into group 0's, in a FIXED order.
+
+        ``acc_0 <- ((acc_0 + acc_1) + acc_2) + ...`` per accumulator, group index order, so the
+        result depends only on the spec (never on timing or on other blocks). ``slot`` is the
+        lane's index within its group (``column warp · 32 + lane``). The buffer holds
+        ``reduce_chunk`` accumulators per lane of groups 1.., laid out ``[group-1][j][column
+        warp][lane]`` (lane-contiguous: no bank conflicts); the accumulators move in rounds of
+        ``reduce_chunk``, each between CTA barriers (every thread of a live CTA reaches them:
+        liveness is CTA-uniform, and every group runs the same number of slice iterations).
+        """
+        chunk = self.spec.reduce_chunk
+        lanes = self.warps * 32
+        allocator = cutlass.memory.SmemAllocator()
+        red = allocator.allocate_tensor(
+            Float32, cute.make_layout((self.k_split - 1) * chunk * lanes), byte_alignment=16
+        )
+        rounds = (self.m_tiles * self.n_tiles * 8) // chunk
+        for rnd in cutlass.range_constexpr(rounds):
+            if group > 0:
+                for j in cutlass.range_constexpr(chunk):
+                    red[((group - 1) * chunk + j) * lanes + slot] = acc[rnd * chunk + j]
+            cute.arch.sync_threads()
+            if group == 0:
+                for src in cutlass.range_constexpr(1, self.k_split):
+                    for j in cutlass.range_constexpr(chunk):
+                        i = rnd * chunk + j
+                        acc[i] = acc[i] + red[((src - 1) * chunk + j) * lanes + slot]
+            if cutlass.const_expr(rnd + 1 < rounds):
+                cute.arch.sync_threads()
 
 
 def _lane_word_ptrs(base, first, bits: int) -> list:
@@ -708,7 +805,9 @@ def build_moe_gemm(spec: MoeGemmSpec):
         modes = fake(Int32, (cute.sym_int(),))
         args = (a, payload, out, blocks, count, route_rows, descriptors, modes, *scalars)
         return MoePairGemmKernel(spec), (*args, stream)
-    a = fake(Int32, (rows, cute.sym_int(divisibility=8)))
+    # K % (128·k_split) == 0 for a split launch: every group's slice is whole 8-row units.
+    a_div = 8 if spec.k_split == 1 else spec.k_multiple // 2
+    a = fake(Int32, (rows, cute.sym_int(divisibility=a_div)))
     payload = fake(
         Int32, (cute.sym_int(), cute.sym_int(divisibility=spec.n_group // 16), 8 * spec.bits)
     )

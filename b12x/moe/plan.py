@@ -23,8 +23,10 @@ host synchronisation, so one call is CUDA-graph capturable; R4):
    used as indices (the drop bucket is clamped before any table gather). Stored in ``x.dtype``.
 
 Padding slots load a clamped A row and store nothing. Every route's output depends
-only on its own row (no split-K), so the op is **batch invariant**: a token's output at batch M
-equals its batch-1 output bit for bit, given the same routes.
+only on its own row (no split-K across CTAs; the intra-CTA K split's factor is chosen from the
+weight geometry alone, :func:`choose_k_split`, and reduces in a fixed order), so the op is
+**batch invariant**: a token's output at batch M equals its batch-1 output bit for bit, given
+the same routes.
 
 Buffers: :func:`moe_buffer_specs` (exact shapes for the planned ``M``; see each name there).
 Plans are frozen; ``run`` reads the plan and never re-decides anything (R15). A paired phase
@@ -134,24 +136,70 @@ def choose_m_tiles(m: int, top_k: int, num_experts: int) -> int:
     return 1 if per_expert <= 24 else 2 if per_expert <= 48 else 4
 
 
-def gemm_geometry(m_tiles: int, n: int) -> tuple[int, int]:
-    """(n_tiles, depth) of the grouped GEMM: small blocks get narrow CTAs (more of them) and deep
-    load batches; wide blocks keep registers for the accumulators (no spills on sm_90)."""
+#: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
+MIN_K_SLICE = 512
+#: Largest planned K split (the kernel compiles 8 too; 4 already halves FC1's chain twice).
+MAX_K_SPLIT = 4
+#: Warps of a CTA at m_tiles ≥ 2 (all groups together): the register budget of 255 per thread
+#: that the wide accumulators need holds only for 128-thread CTAs on sm_90.
+WIDE_CTA_WARPS = 4
+
+
+def choose_k_split(k: int, n: int) -> int:
+    """Intra-CTA K split of a grouped GEMM with reduction length ``k`` and ``n`` output columns.
+
+    **Weight geometry only** (never M, m_tiles or the routing): the split fixes each output's
+    fp32 summation order (slice sums, then group 0 + 1 + 2 + … in index order), so a route's
+    result at batch M must equal its batch-1 result bit for bit. The rule: the largest of 4, 2, 1
+    with ``k % (128·k_split) == 0`` (whole 8-row units per group, any ``depth`` divides them)
+    and ``k / k_split >= MIN_K_SLICE`` (32 K16 rows per warp, so the slice loop stays deep).
+    GLM-like shapes: FC1 K = 5120 → 4 (80 rows per warp instead of 320), FC2 K = 1536 → 2.
+    ``n`` is deliberately unused: the serial load→decode→mma chain per warp, which bounds small
+    M latency, is a K property; N only changes how many CTAs run it side by side.
+    """
+    del n
+    for k_split in (MAX_K_SPLIT, 2):
+        if k % (128 * k_split) == 0 and k // k_split >= MIN_K_SLICE:
+            return k_split
+    return 1
+
+
+def gemm_geometry(
+    m_tiles: int, n: int, k_split: int = 1, *, family: str | None = None
+) -> tuple[int, int, int]:
+    """(n_tiles, warps, depth) of the grouped GEMM; ``warps`` per K group (CTA: warps·k_split).
+
+    Single M16 blocks (≤ 64 live registers on sm_90): 4 warps × 2 tiles per group, deep load
+    batches, ``128·k_split`` threads (≤ 512). Wider blocks need up to ~250 registers, which
+    ptxas grants only to 128-thread CTAs, so the groups share :data:`WIDE_CTA_WARPS` warps
+    (``warps = 4 / k_split``, narrower CTAs, more of them) and 4 tiles when N allows.
+    ``k_split`` (:func:`choose_k_split`) does not change any route's summation order here:
+    n_tiles, warps and depth only pick which warp computes a tile and how many rows are in
+    flight, each lane still adds its slice's K16 rows in ascending order. ``family`` (the
+    decoder family of :mod:`b12x.formats`): the D3L decoder (``"sqg_d3l"``) keeps more values
+    live, so its 4-block CTAs take 2 tiles (4 × 4 spills 440 B on sm_90, split or not).
+    """
     if m_tiles == 1:
-        return 2, 8
-    return (4 if n % 256 == 0 else 2), 2
+        return 2, 4, 8
+    warps = max(1, WIDE_CTA_WARPS // k_split)
+    wide = n % (64 * warps) == 0 and not (m_tiles == 4 and family == "sqg_d3l")
+    return (4 if wide else 2), warps, 2
 
 
-def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n, pairs=(None, None)):
-    def spec(bits, n):
-        n_tiles, depth = gemm_geometry(m_tiles, n)
+def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n, pairs=(None, None), *,
+                fc1_k, fc2_k):  # fmt: skip
+    def spec(bits, n, k):
+        k_split = choose_k_split(k, n)
+        family = resolve_format(codebook, bits).family
+        n_tiles, warps, depth = gemm_geometry(m_tiles, n, k_split, family=family)
         return MoeGemmSpec(
-            codebook, bits, compute_bf16, m_tiles=m_tiles, n_tiles=n_tiles, depth=depth
-        )
+            codebook, bits, compute_bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+            depth=depth, k_split=k_split,
+        )  # fmt: skip
 
-    def phase_specs(phase, choice, n):
+    def phase_specs(phase, choice, n, k):
         if choice is None:
-            return tuple(spec(t.bits, n) for t in tiers)
+            return tuple(spec(t.bits, n, k) for t in tiers)
         return (
             pair_gemm_spec(
                 codebook=codebook, bf16=compute_bf16, m_tiles=m_tiles, choice=choice,
@@ -159,7 +207,10 @@ def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n, pairs=(Non
             ),
         )  # fmt: skip
 
-    return phase_specs("fc1", pairs[0], fc1_n), phase_specs("fc2", pairs[1], fc2_n)
+    return (
+        phase_specs("fc1", pairs[0], fc1_n, fc1_k),
+        phase_specs("fc2", pairs[1], fc2_n, fc2_k),
+    )
 
 
 def _check_pairs(fc1_pair, fc2_pair, *, codebook, tiers, intermediate) -> tuple:
@@ -319,8 +370,9 @@ def plan_moe(
         )
     fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
     fc1, fc2 = _gemm_specs(
-        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden, pairs
-    )
+        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden, pairs,
+        fc1_k=hidden, fc2_k=intermediate,
+    )  # fmt: skip
     if device is not None:
         fc2 = tuple(
             _wave_balanced(spec) if spec.pair is None and wave_balanced_fc2(
@@ -352,6 +404,8 @@ def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: An
 
 def _wave_balanced(spec: MoeGemmSpec) -> MoeGemmSpec:
     warps, n_tiles = dense_tiles.kernel_geometry(dense_tiles.WAVE_BALANCED_FC2)
+    if spec.k_split > 1 and spec.m_tiles > 1:
+        return spec  # 256·k_split threads cannot keep wide accumulators (see gemm_geometry)
     return dataclasses.replace(spec, n_tiles=n_tiles, warps=warps, depth=2)
 
 

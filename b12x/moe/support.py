@@ -59,8 +59,8 @@ def _pair_variants() -> list[dict]:
 
 
 def moe_kernel_specializations():
-    """Grouped-GEMM specs covering both dtypes, m_tiles 1/2/4, n_tiles 2/4, 2- and 3-word lanes
-    and every decoder family (the LUT-reading ones included)."""
+    """Grouped-GEMM specs covering both dtypes, m_tiles 1/2/4, n_tiles 2/4, 2- and 3-word lanes,
+    every decoder family (the LUT-reading ones included) and the intra-CTA K split."""
     from b12x.kernels.moe_gemm import MoeGemmSpec
 
     return [
@@ -71,6 +71,9 @@ def moe_kernel_specializations():
         MoeGemmSpec("sqg_fp16", 5, True, m_tiles=2, n_tiles=2, depth=2),
         MoeGemmSpec("3inst", 2, False, m_tiles=1, n_tiles=2, depth=8),
         MoeGemmSpec("mul1", 8, False, m_tiles=4, n_tiles=2, depth=2),
+        # intra-CTA K split (plan: FC1 K = 5120 -> 4, FC2 K = 1536 -> 2; b12x.moe.plan)
+        MoeGemmSpec("mcg", 4, False, m_tiles=1, n_tiles=2, warps=4, depth=8, k_split=4),
+        MoeGemmSpec("mcg", 4, True, m_tiles=4, n_tiles=4, warps=2, depth=2, k_split=2),
         # QSRT pairs (the plan's geometries, b12x.moe.pairs.pair_geometry)
         MoeGemmSpec("mcg", 3, False, m_tiles=1, n_tiles=2, warps=8, depth=8, pair="P24",
                     rate_axis="n"),
