@@ -26,7 +26,8 @@ the GPU. ``nvdisasm`` comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip insta
 nvidia-cuda-nvdisasm``) or a CUDA toolkit on ``PATH``.
 
 Usage: ``python benchmarks/sass_budget.py [--codebooks mcg,3inst,mul1] [--bits 2,3,4,6]
-[--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--json out.json] [--dump DIR]``
+[--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--smem-stages 0]
+[--json out.json] [--dump DIR]``
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def budget(
     bf16: bool = False,
     depth: int = 1,
     unroll: int = 1,
+    smem_stages: int = 0,
     nvdisasm: str | None = None,
     dump: str | None = None,
 ) -> LoopBudget:
@@ -268,6 +270,7 @@ def budget(
         write_partials=True,
         depth=depth,
         unroll=unroll,
+        smem_stages=smem_stages,
     )
     comp = compile_cubin(spec, arch)
     sass = disassemble(comp.cubin, tool)
@@ -315,6 +318,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--depth", type=int, default=1, help="register stages in flight")
     parser.add_argument("--unroll", type=int, default=1)
+    parser.add_argument("--smem-stages", type=int, default=0, help="cp.async ring slots (0: off)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--dump", default=None, help="write each disassembly into this folder")
     args = parser.parse_args(argv)
@@ -325,7 +329,10 @@ def main(argv=None) -> int:
     m_tiles, n_tiles = (int(v) for v in args.tiles.lower().split("x"))
     head = "  ".join(f"{c:>5s}" for c in CLASSES[:6])
     dtype = "bf16" if args.bf16 else "fp16"
-    print(f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}")
+    print(
+        f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}"
+        f" smem_stages {args.smem_stages}"
+    )
     print(f"codebook     loop / weights  instr/w   {head}   (per decoded weight)")
     rows = []
     for codebook in args.codebooks.split(","):
@@ -339,6 +346,7 @@ def main(argv=None) -> int:
                 bf16=args.bf16,
                 depth=args.depth,
                 unroll=args.unroll,
+                smem_stages=args.smem_stages,
                 nvdisasm=tool,
                 dump=args.dump,
             )

@@ -19,6 +19,20 @@ Layout
   with immediate per-tile offsets, ``ld.global.nc``; one ``IMAD.WIDE`` per pointer and row). The
   loop body covers ``depth + 1`` rows, so each stage lives in fixed registers and no register is
   copied between iterations; a row past the split's end (last group only) is skipped.
+* **Shared-memory ring** (opt-in, ``smem_stages`` = S in 2..4; 0 = the register stages above).
+  Each warp streams its own K16 rows through S slots of shared memory with ``cp.async``, so the
+  loads are issued S - 1 rows ahead and cannot be sunk to their use. A slot is one K16 row of
+  one warp: its ``n_tiles`` payload tiles (``n_tiles·32b`` contiguous bytes in global memory,
+  copied as 16-byte chunks, chunk c by lane c % 32, ``.cg``), then ``m_tiles`` A blocks of
+  16 rows x 32 B (lane l copies half l % 2 of row l // 2, ``.ca``; rows >= M are zero-filled
+  without a read, and the halves of rows 4..7 mod 8 are swapped so that the fragment reads hit
+  32 distinct banks). Per row: ``cp.async.wait_group S-2``, a warp barrier, refill of the slot
+  read one row earlier with the row S - 1 ahead, ``commit_group``, then the lane reads its ring
+  words and A words from the slot (``ld.shared``, immediate offsets) and calls
+  :func:`decode_and_accumulate` as above. Rows past the split's end are zero-size copies (no
+  global read, never decoded); the kernel drains every group before it exits. Shared memory
+  per CTA: ``warps·S·(32b·n_tiles + 512·m_tiles)`` B (:func:`ring_smem_bytes`): 12 KB for the
+  headline K4 1x4 tile at S = 3 (8 CTAs of 4 warps per SM fit in 96 KB), at most 40 KB.
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
   ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
   their C rows are don't-care values).
@@ -50,7 +64,36 @@ from b12x.kernels.trellis_decode import (
     ring_words_per_lane,
 )
 
-__all__ = ["DenseTrellisGemmKernel", "SplitKReduceKernel", "decode_and_accumulate"]
+__all__ = [
+    "DenseTrellisGemmKernel",
+    "SplitKReduceKernel",
+    "decode_and_accumulate",
+    "SMEM_STAGES",
+    "SMEM_LIMIT",
+    "ring_smem_bytes",
+]
+
+#: Legal ``smem_stages``: 0 = the register path, else the slots of the shared-memory ring (a
+#: one-slot ring could not overlap a copy with a decode).
+SMEM_STAGES = (0, 2, 3, 4)
+#: Shared memory per CTA the ring may use: the 48 KB a launch gets without the opt-in attribute
+#: (an sm_90 SM has 228 KB, sm_120 100 KB). The headline tile needs 12-16 KB, so the ring never
+#: limits occupancy before registers do (8 CTAs of 4 warps at 64 registers).
+SMEM_LIMIT = 48 * 1024
+#: Bytes of one M16 block's A rows in one ring slot: 16 rows x one K16 row (32 B) each.
+A_BLOCK_BYTES = 16 * 32
+
+
+def ring_smem_bytes(bits: int, *, m_tiles: int, n_tiles: int, warps: int, stages: int) -> int:
+    """Shared memory per CTA of the ``cp.async`` ring (0 for the register path).
+
+    A slot holds one K16 row of one warp: its ``n_tiles`` payload tiles (``32·bits`` B each)
+    then ``m_tiles`` A blocks (:data:`A_BLOCK_BYTES`), so a warp owns ``stages`` slots and the
+    CTA ``warps·stages`` of them. Headline tile (4 warps, 1 M16 x 4 N16): K4 1 KB per slot,
+    12 KB per CTA at 3 stages, 16 KB at 4; the largest legal shape (4 M16 x 2 N16, K8, 4 stages)
+    needs 40 KB.
+    """
+    return warps * stages * (n_tiles * 32 * bits + m_tiles * A_BLOCK_BYTES)
 
 
 @shared_body
@@ -103,8 +146,11 @@ class DenseTrellisGemmKernel:
         write_partials: bool,
         unroll: int = 1,
         depth: int = 1,
+        smem_stages: int = 0,
     ):
         fmt.check_bits(bits)
+        if smem_stages not in SMEM_STAGES:
+            raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
@@ -114,6 +160,15 @@ class DenseTrellisGemmKernel:
         self.write_partials = write_partials
         self.unroll = unroll
         self.depth = depth
+        self.smem_stages = smem_stages
+        self.smem_bytes = ring_smem_bytes(
+            bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
+        )
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(
+                f"smem_stages: {smem_stages} stages need {self.smem_bytes} B of shared memory "
+                f"per CTA (limit {SMEM_LIMIT})"
+            )
 
     @cute.jit
     def __call__(
@@ -131,7 +186,10 @@ class DenseTrellisGemmKernel:
         grid_x = n16 // (self.n_tiles * self.warps)
         grid_y = (m + 16 * self.m_tiles - 1) // (16 * self.m_tiles)
         self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
-            grid=(grid_x, grid_y, splits), block=(32 * self.warps, 1, 1), stream=stream
+            grid=(grid_x, grid_y, splits),
+            block=(32 * self.warps, 1, 1),
+            smem=self.smem_bytes,
+            stream=stream,
         )
 
     def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
@@ -154,6 +212,83 @@ class DenseTrellisGemmKernel:
             for q in range(4):
                 ptr = a_ptrs[2 * mt + q % 2] + a_off
                 a_vals.append(ptx.ld_global_nc_u32_imm(ptr, 16 * (q // 2)))
+        return words, a_vals
+
+    def _accumulate_row(self, words, a_vals, lut_addr, off, acc):
+        """Decode every N16 tile of one K16 row (the lane's ring ``words`` of each tile, in
+        tile order) and accumulate against its A fragments (``a_vals``, 4 per M16 block)."""
+        nw = ring_words_per_lane(self.bits)
+        a_frags = [a_vals[4 * mt : 4 * mt + 4] for mt in range(self.m_tiles)]
+        for nt in range(self.n_tiles):
+            decode_and_accumulate(
+                fmt=self.fmt,
+                bits=self.bits,
+                bf16=self.bf16,
+                lut_in_smem=False,
+                lut_addr=lut_addr,
+                a_frags=a_frags,
+                words=words[nt * nw : nt * nw + nw],
+                lane_off=off,
+                acc=acc,
+                acc_base=nt * self.m_tiles * 8,
+                m_tiles=self.m_tiles,
+            )
+
+    def _slot_bytes(self) -> int:
+        return self.n_tiles * 32 * self.bits + self.m_tiles * A_BLOCK_BYTES
+
+    def _fill_slot(self, slot: int, kt, k_end, lane, fill, row_bytes, a_fill):
+        """Issue the ``cp.async`` copies of K16 row ``kt`` into ring slot ``slot`` (no commit).
+
+        ``fill = (dst, src)``: the lane's payload chunk (16 B chunk ``lane`` of the warp's
+        contiguous ``n_tiles·32b``-byte run in K16 row 0; chunk ``lane + 32j`` is ``512j`` further
+        on both sides, lanes past the run's end are predicated off). ``a_fill[j] = (dst, src,
+        size)``: the lane's A chunk of M16 block j (16 B half ``lane % 2`` of tile row
+        ``lane // 2``; size 0 for rows >= M). A row past the split's end (``kt >= k_end``)
+        copies zero bytes from a clamped address: it zero-fills, reads no global memory and is
+        never decoded.
+        """
+        base = slot * self._slot_bytes()
+        live = kt < k_end
+        k_row = cutlass.min(kt, k_end - 1)
+        size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
+        dst, src = fill
+        src = src + Int64(k_row) * row_bytes
+        chunks = self.n_tiles * 2 * self.bits
+        for j in range((chunks + 31) // 32):
+            rest = chunks - 32 * j
+            enable = None if rest >= 32 else Uint32(cutlass.select_(lane < rest, 1, 0))
+            ptx.cp_async_16(dst, src + 512 * j, size, dst_offset=base + 512 * j, enable=enable)
+        a_off = Int64(k_row) * 32
+        pay = self.n_tiles * 32 * self.bits
+        for mt in range(self.m_tiles):
+            a_dst, a_src, a_size = a_fill[mt]
+            a_live = Uint32(cutlass.select_(live, a_size, Uint32(0)))
+            ptx.cp_async_16(
+                a_dst,
+                a_src + a_off,
+                a_live,
+                dst_offset=base + pay + mt * A_BLOCK_BYTES,
+                cache_global=False,
+            )
+
+    def _read_slot(self, slot: int, word_rd, a_rd):
+        """The lane's ring words (tile-major, like :meth:`_load_stage`) and A words of slot
+        ``slot``: ``word_rd[i]`` addresses ring word i of tile 0, ``a_rd = (lo, hi)`` the lane's
+        A words (row g, k-half 0) and (row g, k-half 1); row g+8 is 256 B further."""
+        base = slot * self._slot_bytes()
+        nw = ring_words_per_lane(self.bits)
+        words = [None] * (self.n_tiles * nw)
+        for i in range(nw):
+            for nt in range(self.n_tiles):
+                off = base + nt * 32 * self.bits
+                words[nt * nw + i] = ptx.ld_shared_u32_imm(word_rd[i], off)
+        pay = base + self.n_tiles * 32 * self.bits
+        a_vals = []
+        for mt in range(self.m_tiles):
+            for q in range(4):
+                off = pay + mt * A_BLOCK_BYTES + 256 * (q % 2)
+                a_vals.append(ptx.ld_shared_u32_imm(a_rd[q // 2], off))
         return words, a_vals
 
     @cute.kernel
@@ -205,39 +340,85 @@ class DenseTrellisGemmKernel:
             idx = first + i
             idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
             word_ptrs.append(pay_base + Int64(tile0 * ring + idx) * 4)
-        # Register stages: ``depth`` K16 rows are in flight while one is decoded. The loop body
-        # covers depth + 1 rows so every stage lives in fixed registers (no copies between
-        # iterations): step s loads row g0 + s + depth into stage (s + depth) % stages, then
-        # decodes stage s (row g0 + s; past the split's end in the last group, skipped). Loads
-        # past the end are clamped to the last row (re-reads, never used).
-        stages = self.depth + 1
-        zero = Uint32(0)
-        buf = [([zero] * (self.n_tiles * nw), [zero] * (4 * self.m_tiles))] * stages
-        for d in cutlass.range_constexpr(self.depth):
-            k_load = cutlass.min(k_begin + d, k_end - 1)
-            buf[d] = self._load_stage(k_load, word_ptrs, row_bytes, a_ptrs)
-        for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
-            for s in cutlass.range_constexpr(stages):
-                k_next = cutlass.min(g0 + s + self.depth, k_end - 1)
-                nxt = (s + self.depth) % stages
-                buf[nxt] = self._load_stage(k_next, word_ptrs, row_bytes, a_ptrs)
-                if g0 + s < k_end:  # always true for s = 0 (the loop bound), folded
-                    words, a_vals = buf[s]
-                    a_frags = [a_vals[4 * mt : 4 * mt + 4] for mt in range(self.m_tiles)]
-                    for nt in cutlass.range_constexpr(self.n_tiles):
-                        decode_and_accumulate(
-                            fmt=self.fmt,
-                            bits=self.bits,
-                            bf16=self.bf16,
-                            lut_in_smem=False,
-                            lut_addr=lut_addr,
-                            a_frags=a_frags,
-                            words=words[nt * nw : nt * nw + nw],
-                            lane_off=off,
-                            acc=acc,
-                            acc_base=nt * self.m_tiles * 8,
-                            m_tiles=self.m_tiles,
-                        )
+        if cutlass.const_expr(self.smem_stages == 0):
+            # Register stages: ``depth`` K16 rows are in flight while one is decoded. The loop
+            # body covers depth + 1 rows so every stage lives in fixed registers (no copies
+            # between iterations): step s loads row g0 + s + depth into stage
+            # (s + depth) % stages, then decodes stage s (row g0 + s; past the split's end in the
+            # last group, skipped). Loads past the end are clamped to the last row (re-reads,
+            # never used).
+            stages = self.depth + 1
+            zero = Uint32(0)
+            buf = [([zero] * (self.n_tiles * nw), [zero] * (4 * self.m_tiles))] * stages
+            for d in cutlass.range_constexpr(self.depth):
+                k_load = cutlass.min(k_begin + d, k_end - 1)
+                buf[d] = self._load_stage(k_load, word_ptrs, row_bytes, a_ptrs)
+            for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
+                for s in cutlass.range_constexpr(stages):
+                    k_next = cutlass.min(g0 + s + self.depth, k_end - 1)
+                    nxt = (s + self.depth) % stages
+                    buf[nxt] = self._load_stage(k_next, word_ptrs, row_bytes, a_ptrs)
+                    if g0 + s < k_end:  # always true for s = 0 (the loop bound), folded
+                        words, a_vals = buf[s]
+                        self._accumulate_row(words, a_vals, lut_addr, off, acc)
+        else:
+            # Shared-memory ring (module docstring): each warp streams its own K16 rows through
+            # ``stages`` slots with cp.async, so only warp barriers are needed. Row
+            # k_begin + i lives in slot i % stages. Step s of a group: wait until the row of
+            # slot s has landed (at most stages - 2 newer groups pending), barrier (every lane's
+            # copies visible; every lane done reading slot s - 1), refill slot s - 1 with the row
+            # stages - 1 ahead, commit (one group per step, also past the end: the counting
+            # stays uniform), then read slot s and decode it.
+            stages = self.smem_stages
+            slot_bytes = self._slot_bytes()
+            pay_bytes = self.n_tiles * 32 * self.bits
+            allocator = cutlass.memory.SmemAllocator()
+            ring_smem = allocator.allocate(self.warps * stages * slot_bytes, byte_alignment=16)
+            warp_base = Uint32(ring_smem.toint()) + Uint32(warp * (stages * slot_bytes))
+            fill = (
+                warp_base + Uint32(lane * 16),
+                pay_base + Int64(tile0 * ring) * 4 + lane * 16,
+            )
+            # A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with
+            # the halves swapped in rows 4..7 mod 8 so the fragment reads below (rows g, words
+            # r / r + 4) hit 32 distinct banks.
+            a_dst = warp_base + Uint32(
+                pay_bytes + (lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16
+            )
+            a_fill = []
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                a_row = row_base + mt * 16 + lane // 2
+                a_src = a_base + Int64(cutlass.min(a_row, m - 1)) * a_row_bytes + (lane % 2) * 16
+                a_size = Uint32(cutlass.select_(a_row < m, Uint32(16), Uint32(0)))
+                a_fill.append((a_dst, a_src, a_size))
+            word_rd = []
+            for i in cutlass.range_constexpr(nw):
+                idx = first + i
+                idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
+                word_rd.append(warp_base + Uint32(idx * 4))
+            swap = ((g // 4) % 2) * 16
+            a_rd = (
+                warp_base + Uint32(pay_bytes + g * 32 + r * 4 + swap),
+                warp_base + Uint32(pay_bytes + g * 32 + r * 4 + (16 - swap)),
+            )
+            for d in cutlass.range_constexpr(stages - 1):
+                self._fill_slot(d, k_begin + d, k_end, lane, fill, row_bytes, a_fill)
+                ptx.cp_async_commit()
+            for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
+                for s in cutlass.range_constexpr(stages):
+                    k_row = g0 + s
+                    ptx.cp_async_wait(stages - 2)
+                    cute.arch.sync_warp()
+                    refill = (s + stages - 1) % stages
+                    self._fill_slot(
+                        refill, k_row + stages - 1, k_end, lane, fill, row_bytes, a_fill
+                    )
+                    ptx.cp_async_commit()
+                    if k_row < k_end:
+                        words, a_vals = self._read_slot(s, word_rd, a_rd)
+                        self._accumulate_row(words, a_vals, lut_addr, off, acc)
+            # No copy may still be writing the ring when the CTA exits.
+            ptx.cp_async_wait(0)
 
         for mt in cutlass.range_constexpr(self.m_tiles):
             for half in cutlass.range_constexpr(2):

@@ -30,6 +30,10 @@ from b12x.formats import DecodeFormat, lut_bytes, resolve_format
 from b12x.kernels.specs import KernelSpec
 from b12x.runtime import compile_cache
 
+#: Legal ``smem_stages`` of :func:`trellis_matmul`; mirrors ``dense_gemm.SMEM_STAGES``
+#: (importing the kernel module here would load cutlass at import time).
+SMEM_STAGES = (0, 2, 3, 4)
+
 __all__ = [
     "device_arch",
     "lut_tensor",
@@ -167,8 +171,15 @@ def trellis_matmul(
     warps: int = 4,
     unroll: int = 1,
     depth: int = 1,
+    smem_stages: int = 0,
 ) -> torch.Tensor:
-    """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation."""
+    """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
+
+    ``smem_stages`` (opt-in, default 0 = register stages of ``depth`` rows) selects the
+    cp.async shared-memory ring with that many slots (2..4); ``depth`` is then unused.
+    """
+    if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
+        raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
         got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
         raise TypeError(f"a: expected dtype torch.float16 or torch.bfloat16, got {got}")
@@ -217,6 +228,7 @@ def trellis_matmul(
         write_partials=splits > 1,
         unroll=unroll,
         depth=depth,
+        smem_stages=smem_stages,
     )
     if splits == 1:
         _kernel(spec, a.device)(

@@ -5,7 +5,11 @@ Layout
 Each helper wraps one short PTX sequence through ``llvm.inline_asm`` and returns a DSL numeric
 (``Uint32``, ``Float32``). They are pure functions of their operands (no side effects), so the
 compiler may schedule them freely; the only memory-reading helpers are :func:`ld_global_nc_u8`,
-:func:`ld_global_nc_u32` and :func:`ld_shared_u8`, which read read-only tables.
+:func:`ld_global_nc_u32` and :func:`ld_shared_u8`, which read read-only tables. The exceptions
+are the shared-memory stores and the ``cp.async`` ring helpers (:func:`cp_async_16`,
+:func:`cp_async_commit`, :func:`cp_async_wait`, :func:`ld_shared_u32_imm`): they are volatile
+(``has_side_effects``), so LLVM keeps them in program order relative to each other and to the
+warp barrier that orders a ring slot's reads before its next fill.
 
 Invariants
 ----------
@@ -48,6 +52,10 @@ __all__ = [
     "st_shared_u16",
     "ld_shared_v4",
     "st_global_v4",
+    "cp_async_16",
+    "cp_async_commit",
+    "cp_async_wait",
+    "ld_shared_u32_imm",
 ]
 
 
@@ -342,3 +350,77 @@ def st_global_v4(addr, values, loc=None, ip=None) -> None:
     """Store four u32 at 16-byte-aligned global address ``addr``."""
     ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values(list(values), loc, ip)
     _asm_void(ops, "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cp_async_16(
+    dst,
+    src,
+    src_size,
+    *,
+    dst_offset: int = 0,
+    cache_global: bool = True,
+    enable=None,
+    loc=None,
+    ip=None,
+) -> None:
+    """``cp.async.{cg|ca}.shared.global [dst + dst_offset], [src], 16, src_size`` (sm_80+).
+
+    Copies 16 bytes from global ``src`` (16-byte aligned) to the 32-bit shared-window address
+    ``dst + dst_offset`` (16-byte aligned; ``dst_offset`` a constant immediate), reading only the
+    first ``src_size`` bytes (0 or 16) and zero-filling the rest: ``src_size = 0`` fills zeros
+    without touching global memory. ``cache_global`` picks ``.cg`` (L2 only, for streamed data)
+    over ``.ca`` (also L1, for data several warps re-read). With ``enable`` (a u32), the copy is
+    issued only where it is non-zero (a PTX predicate, no branch). Completion is tracked by
+    :func:`cp_async_commit` groups and awaited with :func:`cp_async_wait`.
+    """
+    level = "cg" if cache_global else "ca"
+    ops = [
+        Uint32(dst).ir_value(loc=loc, ip=ip),
+        Int64(src).ir_value(loc=loc, ip=ip),
+        Uint32(src_size).ir_value(loc=loc, ip=ip),
+    ]
+    copy = f"cp.async.{level}.shared.global [$0+{dst_offset}], [$1], 16, $2;"
+    if enable is None:
+        _asm_void(ops, copy, "r,l,r,~{memory}", loc, ip)
+        return
+    ops.append(Uint32(enable).ir_value(loc=loc, ip=ip))
+    text = "{ .reg .pred p; setp.ne.u32 p, $3, 0;\n@p " + copy + " }"
+    _asm_void(ops, text, "r,l,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cp_async_commit(loc=None, ip=None) -> None:
+    """``cp.async.commit_group``: close the thread's pending copies into one group."""
+    _asm_void([], "cp.async.commit_group;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cp_async_wait(pending: int, loc=None, ip=None) -> None:
+    """``cp.async.wait_group pending``: wait until at most ``pending`` of the thread's newest
+    groups are incomplete (their copies are then visible to this thread; other threads need a
+    barrier after it)."""
+    if not 0 <= pending <= 7:
+        raise ValueError(f"pending: expected 0..7, got {pending}")
+    _asm_void([], f"cp.async.wait_group {pending};", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def ld_shared_u32_imm(addr, offset: int, loc=None, ip=None) -> Uint32:
+    """u32 at 32-bit shared-window address ``addr + offset`` (``offset`` a constant immediate).
+
+    Volatile: it stays between the ``cp.async.wait_group`` / warp barrier that make its slot
+    valid and the barrier after which the slot is refilled.
+    """
+    res = llvm.inline_asm(
+        T.i32(),
+        _u32_values([addr], loc, ip),
+        f"ld.shared.u32 $0, [$1+{offset}];",
+        "=r,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return Uint32(res)

@@ -3,7 +3,8 @@
 Layout
 ------
 * :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one kernel
-  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll). With the target arch,
+  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll, register stages
+  ``depth``, shared-memory ring stages ``smem_stages``). With the target arch,
   the DSL version, the ABI version and the kernel source hash it makes the structural
   :class:`~b12x.runtime.compile_cache.CompileKey`: two specs that compile differently are never
   equal.
@@ -62,6 +63,9 @@ class KernelSpec:
     write_partials: bool = False
     unroll: int = 1
     depth: int = 1
+    #: gemm only: 0 = register stages (``depth``), 2..4 = slots of the cp.async shared-memory
+    #: ring (``depth`` is then unused); see :mod:`b12x.kernels.dense_gemm`.
+    smem_stages: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -177,6 +181,7 @@ def build_kernel(spec: KernelSpec):
             write_partials=spec.write_partials,
             unroll=spec.unroll,
             depth=spec.depth,
+            smem_stages=spec.smem_stages,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

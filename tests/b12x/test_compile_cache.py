@@ -41,6 +41,7 @@ MUTATIONS = {
     "write_partials": True,
     "unroll": 2,
     "depth": 2,
+    "smem_stages": 3,
 }
 
 
@@ -262,6 +263,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "write_partials": False,
         "unroll": 1,
         "depth": 1,
+        "smem_stages": 0,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)

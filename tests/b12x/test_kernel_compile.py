@@ -172,3 +172,101 @@ def test_host_wrappers_reject_bad_inputs():
         host.decode_weight(torch.zeros(2, 2, 16 * 9, dtype=torch.int16), "mcg")
     with pytest.raises(TypeError, match="a: expected dtype"):
         host.trellis_matmul(torch.zeros(1, 256), payload, "mcg")
+
+
+# --- the opt-in cp.async shared-memory ring of the dense GEMM (smem_stages) ------------------
+
+RING_SPECS = [
+    KernelSpec("gemm", "mcg", bits, m_tiles=1, n_tiles=4, smem_stages=stages)
+    for bits in (4, 6)
+    for stages in (2, 3)
+]
+
+
+@pytest.mark.parametrize("arch", support.ARCHES)
+@pytest.mark.parametrize("spec", RING_SPECS, ids=lambda s: f"K{s.bits}-stages{s.smem_stages}")
+def test_smem_ring_mainloop_compiles_with_cp_async(spec, arch):
+    report = _report(spec, arch)
+    _check_report(spec, arch, report)
+    ptx = report.ptx
+    # Payload tiles stream through L2 only (.cg), A rows through L1 (.ca); one commit per
+    # K16 row; the steady-state wait leaves stages - 2 groups in flight; the final drain
+    # waits for all of them.
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
+    assert "cp.async.commit_group" in ptx
+    # One wait per K16 row of the loop body (stages rows), plus the drain (a wait_group 0).
+    steady = ptx.count(f"cp.async.wait_group {spec.smem_stages - 2};")
+    assert steady >= spec.smem_stages + (spec.smem_stages == 2), steady
+    assert "cp.async.wait_group 0;" in ptx
+    assert "bar.warp.sync" in ptx
+    # Every ring word and A word comes from shared memory: MCG reads no table, so no global
+    # load may remain in the kernel.
+    assert "ld.shared.u32" in ptx
+    assert "ld.global" not in ptx
+
+
+def test_register_mainloop_has_no_cp_async():
+    ptx = _report(KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=4), "sm_90").ptx
+    assert "cp.async" not in ptx and "ld.shared" not in ptx
+    assert "ld.global.nc.u32" in ptx
+
+
+def test_smem_ring_partial_chunk_round_is_predicated():
+    # K6 x 4 N16 tiles: 48 chunks of 16 B per warp and row, so the second copy round is issued
+    # by lanes 0..15 only (a PTX predicate); K4 x 4 tiles is exactly one chunk per lane.
+    k6 = _report(KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=4, smem_stages=2), "sm_90")
+    k4 = _report(KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=4, smem_stages=2), "sm_90")
+    assert "@p cp.async.cg" in k6.ptx
+    assert "@p cp.async.cg" not in k4.ptx
+
+
+def test_ring_smem_bytes_budget():
+    from b12x.kernels.dense_gemm import SMEM_LIMIT, SMEM_STAGES, ring_smem_bytes
+
+    assert host.SMEM_STAGES == SMEM_STAGES
+    # Hand-computed: a slot is n_tiles·32·b payload bytes + m_tiles·512 A bytes, per warp.
+    assert ring_smem_bytes(4, m_tiles=1, n_tiles=4, warps=4, stages=3) == 4 * 3 * (512 + 512)
+    assert ring_smem_bytes(4, m_tiles=1, n_tiles=4, warps=4, stages=0) == 0
+    largest = ring_smem_bytes(8, m_tiles=4, n_tiles=2, warps=4, stages=4)
+    assert largest == 4 * 4 * (2 * 256 + 4 * 512) == 40960 <= SMEM_LIMIT
+    for spec in support.kernel_specializations():
+        if spec.kind == "gemm":
+            need = ring_smem_bytes(
+                spec.bits, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps, stages=4
+            )
+            assert need <= SMEM_LIMIT, spec
+
+
+def test_smem_stages_rejected_before_launch():
+    from b12x.formats import resolve_format
+    from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
+
+    fmt = resolve_format("mcg", 4)
+    for bad in (1, 5, -1):
+        with pytest.raises(ValueError, match="smem_stages"):
+            DenseTrellisGemmKernel(
+                fmt,
+                4,
+                bf16=False,
+                m_tiles=1,
+                n_tiles=4,
+                warps=4,
+                write_partials=False,
+                smem_stages=bad,
+            )
+    with pytest.raises(ValueError, match="smem_stages"):
+        DenseTrellisGemmKernel(
+            fmt,
+            4,
+            bf16=False,
+            m_tiles=4,
+            n_tiles=16,
+            warps=8,
+            write_partials=False,
+            smem_stages=4,
+        )
+    payload, _, _ = _layer()
+    a = torch.zeros(1, 256, dtype=torch.float16)
+    for bad in (1, 5, True):
+        with pytest.raises(ValueError, match="smem_stages"):
+            host.trellis_matmul(a, payload, "mcg", smem_stages=bad)
