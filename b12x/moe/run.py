@@ -27,17 +27,24 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
+from b12x.kernels.moe_boundary import compiled_moe_boundary
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
 from b12x.moe import boundary, pairs, routing
 from b12x.moe.plan import BoundMoe
 from b12x.runtime.validate import check_tensor
 
-__all__ = ["MoeInputs", "check_moe_inputs", "launch_grouped_gemm", "run_moe", "GemmContext"]
+__all__ = [
+    "MoeInputs",
+    "check_moe_inputs",
+    "launch_grouped_gemm",
+    "resolve_kernels",
+    "run_moe",
+    "GemmContext",
+]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -242,10 +249,6 @@ def uniform_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2)
     )  # fmt: skip
 
 
-def _flat(buf, name: str, rows: int, cols: int) -> torch.Tensor:
-    return buf[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
-
-
 def _combined_ids(bound: BoundMoe, inputs: MoeInputs, n: int) -> torch.Tensor:
     """Global router ids -> combined ids (int64, −1 where inactive or unmapped), no narrowing."""
     buf, p = bound.buffers, bound.plan.problem
@@ -265,11 +268,26 @@ def _combined_ids(bound: BoundMoe, inputs: MoeInputs, n: int) -> torch.Tensor:
     return cid.view(-1, p.top_k)
 
 
+def resolve_kernels(bound: BoundMoe) -> None:
+    """Look up every compiled kernel one step launches (the grouped GEMMs of the plan and the
+    three boundary kernels) before the first launch. While the compile cache is frozen, or a
+    graph is being captured, a kernel that was never compiled raises
+    :class:`~b12x.runtime.compile_cache.KernelResolutionFrozen` here, with nothing launched or
+    captured yet (R5); a warm cache makes this a few dictionary hits."""
+    arch = host_kernels.device_arch(bound.device)
+    for spec in bound.plan.kernel_specs:
+        compiled_moe_gemm(spec, arch)
+    for spec in boundary.boundary_specs(bound.plan.problem):
+        compiled_moe_boundary(spec, arch)
+
+
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
     m = check_moe_inputs(bound, inputs)
+    if bound.device.type == "cuda":
+        resolve_kernels(bound)
     plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
-    h, i, e, k = p.hidden, p.intermediate, p.num_experts, p.top_k
+    e, k = p.num_experts, p.top_k
     tiered = len(p.tiers) > 1
     if tiered:
         ids = _combined_ids(bound, inputs, m * k)
@@ -284,41 +302,24 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     def rows(name: str, count: int) -> torch.Tensor:
         return buf[name].narrow(0, 0, count)
 
-    route_token = rows("route_token", n)
-    torch.arange(n, out=route_token)
-    route_token.floor_divide_(k)
-    route_expert = rows("route_expert_safe", n)
-    route_expert.copy_(rows("route_expert", n))
-    route_expert.clamp_(max=e - 1)  # the drop bucket E never indexes a table
-
-    x16 = inputs.x
-    if p.x_dtype != torch.float16:
-        x16 = rows("input_f16", m)
-        x16.copy_(inputs.x)
-    route_x = rows("route_x", n)
-    torch.index_select(x16, 0, route_token, out=route_x)
-    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
-    scale16 = _flat(buf, "route_scale", n, h)
-
-    def rotate_input(suh: torch.Tensor, dest: torch.Tensor) -> None:
-        boundary.gather_rows_(suh, route_expert, scale16)
-        prod = rows("route_prod", n)
-        torch.mul(route_x, scale16, out=prod)  # fp16(x16 · suh): one rounding
-        ping.copy_(prod)
-        rotated = rows("rotation_f16", n)
-        rotated.copy_(boundary.h128_fp32_(ping, pong))
-        dest.copy_(rotated)
-
+    arch = host_kernels.device_arch(bound.device)
+    kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
+    route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
+    tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)
-    rotate_input(inputs.gate_suh, a_gate)
-    a_up = None
-    if p.w13_layout == "proj":
-        a_up = rows("rotation_up", n)
-        rotate_input(inputs.up_suh, a_up)
+    a_up = rows("rotation_up", n) if p.w13_layout == "proj" else None
+    rotation = dict(x=inputs.x, gate_suh=inputs.gate_suh, out_gate=a_gate, out_up=a_up)
+    rotation["up_suh"] = inputs.up_suh if a_up is not None else None
+    if kernels:
+        boundary.rotate_inputs(
+            arch=arch, route_expert=route_expert, top_k=k, num_experts=e, **rotation
+        )
+    else:
+        boundary.reference_rotate_inputs(buf, **rotation, **tables)
 
     fc1, a2, fc2 = rows("fc1", n), rows("activated", n), rows("fc2", n)
     ctx = GemmContext(
-        arch=host_kernels.device_arch(bound.device),
+        arch=arch,
         block_expert_ids=rows("block_expert_ids", nb),
         route_count=buf["route_count"],
         route_rows=routing.packed_route_indices(live, buf),
@@ -331,44 +332,30 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     gemms = dict(a_gate=a_gate, a_up=a_up, a2=a2, fc1=fc1, fc2=fc2)
     stage(bound, inputs, ctx, phase="fc1", **gemms)
 
-    inter16 = _flat(buf, "route_scale", n, 3 * i)
-    boundary.gather_rows_(inputs.intermediate_rotations, route_expert, inter16)
-    inter = _flat(buf, "route_scale_f32", n, 3 * i)
-    inter.copy_(inter16)
-    ping, pong = _flat(buf, "h128_a", n, i), _flat(buf, "h128_b", n, i)
-    gate = rows("gate_f32", n)
-    ping.copy_(fc1[:, :i])
-    gate.copy_(boundary.h128_fp32_(ping, pong))
-    gate.mul_(inter[:, :i])
-    ping.copy_(fc1[:, i:])
-    up = boundary.h128_fp32_(ping, pong)
-    up.mul_(inter[:, i : 2 * i])
-    F.silu(gate, inplace=True)
-    gate.mul_(up)
-    gate.mul_(inter[:, 2 * i :])
-    ping.copy_(gate)
-    a2.copy_(boundary.h128_fp32_(ping, pong))
+    if kernels:
+        boundary.activate(
+            arch=arch, fc1=fc1, rotations=inputs.intermediate_rotations,
+            route_expert=route_expert, out=a2, num_experts=e,
+        )  # fmt: skip
+    else:
+        boundary.reference_activate(
+            buf, fc1=fc1, rotations=inputs.intermediate_rotations, out=a2, **tables
+        )
     stage(bound, inputs, ctx, phase="fc2", **gemms)
 
-    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
-    ping.copy_(fc2)
-    y = boundary.h128_fp32_(ping, pong)
-    boundary.gather_rows_(inputs.down_svh, route_expert, scale16)
-    svh = _flat(buf, "route_scale_f32", n, h)
-    svh.copy_(scale16)
-    terms = rows("route_terms", n)
-    torch.mul(y, svh, out=terms)
-    inactive = rows("route_inactive", n)
-    terms.masked_fill_(inactive.view(n, 1), 0.0)  # stale rows of inactive routes -> exact 0
-    weights = rows("route_weights", n)
-    weights.copy_(inputs.topk_weights.reshape(n))
-    weights.masked_fill_(inactive, 0.0)
-    acc, term = rows("accum", m), rows("term", m)
-    acc.zero_()
-    terms3, weights2 = terms.view(m, k, h), weights.view(m, k)
-    for s in range(k):
-        torch.mul(terms3[:, s], weights2[:, s : s + 1], out=term)
-        acc.add_(term)
     output = rows("output", m)
-    output.copy_(acc)
+    weights = inputs.topk_weights.reshape(n)
+    if not kernels:
+        boundary.reference_reduce_output(
+            buf, fc2=fc2, svh=inputs.down_svh, weights=weights, out=output, **tables
+        )
+        return output
+    if weights.dtype != torch.float32:
+        fp32 = rows("route_weights", n)
+        fp32.copy_(weights)
+        weights = fp32
+    boundary.reduce_output(
+        arch=arch, fc2=fc2, svh=inputs.down_svh, route_expert=route_expert,
+        route_inactive=route_inactive, weights=weights, out=output, top_k=k, num_experts=e,
+    )  # fmt: skip
     return output
