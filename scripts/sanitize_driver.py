@@ -130,8 +130,8 @@ def _routes(g, m, top_k, e, x_dtype, h):
     return x.to(DEV), w.to(DEV), ids.to(DEV)
 
 
-def _uniform(m_plan, m_live, bits, layout, x_dtype, compute_dtype, seed):
-    h, i, e, top_k = 256, 128, 8, 4
+def _uniform(m_plan, m_live, bits, layout, x_dtype, compute_dtype, seed, h=256, i=128):
+    e, top_k = 8, 4
     g = _gen(seed)
     ex = _experts(g, e, h, i, bits, layout)
     plan = plan_moe(
@@ -153,6 +153,11 @@ def moe_uniform_f16():
 
 def moe_uniform_bf16_proj():
     return _uniform(20, 20, 4, "proj", BF16, BF16, seed=6)
+
+
+def moe_k_split():
+    """H = 1024, I = 512: the plan splits FC1's K over 2 warp groups (smem reduction, barriers)."""
+    return _uniform(6, 5, 4, "packed", F16, F16, seed=8, h=1024, i=512)
 
 
 def moe_tiered():
@@ -190,6 +195,7 @@ CASES = {
         dense_k6_small_m,
         moe_uniform_f16,
         moe_uniform_bf16_proj,
+        moe_k_split,
         moe_tiered,
     )
 }

@@ -371,7 +371,6 @@ class DenseTrellisGemmKernel:
             # stays uniform), then read slot s and decode it.
             stages = self.smem_stages
             slot_bytes = self._slot_bytes()
-            pay_bytes = self.n_tiles * 32 * self.bits
             allocator = cutlass.memory.SmemAllocator()
             ring_smem = allocator.allocate(self.warps * stages * slot_bytes, byte_alignment=16)
             warp_base = Uint32(ring_smem.toint()) + Uint32(warp * (stages * slot_bytes))
@@ -382,9 +381,10 @@ class DenseTrellisGemmKernel:
             # A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with
             # the halves swapped in rows 4..7 mod 8 so the fragment reads below (rows g, words
             # r / r + 4) hit 32 distinct banks.
-            a_dst = warp_base + Uint32(
-                pay_bytes + (lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16
-            )
+            # (The slot's payload run, ``n_tiles·32b`` bytes, is added as the immediate offset by
+            # _fill_slot / _read_slot; adding it here too put A past its slot — the first H200
+            # run, 2026-12-02, caught the last warp's last slot writing out of bounds.)
+            a_dst = warp_base + Uint32((lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16)
             a_fill = []
             for mt in cutlass.range_constexpr(self.m_tiles):
                 a_row = row_base + mt * 16 + lane // 2
@@ -398,8 +398,8 @@ class DenseTrellisGemmKernel:
                 word_rd.append(warp_base + Uint32(idx * 4))
             swap = ((g // 4) % 2) * 16
             a_rd = (
-                warp_base + Uint32(pay_bytes + g * 32 + r * 4 + swap),
-                warp_base + Uint32(pay_bytes + g * 32 + r * 4 + (16 - swap)),
+                warp_base + Uint32(g * 32 + r * 4 + swap),
+                warp_base + Uint32(g * 32 + r * 4 + (16 - swap)),
             )
             for d in cutlass.range_constexpr(stages - 1):
                 self._fill_slot(d, k_begin + d, k_end, lane, fill, row_bytes, a_fill)

@@ -112,6 +112,8 @@ def _launch(spec, payload, a, route_rows, block_ids, count, n_rows):
 
 def _spec(dtype, m_tiles, k_split):
     n_tiles, warps, depth = gemm_geometry(m_tiles, N, k_split)
+    if k_split == 8:  # not planned: 4 warps x 8 groups would be 1024 threads and 56 KiB of smem
+        warps = 2
     return MoeGemmSpec("mcg", BITS, dtype == BF16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
                        depth=depth, k_split=k_split)  # fmt: skip
 
@@ -186,7 +188,9 @@ def _experts(e, layout, seed):
 
 def _routes(e, m, top_k, seed, x_dtype):
     g = torch.Generator().manual_seed(seed)
-    x = (0.5 * torch.randn(m, H, generator=g)).to(x_dtype)
+    # 0.05 keeps every fp16 intermediate finite at H = 2048, I = 1024 (0.5 overflowed FC2 in
+    # fp16 on the H200, 2026-12-02: inf - inf in the output H128 made NaN, and NaN != NaN)
+    x = (0.05 * torch.randn(m, H, generator=g)).to(x_dtype)
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
     w = torch.rand(m, top_k, generator=g)
     return x.to(DEV), w.to(DEV), ids.to(DEV)
@@ -228,7 +232,8 @@ def test_split_moe_matches_references_and_is_batch_invariant(layout, x_dtype, co
         args = _inputs(experts, x[:m], w[:m], ids[:m])
         runs = [run_moe(bound, args).clone() for _ in range(3)]
         torch.cuda.synchronize()
-        assert all(torch.equal(runs[0], r) for r in runs[1:]), f"M={m}: runs differ"
+        same = (torch.equal(runs[0].view(torch.int16), r.view(torch.int16)) for r in runs[1:])
+        assert all(same), f"M={m}: runs differ bitwise"
         assert runs[0].dtype == x_dtype and torch.isfinite(runs[0]).all()
         helpers._judge(runs[0], x[:m], experts, w[:m], ids[:m], compute_dtype)
         outs[m] = runs[0]
