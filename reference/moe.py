@@ -388,21 +388,23 @@ def route_outputs_from_source(
     return outputs.reshape(m, top_k, x.shape[1]), active.reshape(m, top_k)
 
 
-def expert_route_outputs(
+def stack_route_outputs(
     x: torch.Tensor,
-    experts: TrellisExperts,
+    experts,
     topk_ids: torch.Tensor,
     *,
     precision: str = "exact",
     compute_dtype: torch.dtype = torch.float16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-route ``Hb(y_raw) * down_svh`` (unweighted): ``(outputs [M, top_k, H], active)``.
+    """Per-route ``Hb(y_raw) * down_svh`` (unweighted) of any expert stack: ``(outputs [M,
+    top_k, H], active)``, float64 for exact, float32 for faithful; inactive routes are zero rows
+    and ``False`` in ``active``.
 
-    float64 for exact, float32 for faithful; inactive routes are zero rows and ``False`` in
-    ``active``.
+    ``experts`` is any stack exposing ``hidden_size``, ``num_experts``, ``w13`` (for its
+    device), ``w13_layout``, ``decode_expert(e)`` and ``expert_rotations(e)`` — a
+    :class:`TrellisExperts`, or a QSRT-paired stack (:mod:`reference.moe_pairs`). The typed
+    entry points check the stack's class, then call this.
     """
-    if not isinstance(experts, TrellisExperts):
-        raise TypeError(f"experts: expected TrellisExperts, got {type(experts).__name__}")
     validate_moe_inputs(
         x, experts.hidden_size, None, topk_ids, precision, compute_dtype, experts.w13.device
     )
@@ -413,6 +415,42 @@ def expert_route_outputs(
 
     return route_outputs_from_source(
         x, topk_ids, experts.num_experts, source, precision=precision, compute_dtype=compute_dtype
+    )
+
+
+def stack_moe_forward(
+    x: torch.Tensor,
+    experts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    precision: str = "exact",
+    compute_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """:func:`moe_forward` of any expert stack accepted by :func:`stack_route_outputs`."""
+    validate_moe_inputs(
+        x, experts.hidden_size, topk_weights, topk_ids, precision, compute_dtype, experts.w13.device
+    )
+    outputs, active = stack_route_outputs(
+        x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
+    )
+    return weighted_route_sum(outputs, active, topk_weights)
+
+
+def expert_route_outputs(
+    x: torch.Tensor,
+    experts: TrellisExperts,
+    topk_ids: torch.Tensor,
+    *,
+    precision: str = "exact",
+    compute_dtype: torch.dtype = torch.float16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-route ``Hb(y_raw) * down_svh`` (unweighted) of a :class:`TrellisExperts` stack
+    (:func:`stack_route_outputs`)."""
+    if not isinstance(experts, TrellisExperts):
+        raise TypeError(f"experts: expected TrellisExperts, got {type(experts).__name__}")
+    return stack_route_outputs(
+        x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
     )
 
 
@@ -482,10 +520,6 @@ def moe_forward(
     """
     if not isinstance(experts, TrellisExperts):
         raise TypeError(f"experts: expected TrellisExperts, got {type(experts).__name__}")
-    validate_moe_inputs(
-        x, experts.hidden_size, topk_weights, topk_ids, precision, compute_dtype, experts.w13.device
+    return stack_moe_forward(
+        x, experts, topk_weights, topk_ids, precision=precision, compute_dtype=compute_dtype
     )
-    outputs, active = expert_route_outputs(
-        x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
-    )
-    return weighted_route_sum(outputs, active, topk_weights)

@@ -48,9 +48,8 @@ from reference.moe import (
     W13_LAYOUTS,
     ExpertRotations,
     TrellisExperts,
-    route_outputs_from_source,
-    validate_moe_inputs,
-    weighted_route_sum,
+    stack_moe_forward,
+    stack_route_outputs,
 )
 from reference.pairs import (
     PAIR_CHANNELS,
@@ -283,16 +282,8 @@ def paired_route_outputs(
     :func:`reference.moe.expert_route_outputs`: ``(outputs [M, top_k, H], active)``."""
     if not isinstance(experts, PairedExperts):
         raise TypeError(f"experts: expected PairedExperts, got {type(experts).__name__}")
-    validate_moe_inputs(
-        x, experts.hidden_size, None, topk_ids, precision, compute_dtype, experts.w13.device
-    )
-    shared = experts.w13_layout == "packed"
-
-    def source(expert: int):
-        return experts.decode_expert(expert), experts.expert_rotations(expert), shared
-
-    return route_outputs_from_source(
-        x, topk_ids, experts.num_experts, source, precision=precision, compute_dtype=compute_dtype
+    return stack_route_outputs(
+        x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
     )
 
 
@@ -308,10 +299,6 @@ def paired_moe_forward(
     """:func:`reference.moe.moe_forward` of a paired stack (float64 exact / float32 faithful)."""
     if not isinstance(experts, PairedExperts):
         raise TypeError(f"experts: expected PairedExperts, got {type(experts).__name__}")
-    validate_moe_inputs(
-        x, experts.hidden_size, topk_weights, topk_ids, precision, compute_dtype, experts.w13.device
+    return stack_moe_forward(
+        x, experts, topk_weights, topk_ids, precision=precision, compute_dtype=compute_dtype
     )
-    outputs, active = paired_route_outputs(
-        x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
-    )
-    return weighted_route_sum(outputs, active, topk_weights)

@@ -34,8 +34,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "KernelSpec",
+    "CompileRemarks",
     "CompileResult",
     "build_kernel",
+    "compile_with_remarks",
     "compile_spec",
     "compiled",
     "freeze",
@@ -105,29 +107,54 @@ class CompileResult:
     opt_level: int
 
 
+@dataclass(frozen=True)
+class CompileRemarks:
+    """One ``cute.compile`` of a built kernel with ptxas remarks: the compiled callable, the PTX
+    (when asked), the registers and the spill bytes (stores + loads) of every reported function,
+    and the compiler's log."""
+
+    fn: object
+    ptx: str
+    registers: tuple[int, ...]
+    spills: tuple[int, ...]
+    log: str
+
+
+def compile_with_remarks(
+    kernel, args, arch: str, *, ptx: bool = True, opt_level: int = 2
+) -> CompileRemarks:
+    """Compile ``kernel`` with its fake argument tuple ``args`` (what every ``build_*`` of the
+    kernel modules returns) for ``arch`` on any machine, capturing the ptxas remarks."""
+    import cutlass.cute as cute
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        opts = compile_options(arch, ptx=ptx, remarks=True, opt_level=opt_level)
+        fn = cute.compile(kernel, *args, options=opts)
+    text = log.getvalue()
+    return CompileRemarks(
+        fn=fn,
+        ptx=(fn.artifacts.PTX or "") if ptx else "",
+        registers=tuple(int(x) for x in _REGS.findall(text)),
+        spills=tuple(int(a) + int(b) for a, b in _SPILL.findall(text)),
+        log=text,
+    )
+
+
 def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
     """Compile ``spec`` for ``arch`` (fake tensors), preferring a spill-free optimisation level.
 
     Deterministic: the same compiler gives the same level. If every level spills, the first
     level's result is returned and its spill bytes are reported.
     """
-    import cutlass.cute as cute
-
     results = []
     for level in OPT_LEVELS:
-        log = io.StringIO()
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            kernel, args = build_kernel(spec)
-            opts = compile_options(arch, ptx=ptx, remarks=True, opt_level=level)
-            fn = cute.compile(kernel, *args, options=opts)
-        text = log.getvalue()
-        regs = [int(x) for x in _REGS.findall(text)]
-        spills = [int(a) + int(b) for a, b in _SPILL.findall(text)]
+        remarks = compile_with_remarks(*build_kernel(spec), arch, ptx=ptx, opt_level=level)
         result = CompileResult(
-            fn=fn,
-            log=text,
-            registers=max(regs) if regs else None,
-            spill_bytes=sum(spills) if spills else None,
+            fn=remarks.fn,
+            log=remarks.log,
+            registers=max(remarks.registers) if remarks.registers else None,
+            spill_bytes=sum(remarks.spills) if remarks.spills else None,
             opt_level=level,
         )
         if result.spill_bytes == 0:

@@ -7,8 +7,6 @@ compile, and the kernels' lane butterfly order is bit-identical to the torch pat
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 
 import pytest
@@ -21,7 +19,7 @@ from b12x.kernels.moe_boundary import (
     build_moe_boundary,
     compiled_moe_boundary,
 )
-from b12x.kernels.specs import compile_options
+from b12x.kernels.specs import compile_with_remarks
 from b12x.moe import boundary
 from b12x.moe.plan import plan_moe
 from b12x.runtime import compile_cache
@@ -38,18 +36,9 @@ SPECS = (
 
 
 def _compile(spec: MoeBoundarySpec, arch: str):
-    import cutlass.cute as cute
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        kernel, args = build_moe_boundary(spec)
-        fn = cute.compile(kernel, *args, options=compile_options(arch, ptx=True, remarks=True))
-    text = log.getvalue()
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
-    spills = [
-        int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes", text)
-    ]
-    return fn.artifacts.PTX or "", regs, spills
+    """(PTX, registers, spill bytes) of ``spec`` compiled for ``arch`` with ptxas remarks."""
+    r = compile_with_remarks(*build_moe_boundary(spec), arch)
+    return r.ptx, list(r.registers), list(r.spills)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -10,8 +10,6 @@ FC2) at the kind of the expert's mode; live blocks only, slots gather / scatter 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from b12x.kernels.moe_gemm import DYNAMIC_KINDS, MoeGemmSpec, build_moe_gemm
-from b12x.kernels.specs import compile_options
+from b12x.kernels.specs import compile_with_remarks
 from b12x.moe import pairs as pairs_mod
 from b12x.moe import run as run_mod
 from b12x.moe.ops import MoeOp, check_moe_op_args
@@ -40,18 +38,9 @@ RATES = {"P22": (2, 2), "P33": (3, 3), "P24": (2, 4), "P43": (4, 3), "P44": (4, 
 
 
 def _compile(spec: MoeGemmSpec, arch: str):
-    import cutlass.cute as cute
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        kernel, args = build_moe_gemm(spec)
-        fn = cute.compile(kernel, *args, options=compile_options(arch, ptx=True, remarks=True))
-    text = log.getvalue()
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
-    spills = [
-        int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes", text)
-    ]
-    return fn.artifacts.PTX or "", regs, spills
+    """(PTX, registers, spill bytes) of ``spec`` compiled for ``arch`` with ptxas remarks."""
+    r = compile_with_remarks(*build_moe_gemm(spec), arch)
+    return r.ptx, list(r.registers), list(r.spills)
 
 
 def _planned(pair, phase, m_tiles, bf16, codebook="mcg", hidden=512):

@@ -11,16 +11,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import re
 
 import pytest
 import torch
 
 from b12x.kernels.moe_gemm import MoeGemmSpec, build_moe_gemm
-from b12x.kernels.specs import compile_options
+from b12x.kernels.specs import compile_with_remarks
 from b12x.moe.plan import choose_k_split, gemm_geometry, plan_moe
 
 GLM = dict(
@@ -35,18 +33,9 @@ _BARRIER = re.compile(r"\b(bar\.sync|barrier\.sync)\b")
 
 @functools.cache
 def _compile(spec: MoeGemmSpec, arch: str):
-    import cutlass.cute as cute
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        kernel, args = build_moe_gemm(spec)
-        fn = cute.compile(kernel, *args, options=compile_options(arch, ptx=True, remarks=True))
-    text = log.getvalue()
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
-    spills = [
-        int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes", text)
-    ]
-    return fn.artifacts.PTX or "", regs, spills
+    """(PTX, registers, spill bytes) of ``spec`` compiled for ``arch`` with ptxas remarks."""
+    r = compile_with_remarks(*build_moe_gemm(spec), arch)
+    return r.ptx, list(r.registers), list(r.spills)
 
 
 def _unguarded_shared_loads(ptx: str) -> list[int]:
