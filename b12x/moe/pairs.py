@@ -18,7 +18,7 @@ Layout
     H/16 tiles × 16·b_lo) ‖ record 1 plane (8 × H/16 × 16·b_hi)]`` (reference order = prepared).
 
   :func:`pair_payload_shape` gives the exact shape; the kernel views them as in
-  :class:`b12x.kernels.moe_gemm.MoePairGemmKernel`.
+  :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel`.
 * **Mode tables** are caller tensors (int32 ``[E]``, contiguous, on the device), one per dynamic
   phase, bound with the other inputs; static and uniform phases take none.
 * :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only,

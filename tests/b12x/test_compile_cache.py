@@ -183,6 +183,7 @@ MOE_SOURCES = (
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
+    "b12x.kernels.moe_pair_gemm",  # paired specs build its subclass: its source is codegen too
     "b12x.kernels.specs",
 )
 
