@@ -284,7 +284,8 @@ def resolve_kernels(bound: BoundMoe) -> None:
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
     m = check_moe_inputs(bound, inputs)
-    if bound.device.type == "cuda":
+    kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
+    if kernels:
         resolve_kernels(bound)
     plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
     e, k = p.num_experts, p.top_k
@@ -303,7 +304,6 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
         return buf[name].narrow(0, 0, count)
 
     arch = host_kernels.device_arch(bound.device)
-    kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
     tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)
