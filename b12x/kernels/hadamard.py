@@ -34,23 +34,6 @@ __all__ = ["InputRotationKernel", "OutputRotationKernel", "INV_SQRT_128"]
 INV_SQRT_128 = 0.088388347648
 
 
-def _unpack_f32(word, bf16: bool):
-    """Two fp32 values from a packed 16-bit pair (exact)."""
-    word = Uint32(word)
-    if bf16:
-        lo = ptx.asm_u32("shl.b32 $0, $1, 16;", word)
-        hi = ptx.asm_u32("and.b32 $0, $1, 0xffff0000;", word)
-    else:
-        lo = ptx.asm_u32(_F16_TO_F32.format(half="l"), word)
-        hi = ptx.asm_u32(_F16_TO_F32.format(half="h"), word)
-    return ptx.u32_as_f32(lo), ptx.u32_as_f32(hi)
-
-
-_F16_TO_F32 = (
-    "{{ .reg .b16 l, h; .reg .f32 f; mov.b32 {{l, h}}, $1; cvt.f32.f16 f, {half}; mov.b32 $0, f; }}"
-)
-
-
 def _hmul2(a, b) -> Uint32:
     return ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", a, b)
 
@@ -98,10 +81,10 @@ class InputRotationKernel:
             for q in cutlass.range_constexpr(2):
                 word = Uint32(x[row, col + q])
                 if cutlass.const_expr(self.in_bf16):
-                    lo, hi = _unpack_f32(word, True)
+                    lo, hi = ptx.half2_to_f32x2(word, bf16=True)
                     word = ptx.f32x2_to_half2(lo, hi)
                 scaled = _hmul2(word, Uint32(suh[col + q]))
-                lo, hi = _unpack_f32(scaled, False)
+                lo, hi = ptx.half2_to_f32x2(scaled, bf16=False)
                 vals += [lo, hi]
             res = _h128_lane(vals, lane)
             for q in cutlass.range_constexpr(2):
@@ -109,7 +92,7 @@ class InputRotationKernel:
                 hi = res[2 * q + 1] * Float32(INV_SQRT_128)
                 packed = ptx.f32x2_to_half2(lo, hi)
                 if cutlass.const_expr(self.out_bf16):
-                    l2, h2 = _unpack_f32(packed, False)
+                    l2, h2 = ptx.half2_to_f32x2(packed, bf16=False)
                     packed = ptx.f32x2_to_bfloat2(l2, h2)
                 out[row, col + q] = Int32(packed)
 
@@ -143,9 +126,9 @@ class OutputRotationKernel:
             for q in cutlass.range_constexpr(2):
                 word = Uint32(y[row, col + q])
                 if cutlass.const_expr(self.in_bf16):  # gemm_output -> gemm_output_f16 (§3.3)
-                    lo, hi = _unpack_f32(word, True)
+                    lo, hi = ptx.half2_to_f32x2(word, bf16=True)
                     word = ptx.f32x2_to_half2(lo, hi)
-                lo, hi = _unpack_f32(word, False)
+                lo, hi = ptx.half2_to_f32x2(word, bf16=False)
                 vals += [lo, hi]
             res = _h128_lane(vals, lane)
             for q in cutlass.range_constexpr(2):
@@ -153,6 +136,6 @@ class OutputRotationKernel:
                 hi = res[2 * q + 1] * Float32(INV_SQRT_128)
                 packed = _hmul2(ptx.f32x2_to_half2(lo, hi), Uint32(svh[col + q]))
                 if cutlass.const_expr(self.out_bf16):
-                    l2, h2 = _unpack_f32(packed, False)
+                    l2, h2 = ptx.half2_to_f32x2(packed, bf16=False)
                     packed = ptx.f32x2_to_bfloat2(l2, h2)
                 out[row, col + q] = Int32(packed)

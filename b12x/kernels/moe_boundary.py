@@ -42,8 +42,6 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from b12x.kernels import ptx
 
@@ -99,61 +97,26 @@ class MoeBoundarySpec:
 # ---------------------------------------------------------------------------- fp32 primitives
 
 
-@dsl_user_op
-def _f32_asm(text: str, *args, loc=None, ip=None) -> Float32:
-    operands = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
-    constraints = ",".join(["=f"] + ["f"] * len(args))
-    res = llvm.inline_asm(
-        T.f32(),
-        operands,
-        text,
-        constraints,
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return Float32(res)
-
-
 def _add(a, b) -> Float32:
-    return _f32_asm("add.rn.f32 $0, $1, $2;", a, b)
+    return ptx.asm_f32("add.rn.f32 $0, $1, $2;", a, b)
 
 
 def _sub(a, b) -> Float32:
-    return _f32_asm("sub.rn.f32 $0, $1, $2;", a, b)
+    return ptx.asm_f32("sub.rn.f32 $0, $1, $2;", a, b)
 
 
 def _mul(a, b) -> Float32:
-    return _f32_asm("mul.rn.f32 $0, $1, $2;", a, b)
+    return ptx.asm_f32("mul.rn.f32 $0, $1, $2;", a, b)
 
 
 def _div(a, b) -> Float32:
-    return _f32_asm("div.rn.f32 $0, $1, $2;", a, b)
+    return ptx.asm_f32("div.rn.f32 $0, $1, $2;", a, b)
 
 
 def _silu(g) -> Float32:
     """``g / (1 + exp(−g))`` in fp32 (torch's formula; exp is the accurate libm exp)."""
-    e = cute.math.exp(_f32_asm("neg.f32 $0, $1;", g), fastmath=False)
+    e = cute.math.exp(ptx.asm_f32("neg.f32 $0, $1;", g), fastmath=False)
     return _div(g, _add(Float32(1.0), e))
-
-
-_F16_TO_F32 = (
-    "{{ .reg .b16 l, h; .reg .f32 f; mov.b32 {{l, h}}, $1; cvt.f32.f16 f, {half}; mov.b32 $0, f; }}"
-)
-
-
-def _pair_f32(word, bf16: bool):
-    """Two fp32 values (exact) from a packed 16-bit pair, the low half first."""
-    word = Uint32(word)
-    if bf16:
-        lo = ptx.asm_u32("shl.b32 $0, $1, 16;", word)
-        hi = ptx.asm_u32("and.b32 $0, $1, 0xffff0000;", word)
-    else:
-        lo = ptx.asm_u32(_F16_TO_F32.format(half="l"), word)
-        hi = ptx.asm_u32(_F16_TO_F32.format(half="h"), word)
-    return ptx.u32_as_f32(lo), ptx.u32_as_f32(hi)
 
 
 def _pack(lo, hi, bf16: bool) -> Int32:
@@ -250,16 +213,16 @@ class MoeRotateKernel:
         for q in range(2):
             word = Uint32(x[token, col + q])
             if cutlass.const_expr(self.spec.in_bf16):  # fp16(x): the input_f16 rounding
-                lo, hi = _pair_f32(word, True)
+                lo, hi = ptx.half2_to_f32x2(word, bf16=True)
                 word = ptx.f32x2_to_half2(lo, hi)
             prod = ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, Uint32(suh[row, col + q]))
-            lo, hi = _pair_f32(prod, False)  # fp16(x · suh): one rounding
+            lo, hi = ptx.half2_to_f32x2(prod, bf16=False)  # fp16(x · suh): one rounding
             vals += [lo, hi]
         res = _h128(vals, lane)
         for q in range(2):
             packed = ptx.f32x2_to_half2(res[2 * q], res[2 * q + 1])  # the fp16 rotation
             if cutlass.const_expr(self.spec.out_bf16):
-                lo, hi = _pair_f32(packed, False)
+                lo, hi = ptx.half2_to_f32x2(packed, bf16=False)
                 packed = ptx.f32x2_to_bfloat2(lo, hi)
             out[r, col + q] = Int32(packed)
 
@@ -298,11 +261,11 @@ class MoeActivateKernel:
             in_bf16 = self.spec.in_bf16
             g, u, s1, s2, s3 = [], [], [], [], []
             for q in cutlass.range_constexpr(2):
-                g += list(_pair_f32(fc1[r, col + q], in_bf16))
-                u += list(_pair_f32(fc1[r, half_i + col + q], in_bf16))
-                s1 += list(_pair_f32(rotations[row, col + q], False))
-                s2 += list(_pair_f32(rotations[row, half_i + col + q], False))
-                s3 += list(_pair_f32(rotations[row, 2 * half_i + col + q], False))
+                g += list(ptx.half2_to_f32x2(fc1[r, col + q], bf16=in_bf16))
+                u += list(ptx.half2_to_f32x2(fc1[r, half_i + col + q], bf16=in_bf16))
+                s1 += list(ptx.half2_to_f32x2(rotations[row, col + q], bf16=False))
+                s2 += list(ptx.half2_to_f32x2(rotations[row, half_i + col + q], bf16=False))
+                s3 += list(ptx.half2_to_f32x2(rotations[row, 2 * half_i + col + q], bf16=False))
             hg, hu = _h128(g, lane), _h128(u, lane)
             act = []
             for j in cutlass.range_constexpr(4):
@@ -352,8 +315,8 @@ class MoeReduceKernel:
                 row = _table_row(_expert(route_expert, r, num_experts), svh)
                 y, sv = [], []
                 for q in cutlass.range_constexpr(2):
-                    y += list(_pair_f32(fc2[r, col + q], self.spec.in_bf16))
-                    sv += list(_pair_f32(svh[row, col + q], False))
+                    y += list(ptx.half2_to_f32x2(fc2[r, col + q], bf16=self.spec.in_bf16))
+                    sv += list(ptx.half2_to_f32x2(svh[row, col + q], bf16=False))
                 hy = _h128(y, lane)
                 wr = Float32(weights[r])
                 for j in cutlass.range_constexpr(4):

@@ -81,6 +81,7 @@ __all__ = [
     "build_moe_gemm",
     "compiled_moe_gemm",
     "TIER_SHIFT",
+    "block_liveness",
 ]
 
 TIER_SHIFT = 8
@@ -226,6 +227,18 @@ class MainloopBundle:
     lut_in_smem: bool = False
 
 
+def block_liveness(block_expert_ids, route_count, descriptors, block, row_base):
+    """``(expert, live)`` of route block ``block``: ``live`` is 1 exactly when the block starts
+    below the route count and its expert id indexes ``descriptors`` (0 <= id < rows), else 0.
+    Every grouped-GEMM kernel tests this before it reads ``descriptors``, ``modes`` or
+    ``payload``; it is CTA-uniform (module docstring, Invariants)."""
+    expert = block_expert_ids[block]
+    in_count = Int32(cutlass.select_(row_base < route_count[0], Int32(1), Int32(0)))
+    low_ok = Int32(cutlass.select_(expert >= 0, Int32(1), Int32(0)))
+    high_ok = Int32(cutlass.select_(expert < descriptors.shape[0], Int32(1), Int32(0)))
+    return expert, in_count * low_ok * high_ok
+
+
 class MoeGroupedGemmKernel:
     """One compiled specialisation of the grouped GEMM (see the module docstring)."""
 
@@ -297,11 +310,7 @@ class MoeGroupedGemmKernel:
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
         row_base = by * (16 * self.m_tiles)
-        expert = block_expert_ids[by]
-        in_count = Int32(cutlass.select_(row_base < route_count[0], Int32(1), Int32(0)))
-        low_ok = Int32(cutlass.select_(expert >= 0, Int32(1), Int32(0)))
-        high_ok = Int32(cutlass.select_(expert < descriptors.shape[0], Int32(1), Int32(0)))
-        live = in_count * low_ok * high_ok
+        expert, live = block_liveness(block_expert_ids, route_count, descriptors, by, row_base)
         if live == 1:
             descriptor = descriptors[expert]
             if (descriptor >> TIER_SHIFT) == tier:

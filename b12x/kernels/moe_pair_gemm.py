@@ -41,6 +41,7 @@ from b12x.kernels.moe_gemm import (
     MainloopBundle,
     MoeGemmSpec,
     MoeGroupedGemmKernel,
+    block_liveness,
 )
 from b12x.kernels.trellis_decode import lane_ring_start, ring_words_per_lane
 
@@ -175,11 +176,7 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
         row_base = by * (16 * self.m_tiles)
-        expert = block_expert_ids[by]
-        in_count = Int32(cutlass.select_(row_base < route_count[0], Int32(1), Int32(0)))
-        low_ok = Int32(cutlass.select_(expert >= 0, Int32(1), Int32(0)))
-        high_ok = Int32(cutlass.select_(expert < descriptors.shape[0], Int32(1), Int32(0)))
-        live = in_count * low_ok * high_ok
+        expert, live = block_liveness(block_expert_ids, route_count, descriptors, by, row_base)
         if live == 1:
             descriptor = descriptors[expert]
             if (descriptor >> TIER_SHIFT) == tier:

@@ -43,6 +43,8 @@ __all__ = [
     "f32x2_to_half2",
     "f32x2_to_bfloat2",
     "u32_as_f32",
+    "asm_f32",
+    "half2_to_f32x2",
     "shf_r_clamp",
     "shf_r_imm",
     "shr_clamp",
@@ -82,6 +84,32 @@ def asm_u32(text: str, *args, loc=None, ip=None) -> Uint32:
     """One u32 result from ``len(args)`` u32 operands: ``$0`` is the result, ``$1..`` the args."""
     constraints = ",".join(["=r"] + ["r"] * len(args))
     return Uint32(_asm(T.i32(), _u32_values(args, loc, ip), text, constraints, loc, ip))
+
+
+@dsl_user_op
+def asm_f32(text: str, *args, loc=None, ip=None) -> Float32:
+    """One f32 result from ``len(args)`` f32 operands (``$0`` the result). Explicit ``.rn``
+    instructions written this way cannot be contracted into an FMA by the compiler."""
+    operands = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
+    constraints = ",".join(["=f"] + ["f"] * len(args))
+    return Float32(_asm(T.f32(), operands, text, constraints, loc, ip))
+
+
+_F16_TO_F32 = (
+    "{{ .reg .b16 l, h; .reg .f32 f; mov.b32 {{l, h}}, $1; cvt.f32.f16 f, {half}; mov.b32 $0, f; }}"
+)
+
+
+def half2_to_f32x2(word, *, bf16: bool) -> tuple:
+    """The two fp32 values (exact) of a packed fp16 / bf16 pair, the low half first."""
+    word = Uint32(word)
+    if bf16:
+        lo = asm_u32("shl.b32 $0, $1, 16;", word)
+        hi = asm_u32("and.b32 $0, $1, 0xffff0000;", word)
+    else:
+        lo = asm_u32(_F16_TO_F32.format(half="l"), word)
+        hi = asm_u32(_F16_TO_F32.format(half="h"), word)
+    return u32_as_f32(lo), u32_as_f32(hi)
 
 
 def lop3_hash_pair_to_half2(x_lo, x_hi, mask: int, xor: int) -> Uint32:
