@@ -67,6 +67,7 @@ from b12x.runtime.scratch import (
     BufferSpec,
     allocate_buffers,
     check_known_names,
+    live_rows,
     require_buffer,
 )
 from b12x.runtime.validate import (
@@ -391,7 +392,7 @@ def run_dense(
     plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
 
     def rows(name: str) -> torch.Tensor:
-        return buf[name].narrow(0, 0, m)
+        return live_rows(buf, name, m)
 
     output = rows("output")
     x16 = x

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from b12x.kernels.moe_boundary import MoeBoundarySpec, compiled_moe_boundary
+from b12x.runtime.scratch import live_rows, live_view
 
 __all__ = [
     "H128_SCALE_FP32",
@@ -91,14 +92,6 @@ def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
         MoeBoundarySpec("activate", cd_bf16, cd_bf16),
         MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=problem.top_k),
     )
-
-
-def _prefix(buf, name: str, rows: int) -> torch.Tensor:
-    return buf[name].narrow(0, 0, rows)
-
-
-def _flat(buf, name: str, rows: int, cols: int) -> torch.Tensor:
-    return buf[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -204,11 +197,11 @@ def reduce_output(
 
 def _route_tables(buf, n: int, top_k: int, num_experts: int):
     """(route_token, route_expert_safe) of the first ``n`` routes, into their buffers."""
-    route_token = _prefix(buf, "route_token", n)
+    route_token = live_rows(buf, "route_token", n)
     torch.arange(n, out=route_token)
     route_token.floor_divide_(top_k)
-    route_expert = _prefix(buf, "route_expert_safe", n)
-    route_expert.copy_(_prefix(buf, "route_expert", n))
+    route_expert = live_rows(buf, "route_expert_safe", n)
+    route_expert.copy_(live_rows(buf, "route_expert", n))
     route_expert.clamp_(max=num_experts - 1)  # the drop bucket E never indexes a table
     return route_token, route_expert
 
@@ -222,20 +215,20 @@ def reference_rotate_inputs(
     route_token, route_expert = _route_tables(buf, n, top_k, num_experts)
     x16 = x
     if x.dtype != torch.float16:
-        x16 = _prefix(buf, "input_f16", m)
+        x16 = live_rows(buf, "input_f16", m)
         x16.copy_(x)
-    route_x = _prefix(buf, "route_x", n)
+    route_x = live_rows(buf, "route_x", n)
     torch.index_select(x16, 0, route_token, out=route_x)
-    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
-    scale16 = _flat(buf, "route_scale", n, h)
+    ping, pong = live_view(buf, "h128_a", n, h), live_view(buf, "h128_b", n, h)
+    scale16 = live_view(buf, "route_scale", n, h)
     for suh, dest in ((gate_suh, out_gate), (up_suh, out_up)):
         if suh is None:
             continue
         gather_rows_(suh, route_expert, scale16)
-        prod = _prefix(buf, "route_prod", n)
+        prod = live_rows(buf, "route_prod", n)
         torch.mul(route_x, scale16, out=prod)  # fp16(x16 · suh): one rounding
         ping.copy_(prod)
-        rotated = _prefix(buf, "rotation_f16", n)
+        rotated = live_rows(buf, "rotation_f16", n)
         rotated.copy_(h128_fp32_(ping, pong))
         dest.copy_(rotated)
 
@@ -245,12 +238,12 @@ def reference_activate(buf, *, fc1, rotations, out, n: int, top_k: int, num_expe
     ``route_scale_f32``, ``h128_a``/``h128_b``, ``gate_f32``)."""
     i = out.shape[1]
     _, route_expert = _route_tables(buf, n, top_k, num_experts)
-    inter16 = _flat(buf, "route_scale", n, 3 * i)
+    inter16 = live_view(buf, "route_scale", n, 3 * i)
     gather_rows_(rotations, route_expert, inter16)
-    inter = _flat(buf, "route_scale_f32", n, 3 * i)
+    inter = live_view(buf, "route_scale_f32", n, 3 * i)
     inter.copy_(inter16)
-    ping, pong = _flat(buf, "h128_a", n, i), _flat(buf, "h128_b", n, i)
-    gate = _prefix(buf, "gate_f32", n)
+    ping, pong = live_view(buf, "h128_a", n, i), live_view(buf, "h128_b", n, i)
+    gate = live_rows(buf, "gate_f32", n)
     ping.copy_(fc1[:, :i])
     gate.copy_(h128_fp32_(ping, pong))
     gate.mul_(inter[:, :i])
@@ -272,21 +265,21 @@ def reference_reduce_output(
     ``accum``); ``weights`` any floating dtype ``[n]``."""
     m, h = out.shape
     _, route_expert = _route_tables(buf, n, top_k, num_experts)
-    ping, pong = _flat(buf, "h128_a", n, h), _flat(buf, "h128_b", n, h)
+    ping, pong = live_view(buf, "h128_a", n, h), live_view(buf, "h128_b", n, h)
     ping.copy_(fc2)
     y = h128_fp32_(ping, pong)
-    scale16 = _flat(buf, "route_scale", n, h)
+    scale16 = live_view(buf, "route_scale", n, h)
     gather_rows_(svh, route_expert, scale16)
-    svh32 = _flat(buf, "route_scale_f32", n, h)
+    svh32 = live_view(buf, "route_scale_f32", n, h)
     svh32.copy_(scale16)
-    terms = _prefix(buf, "route_terms", n)
+    terms = live_rows(buf, "route_terms", n)
     torch.mul(y, svh32, out=terms)
-    inactive = _prefix(buf, "route_inactive", n)
+    inactive = live_rows(buf, "route_inactive", n)
     terms.masked_fill_(inactive.view(n, 1), 0.0)  # stale rows of inactive routes -> exact 0
-    route_weights = _prefix(buf, "route_weights", n)
+    route_weights = live_rows(buf, "route_weights", n)
     route_weights.copy_(weights)
     route_weights.masked_fill_(inactive, 0.0)
-    acc, term = _prefix(buf, "accum", m), _prefix(buf, "term", m)
+    acc, term = live_rows(buf, "accum", m), live_rows(buf, "term", m)
     acc.zero_()
     terms3, weights2 = terms.view(m, top_k, h), route_weights.view(m, top_k)
     for s in range(top_k):

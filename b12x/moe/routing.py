@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 import torch
 
-from b12x.runtime.scratch import BufferSpec
+from b12x.runtime.scratch import BufferSpec, live_rows
 from b12x.runtime.validate import check_positive_int, check_tensor
 
 __all__ = [
@@ -184,10 +184,6 @@ def check_route_ids(topk_ids: object, *, top_k: int | None = None, device=None) 
     return topk_ids
 
 
-def _prefix(buffers: Mapping[str, torch.Tensor], name: str, rows: int) -> torch.Tensor:
-    return buffers[name].narrow(0, 0, rows)
-
-
 def pack_routes_into(
     plan: RoutePlan, topk_ids: torch.Tensor, buffers: Mapping[str, torch.Tensor]
 ) -> RoutePlan:
@@ -199,9 +195,9 @@ def pack_routes_into(
     check_route_ids(topk_ids, top_k=plan.top_k)
     live = plan.live(topk_ids.shape[0])
     n, e, b, cap = live.routes, live.num_experts, live.block_size, live.capacity
-    expert = _prefix(buffers, "route_expert", n)
-    active = _prefix(buffers, "route_active", n)
-    inactive = _prefix(buffers, "route_inactive", n)
+    expert = live_rows(buffers, "route_expert", n)
+    active = live_rows(buffers, "route_active", n)
+    inactive = live_rows(buffers, "route_inactive", n)
     expert.copy_(topk_ids.reshape(n))  # widening copy; int64 ids are never narrowed
     torch.ge(expert, 0, out=active)
     torch.lt(expert, e, out=inactive)
@@ -211,7 +207,7 @@ def pack_routes_into(
 
     expert_range = buffers["expert_range"]
     torch.arange(e + 1, out=expert_range)
-    onehot = _prefix(buffers, "route_onehot", n)
+    onehot = live_rows(buffers, "route_onehot", n)
     torch.eq(expert.view(n, 1), expert_range.view(1, e + 1), out=onehot)
     onehot.cumsum_(0)
     histogram = onehot[n - 1]
@@ -231,36 +227,36 @@ def pack_routes_into(
     slot_base = buffers["slot_base"]
     slot_base.copy_(scan[:, 0])
     slot_base[e].fill_(cap)  # inactive routes land in the drop area [cap, cap + n)
-    rank = _prefix(buffers, "route_rank", n)
+    rank = live_rows(buffers, "route_rank", n)
     torch.gather(onehot, 1, expert.view(n, 1), out=rank)
-    rank64 = _prefix(buffers, "route_rank64", n)
+    rank64 = live_rows(buffers, "route_rank64", n)
     rank64.copy_(rank.view(n))
-    slot = _prefix(buffers, "route_slot", n)
+    slot = live_rows(buffers, "route_slot", n)
     torch.index_select(slot_base, 0, expert, out=slot)
     slot.add_(rank64)
     slot.sub_(1)  # inclusive count -> rank
-    torch.clamp(slot, max=cap, out=_prefix(buffers, "route_gather", n))
+    torch.clamp(slot, max=cap, out=live_rows(buffers, "route_gather", n))
 
-    route_index = _prefix(buffers, "route_index", n)
+    route_index = live_rows(buffers, "route_index", n)
     torch.arange(n, out=route_index)
-    packed = _prefix(buffers, "packed_route_slots", cap + n)
+    packed = live_rows(buffers, "packed_route_slots", cap + n)
     packed.fill_(n)
     packed.scatter_(0, slot, route_index)
 
     ends = buffers["group_ends"]
     ends.copy_(scan[1:, 0])
-    starts = _prefix(buffers, "block_starts", live.num_blocks)
+    starts = live_rows(buffers, "block_starts", live.num_blocks)
     torch.arange(0, cap, b, out=starts)
     torch.searchsorted(
         ends,
         starts,
         right=True,
         out_int32=True,
-        out=_prefix(buffers, "block_expert_ids", live.num_blocks),
+        out=live_rows(buffers, "block_expert_ids", live.num_blocks),
     )
     return live
 
 
 def packed_route_indices(live: RoutePlan, buffers: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The ``[capacity]`` view of the packed route indices for a live plan."""
-    return buffers["packed_route_slots"].narrow(0, 0, live.capacity)
+    return live_rows(buffers, "packed_route_slots", live.capacity)

@@ -35,6 +35,7 @@ from b12x.kernels.moe_boundary import compiled_moe_boundary
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
 from b12x.moe import boundary, pairs, routing
 from b12x.moe.plan import BoundMoe
+from b12x.runtime.scratch import live_rows
 from b12x.runtime.validate import check_tensor
 
 __all__ = [
@@ -252,17 +253,17 @@ def uniform_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2)
 def _combined_ids(bound: BoundMoe, inputs: MoeInputs, n: int) -> torch.Tensor:
     """Global router ids -> combined ids (int64, −1 where inactive or unmapped), no narrowing."""
     buf, p = bound.buffers, bound.plan.problem
-    gid = buf["global_ids"].narrow(0, 0, n)
-    inactive = buf["global_inactive"].narrow(0, 0, n)
-    beyond = buf["global_lt"].narrow(0, 0, n)
+    gid = live_rows(buf, "global_ids", n)
+    inactive = live_rows(buf, "global_inactive", n)
+    beyond = live_rows(buf, "global_lt", n)
     gid.copy_(inputs.topk_ids.reshape(n))
     torch.lt(gid, 0, out=inactive)
     torch.ge(gid, p.num_global_experts, out=beyond)
     torch.logical_or(inactive, beyond, out=inactive)
     gid.masked_fill_(inactive, 0)
-    c32 = buf["combined_ids32"].narrow(0, 0, n)
+    c32 = live_rows(buf, "combined_ids32", n)
     torch.index_select(inputs.global_to_combined, 0, gid, out=c32)
-    cid = buf["combined_ids"].narrow(0, 0, n)
+    cid = live_rows(buf, "combined_ids", n)
     cid.copy_(c32)
     cid.masked_fill_(inactive, -1)
     return cid.view(-1, p.top_k)
@@ -301,7 +302,7 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     n, nb = live.routes, live.num_blocks
 
     def rows(name: str, count: int) -> torch.Tensor:
-        return buf[name].narrow(0, 0, count)
+        return live_rows(buf, name, count)
 
     arch = host_kernels.device_arch(bound.device)
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)

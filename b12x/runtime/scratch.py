@@ -8,6 +8,9 @@ Layout
 * :func:`allocate_buffers` — plan-time only: ``torch.empty`` for every spec (or ``torch.zeros``
   for specs marked ``zeroed``, e.g. a lock workspace). It refuses to run while a CUDA graph is
   being captured.
+* :func:`live_rows` / :func:`live_view` — run-time views of a bound buffer: its first ``rows``
+  rows (buffers are planned for the capacity, a run uses the live count), or its first
+  ``rows·cols`` elements viewed ``[rows, cols]`` (one buffer serving several widths).
 * :func:`require_buffer` — bind-time: the caller's tensor must exist and match the spec exactly
   (dtype, shape, device, contiguity, 16-byte alignment); it is returned as is (a view, never a
   copy). A missing or mismatched buffer raises :class:`BufferNotProvided` naming it; during
@@ -34,6 +37,8 @@ __all__ = [
     "BufferSpec",
     "allocate_buffers",
     "check_known_names",
+    "live_rows",
+    "live_view",
     "require_buffer",
 ]
 
@@ -159,3 +164,13 @@ def check_known_names(known: Iterable[str], given: Mapping[str, object]) -> None
     extra = sorted(name for name in given if name not in known)
     if extra:
         raise ValueError(f"buffers: unknown buffer name(s) {extra}; known: {sorted(known)}")
+
+
+def live_rows(buffers: Mapping[str, torch.Tensor], name: str, rows: int) -> torch.Tensor:
+    """The first ``rows`` rows of the bound buffer ``name`` (a view, never a copy)."""
+    return buffers[name].narrow(0, 0, rows)
+
+
+def live_view(buffers: Mapping[str, torch.Tensor], name: str, rows: int, cols: int) -> torch.Tensor:
+    """The first ``rows·cols`` elements of the bound buffer ``name`` viewed ``[rows, cols]``."""
+    return buffers[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
