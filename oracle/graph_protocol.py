@@ -67,6 +67,8 @@ import torch
 
 __all__ = [
     "POISONS",
+    "capture_graph",
+    "restore_after_failed_capture",
     "ConsumerFixture",
     "ComposedOp",
     "CudaBackend",
@@ -326,11 +328,7 @@ class CudaBackend(_TorchTensorOps):
         torch.cuda.synchronize()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        torch.cuda.synchronize()
-        return graph
+        return capture_graph(fn)
 
     def capture_probe(self, fn: Callable[[], Any]) -> BaseException | None:
         raised: list[BaseException] = []
@@ -341,15 +339,13 @@ class CudaBackend(_TorchTensorOps):
             except Exception as exc:  # noqa: BLE001 - swallowed so the capture ends cleanly
                 raised.append(exc)
 
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                guarded()
+            graph = capture_graph(guarded)
         except Exception as exc:  # noqa: BLE001 - capture invalidated by the misuse itself
             if not raised:
                 raised.append(exc)
-        torch.cuda.synchronize()
-        del graph
+        else:
+            del graph
         return raised[0] if raised else None
 
     def replay(self, graph: Any) -> None:
@@ -379,6 +375,44 @@ class CudaBackend(_TorchTensorOps):
                     pass
             torch.cuda.synchronize()
             self._sentinel_graph = graph
+
+
+def capture_graph(fn: Callable[[], Any]) -> Any:
+    """Capture ``fn`` into a new ``torch.cuda.CUDAGraph`` on the current device and return it.
+
+    A capture that fails leaves torch in a state that outlives it, which made GPU tests depend on
+    what ran before them (torch's "Offset increment outside graph capture encountered
+    unexpectedly" from a later eager ``torch.randint``). Every capture registers the default CUDA
+    generator: ``capture_begin`` sets its ``capturing_`` flag and only ``capture_end``'s epilogue
+    clears it; when ``cudaStreamEndCapture`` fails (a capture the op invalidated), ``capture_end``
+    raises before that epilogue, and ``torch.cuda.graph.__exit__`` also skips restoring the
+    stream it switched to. The flag then stays set, and every later eager draw from the default
+    generator, or replay of a graph that draws, raises. On any failure this function therefore
+    restores the caller's current stream and runs one empty capture (whose epilogue clears the
+    flag) before re-raising, so a failed capture, expected or not, cannot leak into what runs
+    next."""
+    stream = torch.cuda.current_stream()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except BaseException:
+        restore_after_failed_capture(stream)
+        raise
+    return graph
+
+
+def restore_after_failed_capture(stream: Any) -> None:
+    """Undo what a failed capture leaves behind (see :func:`capture_graph`): make ``stream``
+    current again and clear the default generator's capture flag with one empty capture."""
+    torch.cuda.set_stream(stream)
+    healing = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():  # the healing graph is empty on purpose
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.graph(healing):
+            pass
+    torch.cuda.synchronize()
 
 
 # --- composing ops: FULL (one capture of the whole step) vs PIECEWISE (one per op) -------------

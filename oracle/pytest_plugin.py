@@ -13,6 +13,10 @@
   :func:`oracle.results.save_case` under ``--oracle-results DIR`` (default ``results``) and
   prints the exact ``python -m oracle replay ...`` command in the report (section "oracle case").
   A passing test saves nothing; a failing test that filled nothing saves nothing.
+* ``--shuffle-seed N`` runs the collected tests in a pseudo-random order fixed by ``N`` (the
+  same permutation in every xdist worker, so their collections agree), to show that no test
+  depends on what ran before it in the same process (the seed is printed in the header, so a
+  failing order can be replayed).
 
 This module must not import torch at import time: the root conftest pins one GPU per xdist
 worker before CUDA initialises, and this plugin is loaded right after it.
@@ -54,6 +58,11 @@ def _cuda_device_count() -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = config.getoption("shuffle_seed")
+    if seed is not None:
+        import random
+
+        random.Random(seed).shuffle(items)
     needs_gpu = [
         it for it in items if it.get_closest_marker("gpu") or it.get_closest_marker("multi_gpu")
     ]
@@ -117,6 +126,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="where tests using the oracle_case fixture save their case when they fail",
     )
+    group.addoption(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the tests in a pseudo-random order fixed by N (order-independence check)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("shuffle_seed")
+    return None if seed is None else f"test order shuffled with --shuffle-seed {seed}"
 
 
 @pytest.fixture

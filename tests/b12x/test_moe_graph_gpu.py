@@ -59,7 +59,13 @@ from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.run import MoeInputs, run_moe
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import ComposedOp, ConsumerFixture, CudaBackend, GraphProtocol
+from oracle.graph_protocol import (
+    ComposedOp,
+    ConsumerFixture,
+    CudaBackend,
+    GraphProtocol,
+    capture_graph,
+)
 from reference.moe import TrellisExperts, moe_forward
 
 pytestmark = pytest.mark.gpu
@@ -92,11 +98,10 @@ CONFIGS = {
 
 
 def _capture(fn):
-    """One CUDA graph of ``fn`` (already warmed up: nothing may compile now)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    """One CUDA graph of ``fn`` (already warmed up: nothing may compile now). A failed capture
+    is undone by :func:`oracle.graph_protocol.capture_graph` before it raises, so it cannot leak
+    into the next test."""
+    return capture_graph(fn)
 
 
 def _replay(graph) -> None:
@@ -149,7 +154,10 @@ def poison_(t: torch.Tensor, pattern: str) -> None:
         else:
             raw.fill_(0x7F)
     elif pattern == "garbage":
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device=raw.device))
+        # Seeded CPU bytes: the pattern never depends on (or disturbs) the global CUDA RNG
+        # state, so a test's poison does not depend on what ran before it.
+        gen = torch.Generator().manual_seed(raw.numel())
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
     else:
         raise ValueError(f"pattern: expected one of {POISONS}, got {pattern!r}")
 

@@ -318,3 +318,97 @@ def test_cuda_backend_passes_a_capture_safe_op_and_catches_allocation():
     assert good.passed, good.reasons
     bad = GraphProtocol(CudaElementwiseOp(allocate=True), {}, cuda_fixture(), CudaBackend()).run()
     assert "allocator activity during capture" in bad.step("capture").detail
+
+
+# --- a failed capture must not leak into what runs next (GPU tests' order independence) --------
+
+
+class _FakeCuda:
+    """Just enough of ``torch.cuda`` for :func:`capture_graph`'s bookkeeping on CPU: the first
+    capture's exit raises as an invalidated ``cudaStreamEndCapture`` does; it records captures
+    and the current stream."""
+
+    def __init__(self) -> None:
+        self.stream, self.captures, self.fail_next_exit = "main", [], True
+
+    def current_stream(self):
+        return self.stream
+
+    def set_stream(self, stream):
+        self.stream = stream
+
+    def synchronize(self):
+        pass
+
+    def CUDAGraph(self):  # noqa: N802 - mirrors torch.cuda.CUDAGraph
+        return object()
+
+    def graph(self, graph):
+        fake = self
+
+        class _Capture:
+            def __enter__(self):
+                fake.captures.append(graph)
+                fake.stream = "capture-side-stream"
+
+            def __exit__(self, *exc):
+                if fake.fail_next_exit:
+                    fake.fail_next_exit = False
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                fake.stream = "main"  # a successful exit restores the stream and the RNG flag
+                return False
+
+        return _Capture()
+
+
+def test_failed_capture_is_undone_before_it_raises(monkeypatch):
+    from oracle import graph_protocol
+
+    fake = _FakeCuda()
+    for name in ("current_stream", "set_stream", "synchronize", "CUDAGraph", "graph"):
+        monkeypatch.setattr(graph_protocol.torch.cuda, name, getattr(fake, name))
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        graph_protocol.capture_graph(lambda: None)
+    # the caller's stream is current again, and one more (empty) capture ran to completion: its
+    # epilogue is what clears torch's per-generator capture flag
+    assert fake.stream == "main"
+    assert len(fake.captures) == 2 and not fake.fail_next_exit
+
+
+@pytest.mark.gpu
+@pytest.mark.graph
+def test_failed_capture_leaves_no_rng_or_stream_state_behind():
+    """On the device: a capture invalidated by a synchronize inside it fails; afterwards eager
+    draws from the default CUDA generator still work (before the fix they raised "Offset
+    increment outside graph capture encountered unexpectedly"), and the stream is the caller's.
+    The first half shows, in a separate process, that a raw ``torch.cuda.graph`` failure does
+    poison the generator, so this test can fail."""
+    import subprocess
+    import sys
+
+    from oracle.graph_protocol import CudaBackend, capture_graph
+
+    raw = (
+        "import torch\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "try:\n"
+        "    with torch.cuda.graph(g):\n"
+        "        torch.cuda.synchronize()\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+        "torch.cuda.set_stream(torch.cuda.default_stream())\n"
+        "torch.randint(0, 10, (4,), device='cuda')\n"
+    )
+    poisoned = subprocess.run([sys.executable, "-c", raw], capture_output=True, text=True)
+    assert poisoned.returncode != 0 and "Offset increment outside graph capture" in (
+        poisoned.stderr
+    ), poisoned.stderr[-2000:]
+
+    stream = torch.cuda.current_stream()
+    with pytest.raises(RuntimeError):
+        capture_graph(torch.cuda.synchronize)  # illegal while capturing: the capture fails
+    assert torch.cuda.current_stream() == stream
+    torch.randint(0, 10, (4,), device="cuda")
+    assert CudaBackend().capture_probe(torch.cuda.synchronize) is not None
+    torch.randint(0, 10, (4,), device="cuda")
+    torch.cuda.synchronize()

@@ -80,3 +80,30 @@ def test_plugin_skips_gpu_tests_and_saves_failing_cases(tmp_path: Path):
 
     loaded = load_case(results / "fails_with_case.json")
     assert loaded.tensors["y"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+ORDER_TESTS = "\n".join(f"def test_{i:02d}():\n    pass\n" for i in range(12))
+
+
+def _collected_order(tmp_path: Path, *extra: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *extra],
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line.split("::")[-1] for line in proc.stdout.splitlines() if "::test_" in line]
+
+
+def test_shuffle_seed_reorders_collection_reproducibly(tmp_path: Path):
+    (tmp_path / "test_order.py").write_text(ORDER_TESTS)
+    (tmp_path / "pytest.ini").write_text(INI)
+    plain = _collected_order(tmp_path)
+    assert plain == [f"test_{i:02d}" for i in range(12)]
+    shuffled = _collected_order(tmp_path, "--shuffle-seed", "7")
+    assert sorted(shuffled) == plain and shuffled != plain
+    assert _collected_order(tmp_path, "--shuffle-seed", "7") == shuffled  # same seed, same order
+    assert _collected_order(tmp_path, "--shuffle-seed", "8") != shuffled
