@@ -155,7 +155,7 @@ def kernel_group(case: Any) -> str:
     if v.op == "decode":
         return f"decode/{v.codebook}/k{v.bits}"
     if v.op == "dense" and v.pair_kind is None and v.tier_layout is None:
-        from b12x.dense_linear import DECODE_MATMUL_MIN_M
+        from b12x.dense.dispatch import DECODE_MATMUL_MIN_M
         from b12x.kernels.host import choose_tiles
 
         if v.rotation == "full" and case.m >= DECODE_MATMUL_MIN_M:  # decode Wq, then a dense GEMM
@@ -252,20 +252,26 @@ class Selection:
 
 
 def _gpu_checks() -> Any:
-    """oracle.checks.gpu; the pieces used here are ``select_grid``, ``_case_result`` and
-    ``_graph`` (one place to change if that module renames them)."""
+    """oracle.checks.gpu; the pieces used here are ``select_grid``, ``case_results`` and
+    ``graph_results`` (one place to change if that module renames them)."""
     from oracle.checks import gpu
 
     return gpu
 
 
 def select_cases(
-    *, filter: str | None = None, case: str | None = None, max_cases: int | None = None
+    *,
+    filter: str | None = None,  # noqa: A002 - the CLI's name
+    case: str | None = None,
+    max_cases: int | None = None,
+    heavy: bool = False,
 ) -> Selection:
     """The single-GPU ``run`` selection (module docstring): ``oracle.checks.gpu.select_grid``."""
     if case and filter:
         raise ValueError("select_cases: use case or filter, not both")
-    runnable, notes = _gpu_checks().select_grid(case=case, filter=filter, max_cases=max_cases)
+    runnable, notes = _gpu_checks().select_grid(
+        case=case, filter=filter, max_cases=max_cases, heavy=heavy
+    )
     return Selection(tuple(runnable), tuple(notes))
 
 
@@ -292,7 +298,9 @@ def run_shard(ctx: Any, spec: ShardSpec, *, selection: Selection | None = None) 
     if not isinstance(spec, ShardSpec):
         raise TypeError(f"spec: expected a ShardSpec, got {type(spec).__name__}")
     if selection is None:
-        selection = select_cases(filter=ctx.filter, case=ctx.case, max_cases=ctx.max_cases)
+        selection = select_cases(
+            filter=ctx.filter, case=ctx.case, max_cases=ctx.max_cases, heavy=ctx.heavy
+        )
     plan = plan_shards(selection.runnable, spec.count or 1)
     mine = plan.cases_for(spec)
     checks: list[CheckResult] = list(selection.notes) if spec.index == 0 else []
@@ -305,12 +313,11 @@ def run_shard(ctx: Any, spec: ShardSpec, *, selection: Selection | None = None) 
         gpu = _gpu_checks()
         advance = ctx.advance(f"shard {spec.label}", len(mine))
         for case in mine:
-            family = "decode" if case.variant.op == "decode" else "dense"
-            name = f"gpu.{family}.{case.case_id}"
-            checks += _guarded(name, lambda case=case: gpu._case_result(case, ctx))
+            name = f"gpu.{case.variant.op}.{case.case_id}"
+            checks += _guarded(name, lambda case=case: gpu.case_results(case, ctx))
             advance()
-        if spec.phase == "parallel":
-            checks += _guarded("gpu.graph", lambda: gpu._graph(ctx))
+        if spec.phase == "parallel" and spec.index == 0:
+            checks += _guarded("gpu.graph", lambda: gpu.graph_results(ctx))
     manifest = {
         "label": spec.label,
         "index": spec.index,
@@ -330,14 +337,14 @@ _MANIFEST_KEYS = ("label", "index", "count", "phase", "cases", "executed", "grid
 
 
 def case_id_of_check(name: str) -> str | None:
-    """The case id of a per-case check (``gpu.<family>.<case id>``), else None."""
+    """The case id of a per-case check (``gpu.<op>.<case id>[.<execution>]``), else None."""
     from oracle.grids import parse_case_id
 
     parts = name.split(".", 2)
     if len(parts) != 3 or parts[0] != "gpu":
         return None
     try:
-        return parse_case_id(parts[2]).case_id
+        return parse_case_id(parts[2].split(".", 1)[0]).case_id
     except ValueError:
         return None
 
@@ -420,7 +427,8 @@ def merge_reports(
         missing = grid["total"] - len(owner)
         raise ValueError(f"parts: shard assignments do not cover the grid ({missing} missing)")
 
-    reported: dict[str, str] = {}
+    reported: dict[str, str] = {}  # check name (one execution of a case) -> shard
+    seen: set[str] = set()  # case ids with at least one result
     names: Counter[str] = Counter()  # how many shards report a non-case check of this name
     for label, report, _ in entries:
         own: set[str] = set()
@@ -429,16 +437,17 @@ def merge_reports(
             if cid is None:
                 own.add(check.name)
                 continue
-            if cid in reported:
+            if check.name in reported:
                 raise ValueError(
-                    f"parts: duplicate result for case {cid} ({reported[cid]}, {label})"
+                    f"parts: duplicate result {check.name} ({reported[check.name]}, {label})"
                 )
             if owner.get(cid) != label:
                 raise ValueError(f"parts: shard {label} reported case {cid} it was not assigned")
-            reported[cid] = label
+            reported[check.name] = label
+            seen.add(cid)
         names.update(own)
     for label, _, manifest in entries:
-        lost = [cid for cid in manifest["cases"] if cid not in reported]
+        lost = [cid for cid in manifest["cases"] if cid not in seen]
         if manifest["executed"] and lost:
             raise ValueError(f"parts: shard {label} has no result for case(s) {lost[:5]}")
 
@@ -636,7 +645,12 @@ def run_multi_gpu_cli(args: Any) -> Report:
     """``python -m oracle run --gpus N|all``: plan here (no CUDA), spawn, merge."""
     try:
         gpus = visible_gpus(args.gpus)
-        selection = select_cases(filter=args.filter, case=args.case, max_cases=args.max_cases)
+        selection = select_cases(
+            filter=args.filter,
+            case=args.case,
+            max_cases=args.max_cases,
+            heavy=getattr(args, "heavy", False),
+        )
     except ValueError as exc:
         raise SystemExit(f"python -m oracle run: --gpus: {exc}") from None
     plan = plan_shards(selection.runnable, len(gpus))

@@ -14,17 +14,15 @@ Layout
   axis, and the K3/K4 MCG tiers. Adding a codebook or pair kind to the tables adds its variants.
 * Tolerances are data: per-dtype defaults live in :mod:`oracle.tolerance`; per-variant overrides
   live in :data:`TOLERANCE_OVERRIDES` here, each with a mandatory reason.
-* Kernel coverage comes from ``b12x.support.supported_variants()`` plus, when b12x.support has
-  it, ``supported_moe_variants()`` (the fused MoE: uniform, tiers, and QSRT pairs declared with
-  ``pair_kind`` and no ``rate_axis``, the pair being phase-bound), imported lazily (entries are
-  dicts ``{"op", "codebook", "bits", "compute_dtype"[, "pair_kind", "rate_axis", "tier_layout",
-  "rotation", "path"]}`` or ``(op, codebook, bits, dtype)`` tuples; ``dense_linear``/``gemm``
-  mean ``dense``, ``float16``/``bfloat16`` mean ``fp16``/``bf16``). A missing key means "not
-  paired / not tiered / any rotation"; a decode variant is also covered by a dense kernel (the
-  decode check is a GEMM with one-hot activations). ``kernel_coverage`` is the entry's ``path``
-  or ``"b12x:<op>"``. Until b12x declares support (ImportError, or no matching entry), a variant
-  reports ``kernel_coverage is None`` and a ``no_coverage_reason``; coupled-Hadamard variants
-  never have coverage (out of scope, reason stated).
+* Kernel coverage comes from b12x's typed contract (``b12x.support.OPS``, read through
+  :mod:`oracle.declared`, docs/oracle_contract.md): a variant is covered when some op declares
+  it, and ``kernel_coverage`` is ``"b12x:<op>[<dispatch paths>]"``; otherwise
+  ``no_coverage_reason`` says why. Coupled-Hadamard variants never have coverage (out of scope,
+  reason stated). There is no fallback: the contract is imported directly.
+* MoE in bf16 compute: spec §6 says the upstream full-rotation MoE needs fp16 operands and
+  §7 q11 asks for an explicit policy. b12x ships a bf16 arm (uniform, tiers and pairs), so the
+  registry holds those variants and judges them against the bf16-rounded faithful reference
+  (``reference.moe`` models the double rounding fp16 -> bf16 of operands and weights).
 
 Invariants
 ----------
@@ -60,7 +58,6 @@ __all__ = [
     "Variant",
     "all_variants",
     "candidate_variants",
-    "declared_support",
     "illegal_variants",
     "variant_by_name",
 ]
@@ -110,7 +107,6 @@ COUPLED_NO_COVERAGE = (
     "coupled Hadamard (spec §3.5) is out of scope: the reference models only the intermediate "
     "boundary (spec §7 q13, no full H512 chain) and no b12x kernel implements it here"
 )
-NO_KERNELS_YET = "no kernels yet: b12x.support.supported_variants() is not available"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,8 +381,6 @@ def _tier_illegal_reason(v: Variant) -> str | None:
         return f"a tiered variant carries the driver's tier0 bits ({tier0}), not {v.bits}"
     if v.rotation != "full":
         return "mixed tiers require full_rotation (spec §4.1)"
-    if v.compute_dtype != "fp16":
-        return "mixed tiers use fp16 operands (spec §4.1)"
     return None
 
 
@@ -397,65 +391,28 @@ def _rotation_illegal_reason(v: Variant) -> str | None:
         return "coupled Hadamard is a MoE reparameterisation (spec §3.5), not a dense rotation"
     if v.op == "moe" and v.rotation == "none":
         return "trellis MoE always rotates (full or coupled, spec §3.4/§3.5)"
-    if v.op == "moe" and v.compute_dtype != "fp16":
-        return "MoE full rotation needs fp16 operands (spec §6 variant table)"
+    if v.op == "moe" and v.rotation == "coupled" and v.compute_dtype != "fp16":
+        return "coupled Hadamard MoE is modelled with fp16 operands only (spec §3.5)"
     return None
 
 
 # --- coverage ----------------------------------------------------------------------------------
 
 
-@functools.cache
-def declared_support() -> tuple[tuple[dict[str, Any], ...] | None, str]:
-    """What ``b12x.support.supported_variants()`` declares, normalised to dicts, plus a note.
+def _coverage(v: Variant) -> tuple[str | None, str | None]:
+    """``(path, None)`` when b12x's typed contract declares ``v`` (:mod:`oracle.declared`), else
+    ``(None, reason)``."""
+    if not v.legal:
+        return None, f"illegal variant: {v.illegal_reason}"
+    if v.rotation == "coupled":
+        return None, COUPLED_NO_COVERAGE
+    from oracle.declared import declarations
 
-    Returns (None, reason) when b12x exposes nothing yet. Cached; call
-    ``declared_support.cache_clear()`` after b12x changes (tests do).
-    """
-    try:
-        from b12x import support
-    except ImportError as exc:
-        return None, f"{NO_KERNELS_YET} ({type(exc).__name__}: {exc})"
-    getter = getattr(support, "supported_variants", None)
-    if getter is None:
-        return None, f"{NO_KERNELS_YET} (b12x.support has no supported_variants)"
-    moe_getter = getattr(support, "supported_moe_variants", None)  # the fused MoE's own list
-    entries = []
-    for entry in [*getter(), *(moe_getter() if moe_getter is not None else ())]:
-        if isinstance(entry, Mapping):
-            entries.append(dict(entry))
-        else:
-            op, codebook, bits, dtype = tuple(entry)[:4]
-            entries.append({"op": op, "codebook": codebook, "bits": bits, "compute_dtype": dtype})
-    return tuple(entries), "declared by b12x.support.supported_variants()"
-
-
-_OP_SPELLINGS = {"dense_linear": "dense", "gemm": "dense", "linear": "dense"}
-
-
-def _normalise_dtype(value: Any) -> Any:
-    """Accept "fp16"/"float16"/"half"/torch.float16 (and the bf16 spellings) from b12x."""
-    spellings = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-    text = str(value).removeprefix("torch.")
-    return spellings.get(text, text)
-
-
-def _entry_matches(entry: Mapping[str, Any], v: Variant) -> bool:
-    op = _OP_SPELLINGS.get(entry.get("op"), entry.get("op"))
-    # The decode check runs the dense GEMM with identity activations, so a dense kernel covers it.
-    if op != v.op and not (v.op == "decode" and op == "dense"):
-        return False
-    dtype = _normalise_dtype(entry.get("compute_dtype", entry.get("dtype")))
-    if (
-        entry.get("codebook") != v.codebook
-        or entry.get("bits") != v.bits
-        or dtype != v.compute_dtype
-    ):
-        return False
-    for field in ("pair_kind", "rate_axis", "tier_layout"):
-        if entry.get(field) != getattr(v, field):
-            return False
-    return "rotation" not in entry or v.op == "decode" or entry["rotation"] == v.rotation
+    found = declarations().get(v)
+    if not found:
+        return None, f"b12x.support does not declare {v.name}"
+    paths = sorted({p for d in found for p in d.paths})
+    return f"b12x:{v.op}" + (f"[{','.join(paths)}]" if paths else ""), None
 
 
 def _spec_matches(spec: Any, v: Variant) -> bool:
@@ -468,21 +425,6 @@ def _spec_matches(spec: Any, v: Variant) -> bool:
     if kind == "gemm" and bool(getattr(spec, "bf16", False)) != (v.compute_dtype == "bf16"):
         return False
     return all(getattr(spec, f, None) == getattr(v, f) for f in ("pair_kind", "tier_layout"))
-
-
-def _coverage(v: Variant) -> tuple[str | None, str | None]:
-    if not v.legal:
-        return None, f"illegal variant: {v.illegal_reason}"
-    if v.rotation == "coupled":
-        return None, COUPLED_NO_COVERAGE
-    entries, note = declared_support()
-    if entries is None:
-        return None, note
-    for entry in entries:
-        if _entry_matches(entry, v):
-            path = entry.get("path") or entry.get("kernel") or f"b12x:{entry.get('op')}"
-            return str(path), None
-    return None, f"b12x.support.supported_variants() does not declare {v.name}"
 
 
 def _arch_number(arch: Any) -> int:
@@ -520,15 +462,18 @@ def _generate() -> Iterator[Variant]:
             for rotation in ("full", "none"):
                 yield Variant(codebook, bits, rotation=rotation, compute_dtype=dtype, op="dense")
         for bits in legal_bits:
-            for rotation in ("full", "coupled"):
-                yield Variant(codebook, bits, rotation=rotation, op="moe")
+            for dtype in COMPUTE_DTYPES:
+                yield Variant(codebook, bits, rotation="full", compute_dtype=dtype, op="moe")
+            yield Variant(codebook, bits, rotation="coupled", op="moe")
         for kind in PAIR_KINDS:
             for axis, dtype in itertools.product(RATE_AXES, COMPUTE_DTYPES):
                 for op, rotation in (("decode", "none"), ("dense", "full")):
                     yield Variant(codebook, PAIR_BASE_BITS, kind, axis, None, rotation, dtype, op)
-            yield Variant(codebook, PAIR_BASE_BITS, kind, None, None, "full", "fp16", "moe")
+            for dtype in COMPUTE_DTYPES:
+                yield Variant(codebook, PAIR_BASE_BITS, kind, None, None, "full", dtype, "moe")
     for layout, (tier0, _) in TIER_LAYOUTS.items():
-        yield Variant("mcg", tier0, tier_layout=layout, op="moe")
+        for dtype in COMPUTE_DTYPES:
+            yield Variant("mcg", tier0, tier_layout=layout, compute_dtype=dtype, op="moe")
 
 
 #: Every legal variant, in generation order (codebook-major).

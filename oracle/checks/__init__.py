@@ -8,7 +8,8 @@ Layout
 * Every family module exposes ``run(ctx) -> list[CheckResult]`` and never raises for a failing
   check: a crash inside a family becomes one ``fail`` result naming the family (see :func:`run`).
 * :data:`FAMILIES` is the default job's order: fingerprints, layout, contracts, dispatch/tiles,
-  compile (all CPU tier) then gpu (the differential grid, decode exactness, graph protocol).
+  coverage, compile (all CPU tier) then gpu (the differential grid, decode exactness, graph
+  protocol).
   On a CPU machine the gpu family reports one ``skip`` line per check family, with the reason.
 * Families import b12x lazily; when b12x declares nothing for a family, its check is a ``skip``
   with a plain reason, never a silent pass.
@@ -31,6 +32,7 @@ FAMILIES: tuple[str, ...] = (
     "layout",
     "contracts",
     "dispatch_tiles",
+    "coverage",
     "compile",
     "gpu",
 )
@@ -56,6 +58,7 @@ class CheckContext:
     tile: str | None = None
     results_dir: Path = Path("results")
     max_cases: int | None = None
+    heavy: bool = False
     progress: Callable[[str, int], Callable[[], None]] | None = None
 
     def __post_init__(self) -> None:

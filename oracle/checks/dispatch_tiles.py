@@ -1,28 +1,24 @@
 """Dispatch and tile checks (design §5.7; R2, R3, R15) against the tables b12x declares.
 
-Hooks looked up lazily in ``b12x.support`` (each returns an iterable); when ``b12x.support`` has
-no such hook, the convention ``b12x.<subpackage>.dispatch.TABLE`` /
-``b12x.<subpackage>.tiles.REGISTRY`` is used (:data:`CONVENTION`):
+The tables come from b12x's typed contract (``b12x.support.OPS``, :mod:`oracle.declared`): every
+op's ``dispatch`` tuple (objects satisfying :mod:`oracle.dispatch`'s protocol: every host decision
+made from a problem — dense path, split-K, the MoE route block, K split, wave-balanced FC2 tile,
+pair geometry — with both sides of every threshold as ``boundaries``) and its ``tiles`` registry
+(:mod:`oracle.tiles`' protocol), each checked once even when several ops share it. The grid for
+reachability is ``table.grid()`` (or a ``grid`` sequence) when the table declares one, plus both
+sides of every boundary. Tile registries are checked on every :data:`oracle.tiles.DEVICES` part
+over ``registry.problems``; the module of the registry's predicate function (attribute
+``predicate``, else a module-level ``qualify`` beside the registry's class) is scanned for floor
+constants duplicated outside it (:func:`oracle.tiles.find_duplicated_floors`).
 
-* ``dispatch_tables()`` — objects satisfying :mod:`oracle.dispatch`'s protocol. The grid for
-  reachability is ``table.grid()`` (or a ``grid`` sequence) when the table declares one, plus
-  both sides of every boundary.
-* ``tile_registries()`` — objects satisfying :mod:`oracle.tiles`'s protocol, checked on every
-  :data:`oracle.tiles.DEVICES` part over ``registry.problems``. The module of the registry's
-  predicate function (attribute ``predicate``, else a module-level ``qualify`` beside the
-  registry's class) is scanned for floor constants duplicated outside it
-  (:func:`oracle.tiles.find_duplicated_floors`).
-
-Results are named ``dispatch.<table>.<check>`` and ``tiles.<registry>.<check>``. When b12x
-declares no tables yet, one ``skip`` per kind says so. :func:`qualify_tile` serves
-``python -m oracle run --tile``: it pins one tile on every problem and simulated device and
-reports where the single predicate accepts or rejects it.
+Results are named ``dispatch.<table>.<check>`` and ``tiles.<registry>.<check>``. An op that
+declares no table is not a skip: the contract says so explicitly with an empty tuple.
+:func:`qualify_tile` serves ``python -m oracle run --tile``: it pins one tile on every problem
+and simulated device and reports where the single predicate accepts or rejects it.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import re
 from collections.abc import Iterable
@@ -36,45 +32,23 @@ from oracle.tiles import DEVICES, check_registry, find_duplicated_floors
 __all__ = ["declared", "parse_tile", "qualify_tile", "run", "tile_specializations"]
 
 
-#: hook -> (module name inside each b12x subpackage, attribute) used when support lacks the hook
-CONVENTION = {"dispatch_tables": ("dispatch", "TABLE"), "tile_registries": ("tiles", "REGISTRY")}
-
-
-def _by_convention(hook: str) -> list[Any]:
-    """``b12x.<pkg>.dispatch.TABLE`` / ``b12x.<pkg>.tiles.REGISTRY`` for every subpackage."""
-    import pkgutil
-
-    module_name, attr = CONVENTION[hook]
-    b12x = importlib.import_module("b12x")
-    found = []
-    for info in pkgutil.iter_modules(b12x.__path__):
-        if not info.ispkg:
-            continue
-        name = f"b12x.{info.name}.{module_name}"
-        if importlib.util.find_spec(name) is None:
-            continue
-        obj = getattr(importlib.import_module(name), attr, None)
-        if obj is not None:
-            found.append(obj)
-    return found
-
-
 def declared(hook: str) -> tuple[list[Any] | None, str]:
-    """``(objects, "")`` from ``b12x.support.<hook>()`` (or, when support has no such hook, from
-    the :data:`CONVENTION` modules), or ``(None, reason)``."""
-    try:
-        support = importlib.import_module("b12x.support")
-    except ImportError as exc:
-        return None, f"b12x.support is not importable yet ({exc})"
-    fn = getattr(support, hook, None)
-    if callable(fn):
-        objects = list(fn())
-        return (objects, "") if objects else (None, f"b12x.support.{hook}() returned nothing")
-    objects = _by_convention(hook) if hook in CONVENTION else []
-    if objects:
-        return objects, ""
-    module_name, attr = CONVENTION.get(hook, ("?", "?"))
-    return None, f"b12x declares no {hook}() in b12x.support and no b12x.*.{module_name}.{attr}"
+    """``(objects, "")``: every distinct dispatch table (``hook == "dispatch_tables"``) or tile
+    registry (``"tile_registries"``) of b12x's op contracts, or ``(None, reason)`` when no op
+    declares one."""
+    from oracle.declared import ops
+
+    if hook not in ("dispatch_tables", "tile_registries"):
+        raise ValueError(f"hook: expected dispatch_tables or tile_registries, got {hook!r}")
+    found: dict[int, Any] = {}
+    for contract in ops():
+        items = contract.dispatch if hook == "dispatch_tables" else (contract.tiles,)
+        for item in items:
+            if item is not None:
+                found.setdefault(id(item), item)
+    if not found:
+        return None, f"no op of b12x.support declares {hook.replace('_', ' ')}"
+    return list(found.values()), ""
 
 
 def _to_result(prefix: str, outcome: Outcome) -> CheckResult:

@@ -1,0 +1,82 @@
+"""The oracle's GPU runners: every op b12x declares, judged through its plan / bind / run.
+
+Layout
+------
+* :mod:`oracle.runners.dense` — dense linear (rotation ``full``) and raw GEMM (rotation
+  ``none``, an identity external H128), on the native dispatch path and on the paths of simulated
+  parts (the K6/MCG small-M row planned on an SM120).
+* :mod:`oracle.runners.decode` — decode exactness: the decode op, the dense GEMM at the case's M
+  and over the whole weight, and the grouped MoE GEMM (bit for bit, both compute dtypes).
+* :mod:`oracle.runners.moe` — the fused MoE: uniform, K3/K4 tiers, QSRT pairs (static and
+  dynamic), both layouts, inactive route ids; judged per route and per row.
+* :mod:`oracle.runners.graph` — the CUDA-graph protocol over every op.
+
+:func:`runners_for` says, without a GPU, which runners judge a registry variant (the coverage
+report reads it); :func:`run_case` runs one grid case and returns one CheckResult per execution.
+
+Invariants
+----------
+* A runner exists for a variant exactly when its op is declared by ``b12x.support`` and the
+  runner module handles the variant's shape of payload (pairs, tiers); a declared variant
+  without one fails the coverage check (:mod:`oracle.coverage`), never silently skips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oracle.report import CheckResult
+from oracle.runners.common import crash, to_result
+
+__all__ = ["DIFFERENTIAL_OPS", "run_case", "runners_for"]
+
+#: Grid ops that have a differential runner (module docstring).
+DIFFERENTIAL_OPS = ("decode", "dense", "moe")
+
+
+def runners_for(variant: Any) -> tuple[str, ...]:
+    """Names of the runners that judge ``variant`` (CPU only; nothing is launched)."""
+    from oracle.runners.graph import target_variants
+
+    if variant.kernel_coverage is None:
+        return ()
+    out: list[str] = []
+    if variant.op == "decode":
+        if variant.compute_dtype == "fp16":
+            out.append("decode_op")
+        out += ["decode_through_gemm", "decode_through_full_gemm"]
+        if _grouped_declares(variant):
+            out.append("decode_through_grouped_gemm")
+    elif (variant.op, variant.rotation) in (("dense", "full"), ("dense", "none"), ("moe", "full")):
+        out.append("differential")
+    out += [f"graph:{t}" for t in target_variants().get(variant.name, ())]
+    return tuple(out)
+
+
+def _grouped_declares(variant: Any) -> bool:
+    from oracle.declared import op_contract
+
+    try:
+        contract = op_contract("moe_gemm")
+    except ValueError:
+        return False
+    return any(d.codebook == variant.codebook and d.bits == variant.bits for d in contract.variants)
+
+
+def _module(op: str) -> Any:
+    from oracle.runners import decode, dense, moe
+
+    return {"decode": decode, "dense": dense, "moe": moe}[op]
+
+
+def run_case(case: Any, *, device: Any, results_dir: Path) -> list[CheckResult]:
+    """Every execution of one grid case, judged; a crash is a failure of that case."""
+    name = f"gpu.{case.variant.op}.{case.case_id}"
+    if case.variant.op not in DIFFERENTIAL_OPS:
+        return [crash(name, ValueError(f"no runner for op {case.variant.op!r}"))]
+    try:
+        outcomes = _module(case.variant.op).run_case(case, device)
+    except Exception as exc:  # noqa: BLE001 - the case fails with the exception's text
+        return [crash(name, exc)]
+    return [to_result(o, results_dir) for o in outcomes]

@@ -1,0 +1,141 @@
+"""The MoE runner: one MoE case through ``b12x``'s MoE plan → bind → run, judged per route and row.
+
+The case's variant fixes the stack (uniform, K3/K4 tiers, or QSRT pairs of one kind) and the
+compute dtype; :func:`oracle.runners.inputs.moe_choices` fixes the execution choices inside it
+(``w13`` layout, x dtype, route-id dtype, paired phases, static or dynamic pair modes), so every
+variant meets each of them across its M buckets. Inputs carry inactive route ids with NaN
+weights. The judge is :func:`oracle.tolerance.judge_moe` over the reference stack, with the
+stages the contract makes observable (route-order rotations, FC1, the activated intermediate,
+FC2), so a wrong route or row is located, not only detected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from oracle.runners import inputs as case_inputs
+from oracle.runners.common import Outcome, run_op
+
+__all__ = ["moe_op_inputs", "moe_problem", "run_case"]
+
+
+def moe_problem(case: Any, experts: Any, choices: Any) -> dict[str, Any]:
+    """The MoE op's problem (plan keywords) for one case."""
+    v = case.variant
+    common = {
+        "m": case.m,
+        "top_k": case.top_k,
+        "hidden": case.k,
+        "intermediate": case.n,
+        "w13_layout": choices.layout,
+        "x_dtype": choices.x_dtype,
+        "compute_dtype": case_inputs.compute_dtype(case),
+    }
+    if v.tier_layout is not None:
+        return {
+            **common,
+            "codebook": v.codebook,
+            "tier0_bits": experts.tier0_bits,
+            "tier1_bits": experts.tier1_bits,
+            "tier0_experts": experts.tier0.num_experts,
+            "tier1_experts": experts.tier1.num_experts,
+            "num_global_experts": experts.num_global_experts,
+        }
+    problem = {**common, "codebook": v.codebook, "bits": v.bits, "num_experts": case.experts}
+    if v.pair_kind is not None:
+        problem.update(fc1_pair=choices.fc1_pair, fc2_pair=choices.fc2_pair)
+    return problem
+
+
+def moe_op_inputs(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The MoE op's named inputs (``MoeInputs`` fields) from a reference stack and a batch."""
+    experts = tensors["experts"]
+    out = {k: tensors[k] for k in ("x", "topk_weights", "topk_ids")}
+    if hasattr(experts, "tier0"):  # MixedTierExperts: combined-namespace tables, two payloads
+        rot = experts.rotations
+        layout = experts.tier0.w13_layout
+        out.update(
+            w13=(experts.tier0.w13, experts.tier1.w13),
+            w2=(experts.tier0.w2, experts.tier1.w2),
+            gate_suh=rot.gate_suh.contiguous(),
+            up_suh=rot.up_suh.contiguous() if layout == "proj" else None,
+            intermediate_rotations=rot.intermediate_rotations.contiguous(),
+            down_svh=rot.down_svh.contiguous(),
+            global_to_combined=experts.global_to_combined,
+            descriptor_map=experts.descriptor_map,
+        )
+        return out
+    out.update(
+        w13=experts.w13,
+        w2=experts.w2,
+        gate_suh=experts.gate_suh,
+        up_suh=experts.up_suh if experts.w13_layout == "proj" else None,
+        intermediate_rotations=experts.intermediate_rotations,
+        down_svh=experts.down_svh,
+        fc1_modes=getattr(experts, "fc1_modes", None),
+        fc2_modes=getattr(experts, "fc2_modes", None),
+    )
+    return out
+
+
+def _saved_tensors(op_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, value in op_inputs.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+        elif isinstance(value, tuple):
+            out.update({f"{name}_tier{t}": x for t, x in enumerate(value)})
+    return out
+
+
+def regenerate(case: Any, device: Any) -> dict[str, torch.Tensor]:
+    """The op's named input tensors as the runner builds them (tier payloads flattened)."""
+    return _saved_tensors(moe_op_inputs(case_inputs.moe_inputs(case, device)))
+
+
+def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
+    """Re-judge a saved MoE output from regenerated inputs (no observed stages)."""
+    from oracle import tolerance
+
+    tensors = case_inputs.moe_inputs(case, device)
+    return tolerance.judge_moe(
+        y.to(device), x=tensors["x"], experts=tensors["experts"],
+        topk_weights=tensors["topk_weights"], topk_ids=tensors["topk_ids"],
+        compute_dtype=case_inputs.compute_dtype(case),
+    )  # fmt: skip
+
+
+def run_case(case: Any, device: Any) -> list[Outcome]:
+    """The one execution of a MoE case (module docstring)."""
+    from oracle import tolerance
+    from oracle.declared import op_contract
+
+    contract = op_contract("moe")
+    tensors = case_inputs.moe_inputs(case, device)
+    choices = tensors["choices"]
+    problem = moe_problem(case, tensors["experts"], choices)
+    op_inputs = moe_op_inputs(tensors)
+    result = run_op(contract, contract.graph_op(), problem, op_inputs, device)
+    y = result.buffers["output"][: case.m]
+    verdict = tolerance.judge_moe(
+        y,
+        x=tensors["x"],
+        experts=tensors["experts"],
+        topk_weights=tensors["topk_weights"],
+        topk_ids=tensors["topk_ids"],
+        compute_dtype=case_inputs.compute_dtype(case),
+        observed=result.observed,
+    )
+    return [
+        Outcome(
+            f"gpu.moe.{case.case_id}",
+            verdict,
+            case,
+            _saved_tensors(op_inputs),
+            y.detach().cpu(),
+            note=choices.describe(),
+            extra={"choices": choices.describe()},
+        )
+    ]
