@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from b12x.runtime.compile_cache import capture_active
-from b12x.runtime.validate import check_tensor
+from b12x.runtime.validate import check_device_arg, check_tensor
 
 __all__ = [
     "BufferNotProvided",
@@ -100,7 +100,7 @@ def allocate_buffers(
             f"allocate_buffers: refusing to allocate {names} during CUDA graph capture; "
             "allocate at plan time, before capture"
         )
-    device = torch.device(device)
+    device = check_device_arg("device", device)
     out = {}
     for spec in specs:
         factory = torch.zeros if spec.zeroed else torch.empty

@@ -6,8 +6,9 @@ On a machine without CUDA every family is ONE ``skip`` line with reason ``"no CU
 * ``gpu.decode.<case>`` — ``b12x.kernels.host.decode_weight`` equals ``reference.trellis.decode``
   bitwise (:func:`oracle.tolerance.judge_exact`) for every decode case of the grid.
 * ``gpu.dense.<case>`` — the dense op against the exact (fp64) and faithful references with the
-  variant's tolerance (:func:`oracle.tolerance.judge`): rotation ``full`` runs
-  ``b12x.dense_linear.trellis_linear``, rotation ``none`` runs ``b12x.kernels.host.trellis_matmul``.
+  variant's tolerance (:func:`oracle.tolerance.judge`): rotation ``full`` runs the dense front
+  door (``b12x.dense.plan``: plan → allocate → bind → run), rotation ``none`` runs
+  ``b12x.kernels.host.trellis_matmul``.
 * ``gpu.graph.<op>`` — :class:`oracle.graph_protocol.GraphProtocol` with the CUDA backend over
   the ops ``b12x.support.graph_ops()`` declares, else over the oracle's plan/bind/run adapters
   of the host decode and GEMM wrappers (:mod:`oracle.checks.gpu_ops`).
@@ -109,17 +110,22 @@ def kernel_output(case: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     if v.op == "decode":
         y = host.decode_weight(dev["trellis"], v.codebook)
     elif v.rotation == "full":
-        from b12x.dense_linear import trellis_linear
+        from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 
         dtype = torch.bfloat16 if v.compute_dtype == "bf16" else torch.float16
-        y = trellis_linear(
-            dev["x"],
-            dev["trellis"],
-            dev["suh"],
-            dev["svh"],
+        x = dev["x"]
+        plan = plan_dense(
+            m=x.shape[0],
+            k=x.shape[1],
+            n=dev["trellis"].shape[1] * 16,
+            bits=v.bits,
             codebook=v.codebook,
+            x_dtype=x.dtype,
             compute_dtype=dtype,
+            device=x.device,
         )
+        bound = bind_dense(plan, **allocate_dense_buffers(plan, x.device))
+        y = run_dense(bound, x, dev["trellis"], dev["suh"], dev["svh"])
     else:
         y = host.trellis_matmul(dev["x"], dev["trellis"], v.codebook)
     torch.cuda.synchronize()
