@@ -188,6 +188,9 @@ class MoeOp:
 
     name = "trellis_moe"
 
+    def __init__(self, device: Any = None) -> None:
+        self.device = device  # the arch of compile_unwarmed (None: the current CUDA device)
+
     def plan(self, problem: Mapping[str, Any]) -> MoePlan:
         if not isinstance(problem, Mapping):
             raise TypeError(f"problem: expected a mapping, got {type(problem).__name__}")
@@ -223,7 +226,9 @@ class MoeOp:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: MoePlan) -> None:
-        major, minor = torch.cuda.get_device_capability()
+        from b12x.dense.plan import device_limits
+
+        major, minor = device_limits(self.device).capability
         spec = plan.fc2_spec[0]
         never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
         compiled_moe_gemm(never, f"sm_{major}{minor}")
