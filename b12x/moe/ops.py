@@ -14,7 +14,8 @@ Layout
   buffers (an eager op may: it is plan time for this call), binds and runs; graph consumers call
   plan / bind / run themselves (:class:`MoeOp`).
 * The fake implementation runs the same :func:`check_moe_op_args` (metadata only) and returns an
-  empty ``[M, H]``.
+  empty ``[M, H]``; the CPU implementation runs it too, then raises ``ValueError`` naming ``x``
+  (the kernels need CUDA tensors).
 * :class:`MoeOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
   ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
 
@@ -176,6 +177,22 @@ def _trellis_moe_fake(
         descriptor_map, fc1_pair, fc2_pair,
     )  # fmt: skip
     return x.new_empty((keywords["m"], keywords["hidden"]))
+
+
+@trellis_moe.register_kernel("cpu")
+def _trellis_moe_cpu(
+    x, topk_weights, topk_ids, w13, w2, gate_suh, up_suh, intermediate_rotations, down_svh,
+    codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
+    fc1_pair=None, fc2_pair=None, fc1_modes=None, fc2_modes=None,
+):  # fmt: skip
+    check_moe_op_args(
+        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
+        descriptor_map, fc1_pair, fc2_pair,
+    )  # fmt: skip
+    raise ValueError(
+        f"x: {OP_NAME} runs on CUDA tensors; got device {x.device} (move every tensor argument "
+        "to a CUDA device)"
+    )
 
 
 class MoeOp:
