@@ -19,7 +19,9 @@ Layout
 * The CPU implementation runs the same checks, then raises ``ValueError`` naming ``x``: the
   kernels need CUDA tensors (instead of the dispatcher's "could not run ... with arguments from
   the 'CPU' backend").
-* :func:`dense_linear` is the Python convenience wrapper (accepts a ``Tile`` for ``tile``).
+* :func:`dense_linear` is the Python front door of the op (accepts a ``Tile`` for ``tile``); it
+  validates first, so a value of the wrong schema type raises ``TypeError``/``ValueError``
+  naming the argument instead of torch's schema error.
 
 Invariants
 ----------
@@ -46,6 +48,7 @@ from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice
 __all__ = ["OP_NAME", "check_dense_linear_args", "dense_linear", "trellis_dense_linear"]
 
 OP_NAME = "b12x::trellis_dense_linear"
+INT64_MAX = 2**63 - 1  # the schema's int
 
 
 def check_dense_linear_args(
@@ -56,12 +59,16 @@ def check_dense_linear_args(
     The schema's conventions are checked here (``split_k`` a non-negative int, 0 = automatic;
     ``compute_dtype`` ``None`` = fp16; ``tile`` ``None`` or three ints); everything else by
     :func:`b12x.dense.plan.dense_problem_from_tensors`, the validators the plan itself runs."""
-    if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 0:
-        raise ValueError(f"split_k: expected a non-negative int (0 = auto), got {split_k!r}")
+    if isinstance(split_k, bool) or not isinstance(split_k, int):
+        raise TypeError(f"split_k: expected an int (0 = auto), got {type(split_k).__name__}")
+    if not 0 <= split_k <= INT64_MAX:
+        raise ValueError(f"split_k: expected an int in [0, 2**63) (0 = auto), got {split_k}")
     if compute_dtype is not None:
         check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
     if tile is not None and not isinstance(tile, list | tuple):
         raise TypeError(f"tile: expected None or [tile_k, tile_n, cta_threads], got {tile!r}")
+    if tile is not None and any(isinstance(v, int) and abs(v) > INT64_MAX for v in tile):
+        raise ValueError(f"tile: components must fit int64, got {list(tile)}")
     return dense_problem_from_tensors(
         x, trellis, suh, svh, codebook=codebook, bias=bias,
         tile=None if tile is None else list(tile), split_k=split_k or None,
@@ -134,8 +141,13 @@ def dense_linear(
     split_k: int = 0,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Call the custom op; a :class:`~b12x.dense.tiles.Tile` pin is serialised first."""
+    """Call the custom op; a :class:`~b12x.dense.tiles.Tile` pin is serialised first.
+
+    The arguments are validated (:func:`check_dense_linear_args`) before the call, so a value
+    of the wrong type raises ``TypeError``/``ValueError`` naming it here rather than torch's
+    schema error from the dispatcher."""
     spec = dense_tiles.serialize(tile) if isinstance(tile, dense_tiles.Tile) else tile
+    check_dense_linear_args(x, trellis, suh, svh, codebook, bias, spec, split_k, compute_dtype)
     return torch.ops.b12x.trellis_dense_linear(
         x, trellis, suh, svh, codebook, bias, spec, split_k, compute_dtype
     )

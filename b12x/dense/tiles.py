@@ -189,13 +189,15 @@ def footprint(tile: Tile, problem: TileProblem) -> int:
 def qualify(tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
     """THE qualification predicate: ``(ok, reason)``; every floor lives here and nowhere else.
 
-    A ``tile`` or ``problem`` of the wrong type is a rejection with its reason (a candidate that
-    does not qualify); a malformed ``device`` raises (:func:`check_device`)."""
-    check_device(device)
+    Arguments of the wrong kind are not candidates: a ``tile`` that is not a :class:`Tile`, a
+    ``problem`` that is not a :class:`TileProblem` or a malformed ``device``
+    (:func:`check_device`) raise ``TypeError``/``ValueError`` naming the argument."""
     if not isinstance(tile, Tile):
-        return False, f"tile: expected a Tile, got {type(tile).__name__}"
-    if not isinstance(problem, TileProblem):
-        return False, f"problem: expected a TileProblem, got {type(problem).__name__}"
+        raise TypeError(
+            f"tile: expected a Tile (deserialize a spec first), got {type(tile).__name__}"
+        )
+    _check_problem(problem)
+    check_device(device)
     fc2_qualified = tile == WAVE_BALANCED_FC2
     if fc2_qualified and problem.phase != "fc2":
         return False, f"{tile!r} is qualified for fc2 only, not {problem.phase}"
@@ -269,7 +271,9 @@ def auto_select(problem: TileProblem, device: Any) -> Tile:
     chosen = _best(table, problem, device)
     if chosen is None:
         reasons = "; ".join(f"{t!r}: {qualify(t, problem, device)[1]}" for t in table)
-        raise ValueError(f"problem: no tile qualifies for {problem} on {device.name} ({reasons})")
+        raise ValueError(
+            f"problem/device: no tile qualifies for {problem} on device {device.name} ({reasons})"
+        )
     return chosen
 
 

@@ -49,7 +49,15 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def device_arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
+    """``"sm_XY"`` of a CUDA device; ``ValueError`` naming ``device`` for anything else (a CPU or
+    meta device, or no CUDA at all), before torch would fail less clearly."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device: the b12x kernels launch on CUDA tensors, got device {dev}")
+    try:
+        major, minor = torch.cuda.get_device_capability(dev)
+    except (AssertionError, RuntimeError) as exc:  # no CUDA build / driver / such device
+        raise ValueError(f"device: {dev} is not usable here ({exc})") from None
     return f"sm_{major}{minor}"
 
 

@@ -137,11 +137,9 @@ def check_device_arg(name: str, value: object) -> torch.device:
             f"{name}: expected a torch.device, a device string or an index, got "
             f"{type(value).__name__}"
         )
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name}: expected a device index >= 0, got {value}")
-        return torch.device("cuda", value)
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name}: expected a device index >= 0, got {value}")
     try:
-        return torch.device(value)
+        return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise ValueError(f"{name}: not a device ({exc})") from None

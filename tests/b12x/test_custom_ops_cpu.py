@@ -174,8 +174,9 @@ def _moe_args(dev, *, layout, x_dtype, bits=4, codebook="mcg", pairs=(None, None
     w13, w2 = [], []
     for b, e in stacks:
         if fc1_pair is not None:
-            words = 2 * (H // 16) * (I // 256) * 128 * RATE_SUM[fc1_pair]
-            w13.append(z(e, words, dtype=torch.int16))
+            words = (H // 16) * (I // 256) * 128 * RATE_SUM[fc1_pair]  # one projection
+            shape = (e, 2 * words) if layout == "packed" else (2, e, words)
+            w13.append(z(*shape, dtype=torch.int16))
         elif layout == "packed":
             w13.append(z(e, H // 16, 2 * I // 16, 16 * b, dtype=torch.int16))
         else:
