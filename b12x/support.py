@@ -1,16 +1,29 @@
-"""What the b12x trellis kernels support, and CPU compile reports for each specialisation.
+"""What b12x declares to the oracle: the typed op contract, and CPU compile reports.
 
 Layout
 ------
-* :func:`supported_variants` lists ``{"op", "codebook", "bits", "compute_dtype"}`` dicts: the
-  decode kernel (fp16 output) and the dense trellis linear (fp16 and bf16 compute) for every
-  legal (codebook, bits) of the kernel registry :mod:`b12x.formats`.
+* **The contract** (``docs/oracle_contract.md`` §1; the oracle imports it directly):
+  :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op:
+  its plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch
+  tables, tile registry and observable buffers). :data:`OPS` holds the ops ``decode``,
+  ``dense`` and ``moe``; :func:`op_contract` looks one up by name (``ValueError`` naming the
+  known ops). ``OPS`` is built on first access (it imports the op modules, torch and the DSL);
+  importing this module stays light.
+* **Variants are derived, never hand-listed**: every legal (codebook, bits) of
+  :mod:`b12x.formats`, both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an
+  external identity H128 callback: the raw GEMM) with the dispatch rows that can serve each
+  (:func:`dense_paths`, asked of the dense dispatch table at its boundary M values and
+  capabilities); MoE uniform (both w13 layouts), tiers (:data:`b12x.moe.tiers.TIER_BITS`, codebook
+  :data:`b12x.moe.tiers.TIER_CODEBOOK`) and QSRT pairs (each kind of
+  :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the
+  codebook; ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
+* Deprecated views (the oracle still reads them; the lead switches it to :data:`OPS`):
+  :func:`supported_variants` and :func:`supported_moe_variants` return the old dict lists,
+  derived from :data:`OPS`.
 * :func:`kernel_specializations` lists every :class:`~b12x.kernels.specs.KernelSpec` the host
   wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
   :func:`representative_specializations` is a small subset that still touches every kernel kind,
   codebook family, both compute dtypes and both window geometries (2- and 3-word lanes).
-* :func:`supported_moe_variants` (re-exported from :mod:`b12x.moe.support`) lists the fused
-  MoE's variants (uniform, K3/K4 tiers, QSRT pairs); the oracle merges it into coverage.
 * :func:`compile_specialization` compiles one spec for one arch on the CPU with fake tensors and
   returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
   ``remarks{ptx}`` report, which the DSL prints and we capture).
@@ -18,33 +31,43 @@ Layout
 Invariants
 ----------
 * Compiling needs no GPU: the arch comes from ``--gpu-arch``; nothing is launched.
-* Imports of cutlass happen lazily inside the functions that compile.
+* Imports of cutlass and of the op modules happen lazily inside the functions that need them.
+* A variant of an op is in :data:`OPS` iff b12x runs it; the oracle skips nothing silently.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from b12x.formats import FORMATS
 from b12x.kernels.specs import KernelSpec, compile_spec
-from b12x.moe.support import supported_moe_variants  # the MoE kernels' own list (oracle reads it)
 
 __all__ = [
-    "CompileReport",
-    "supported_variants",
-    "kernel_specializations",
-    "representative_specializations",
-    "compile_specialization",
-    "supported_moe_variants",
-    "GEMM_TILES",
     "ARCHES",
+    "GEMM_TILES",
+    "OPS",  # noqa: F822 - built on first access by the module __getattr__
+    "CompileReport",
+    "DeclaredVariant",
+    "OpContract",
+    "compile_specialization",
+    "dense_paths",
+    "kernel_specializations",
+    "op_contract",
+    "representative_specializations",
+    "supported_moe_variants",
+    "supported_variants",
 ]
 
 ARCHES = ("sm_80", "sm_90", "sm_120")
 #: (m_tiles, n_tiles) per warp used by :func:`b12x.kernels.host.choose_tiles`.
 GEMM_TILES = ((1, 4), (2, 4), (1, 2), (2, 2), (4, 2))
 COMPUTE_DTYPES = ("float16", "bfloat16")
+OP_NAMES = ("decode", "dense", "moe")  # moe_gemm: see _build_ops (the MoE GEMM work adds it)
+MOE_LAYOUTS = ("packed", "proj")
 
 
 @dataclass(frozen=True)
@@ -55,15 +78,286 @@ class CompileReport:
     log: str = ""
 
 
+@dataclass(frozen=True)
+class DeclaredVariant:
+    """One variant b12x runs, of one op (``docs/oracle_contract.md`` §1).
+
+    ``bits`` is the uniform rate; for QSRT pairs the base 3 (records in ``pair_kind``), for
+    tiers tier 0's rate (both in ``tier_bits``). ``rotation``: decode ``"none"``; dense
+    ``"full"`` (internal H128 on both sides) or ``"none"`` (an external identity H128 callback,
+    i.e. the raw GEMM); moe ``"full"``. ``pair_modes`` is ``("static",)`` or ``("static",
+    "dynamic")`` (P33/P24 also run from a per-expert mode table). ``layouts`` are the MoE w13
+    layouts it accepts; ``paths`` the dispatch rows that can serve it (empty for ops without a
+    dispatch table: decode, and moe until its table lands).
+    """
+
+    op: str
+    codebook: str
+    bits: int
+    compute_dtype: Any  # torch.float16 | torch.bfloat16
+    rotation: str
+    pair_kind: str | None = None
+    pair_modes: tuple[str, ...] = ()
+    tier_bits: tuple[int, int] | None = None
+    layouts: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpContract:
+    """One op as the oracle drives it (``docs/oracle_contract.md`` §1).
+
+    ``plan`` (keyword-only problem → frozen plan), ``bind(plan, **buffers)`` (views of caller
+    buffers), ``run(bound, ...)`` (output view; never allocates), ``allocate(plan, device)``
+    (plan time only), ``graph_op(device=None, **options)`` (an object with ``plan(problem)`` /
+    ``bind(plan, buffers)`` / ``run(bound, inputs)`` / ``freeze()`` / ``compile_unwarmed(plan)``),
+    ``custom_op`` (``"ns::name"`` or ``None``), ``variants``, ``dispatch`` (a tuple of tables in
+    ``oracle.dispatch``'s protocol), ``tiles`` (a registry in ``oracle.tiles``' protocol, or
+    ``None``) and ``observables`` (plan buffer name → judge stage name).
+    """
+
+    name: str
+    plan: Callable[..., Any]
+    bind: Callable[..., Any]
+    run: Callable[..., Any]
+    allocate: Callable[..., dict]
+    graph_op: Callable[..., Any]
+    custom_op: str | None
+    variants: tuple[DeclaredVariant, ...]
+    dispatch: tuple[Any, ...]
+    tiles: Any | None
+    observables: Mapping[str, str]
+
+
+def _legal() -> list[tuple[str, int]]:
+    return [(name, bits) for name, fmt in FORMATS.items() for bits in fmt.legal_bits]
+
+
+def _dtypes() -> tuple[Any, ...]:
+    import torch
+
+    return (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def dense_paths(codebook: str, bits: int, compute_dtype: Any, rotation: str) -> tuple[str, ...]:
+    """The dense dispatch rows that serve a variant: :func:`b12x.dense.dispatch.explain` over
+    every capability and M the table's boundaries name (both sides), in table order."""
+    from b12x.dense import dispatch
+
+    points = [dispatch.DEFAULT_CASE, *(side for b in dispatch.BOUNDARIES for side in (
+        {**b.base, b.field: b.below}, {**b.base, b.field: b.above}))]  # fmt: skip
+    caps = sorted({tuple(p["capability"]) for p in points})
+    ms = sorted({p["m"] for p in points})
+    seen = set()
+    for cap in caps:
+        for m in ms:
+            case = {
+                "capability": cap,
+                "m": m,
+                "bits": bits,
+                "codebook": codebook,
+                "compute_dtype": compute_dtype,
+                "external_rotation": rotation == "none",
+            }
+            seen.add(dispatch.explain(case).path)
+    return tuple(name for name in dispatch.PATH_NAMES if name in seen)
+
+
+def _decode_variants() -> tuple[DeclaredVariant, ...]:
+    return tuple(
+        DeclaredVariant("decode", codebook, bits, dtype, "none")
+        for codebook, bits in _legal()
+        for dtype in _dtypes()
+    )
+
+
+def _dense_variants() -> tuple[DeclaredVariant, ...]:
+    return tuple(
+        DeclaredVariant(
+            "dense",
+            codebook,
+            bits,
+            dtype,
+            rotation,
+            paths=dense_paths(codebook, bits, dtype, rotation),
+        )  # fmt: skip
+        for codebook, bits in _legal()
+        for dtype in _dtypes()
+        for rotation in ("full", "none")
+    )
+
+
+def _moe_variants() -> tuple[DeclaredVariant, ...]:
+    from b12x.kernels.moe_gemm import DYNAMIC, DYNAMIC_KINDS, PAIR_KINDS
+    from b12x.moe.pairs import PAIR_BASE_BITS
+    from b12x.moe.tiers import TIER_BITS, TIER_CODEBOOK
+
+    out = [
+        DeclaredVariant("moe", codebook, bits, dtype, "full", layouts=MOE_LAYOUTS)
+        for codebook, bits in _legal()
+        for dtype in _dtypes()
+    ]
+    out += [
+        DeclaredVariant(
+            "moe",
+            TIER_CODEBOOK,
+            TIER_BITS[0],
+            dtype,
+            "full",
+            tier_bits=TIER_BITS,
+            layouts=MOE_LAYOUTS,
+        )  # fmt: skip
+        for dtype in _dtypes()
+    ]
+    for codebook, fmt in FORMATS.items():
+        for kind, rates in PAIR_KINDS.items():
+            if not {PAIR_BASE_BITS, *rates} <= set(fmt.legal_bits):
+                continue
+            modes = ("static", DYNAMIC) if kind in DYNAMIC_KINDS else ("static",)
+            out += [
+                DeclaredVariant(
+                    "moe",
+                    codebook,
+                    PAIR_BASE_BITS,
+                    dtype,
+                    "full",
+                    pair_kind=kind,
+                    pair_modes=modes,
+                    layouts=MOE_LAYOUTS,
+                )  # fmt: skip
+                for dtype in _dtypes()
+            ]
+    return tuple(out)
+
+
+def _build_ops() -> tuple[OpContract, ...]:
+    import types
+
+    import b12x.ops  # noqa: F401 - registers b12x::trellis_dense_linear
+    from b12x.decode import plan as decode
+    from b12x.dense import dispatch as dense_dispatch
+    from b12x.dense import plan as dense
+    from b12x.dense import split_k as dense_split_k
+    from b12x.dense import tiles as dense_tiles
+    from b12x.moe import ops as moe_ops
+    from b12x.moe import plan as moe_plan
+    from b12x.moe import run as moe_run
+
+    frozen = types.MappingProxyType
+    decode_op = OpContract(
+        name="decode",
+        plan=decode.plan_decode,
+        bind=decode.bind_decode,
+        run=decode.run_decode,
+        allocate=decode.allocate_decode_buffers,
+        graph_op=decode.DecodeOp,
+        custom_op=None,
+        variants=_decode_variants(),
+        dispatch=(),
+        tiles=None,
+        observables=frozen({}),
+    )
+    dense_op = OpContract(
+        name="dense",
+        plan=dense.plan_dense,
+        bind=dense.bind_dense,
+        run=dense.run_dense,
+        allocate=dense.allocate_dense_buffers,
+        graph_op=dense.DenseOp,
+        custom_op=b12x.ops.OP_NAME,
+        variants=_dense_variants(),
+        dispatch=(dense_dispatch.TABLE, dense_split_k.TABLE),
+        tiles=dense_tiles.REGISTRY,
+        observables=frozen({"rotated_f16": "rotated", "gemm_output": "gemm"}),
+    )
+    moe_op = OpContract(
+        name="moe",
+        plan=moe_plan.plan_moe,  # tiers: b12x.moe.tiers.plan_tiered_moe (graph op: tier0_bits)
+        bind=moe_plan.bind_moe,
+        run=moe_run.run_moe,
+        allocate=moe_plan.allocate_moe_buffers,
+        graph_op=moe_ops.MoeOp,
+        custom_op=moe_ops.OP_NAME,
+        variants=_moe_variants(),
+        # ---- MoE dispatch tables: b12x.moe.dispatch.TABLE goes here when it lands -------------
+        dispatch=(),
+        tiles=None,
+        observables=frozen(
+            {
+                "rotation_gate": "rotated_gate",
+                "rotation_up": "rotated_up",
+                "fc1": "fc1",
+                "activated": "activated",
+                "fc2": "fc2",
+            }
+        ),
+    )
+    # ---- moe_gemm (one grouped GEMM over packed routes, docs/oracle_contract.md §1): its
+    # OpContract is appended here by the MoE GEMM work (b12x/moe/), with OP_NAMES updated.
+    return (decode_op, dense_op, moe_op)
+
+
+@functools.cache
+def _ops() -> tuple[OpContract, ...]:
+    ops = _build_ops()
+    assert tuple(op.name for op in ops) == OP_NAMES, "OP_NAMES and _build_ops disagree"
+    return ops
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OPS":  # built on first access (module docstring)
+        return _ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def op_contract(name: str) -> OpContract:
+    """The :class:`OpContract` named ``name``; ``ValueError`` naming the known ops."""
+    if not isinstance(name, str) or name not in OP_NAMES:
+        raise ValueError(f"name: unknown op {name!r}; known ops: {OP_NAMES}")
+    return next(op for op in _ops() if op.name == name)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def supported_variants() -> list[dict]:
+    """Deprecated: read :data:`OPS` (``op_contract("decode"/"dense").variants``).
+
+    The old view, derived from :data:`OPS`: ``{"op", "codebook", "bits", "compute_dtype"}`` dicts
+    for the decode kernel (fp16 output: the ``decode`` op's fp16 variants) and the dense linear
+    (``"op": "dense_linear"``, one entry per (codebook, bits, dtype) whatever the rotation)."""
+    out: dict[tuple, dict] = {}
+    for v in op_contract("decode").variants:
+        if _dtype_name(v.compute_dtype) == "float16":
+            entry = {"op": "decode", "codebook": v.codebook, "bits": v.bits,
+                     "compute_dtype": "float16"}  # fmt: skip
+            out.setdefault(tuple(entry.values()), entry)
+    for v in op_contract("dense").variants:
+        entry = {"op": "dense_linear", "codebook": v.codebook, "bits": v.bits,
+                 "compute_dtype": _dtype_name(v.compute_dtype)}  # fmt: skip
+        out.setdefault(tuple(entry.values()), entry)
+    return list(out.values())
+
+
+def supported_moe_variants() -> list[dict]:
+    """Deprecated: read :data:`OPS` (``op_contract("moe").variants``).
+
+    The old view, derived from :data:`OPS`: per layout and compute dtype, uniform entries
+    ``{"op": "moe", "codebook", "bits", "w13_layout", "compute_dtype"}``, tiers
+    (``"op": "moe_tiers"``, ``"bits": (3, 4)``) and pairs (``"pair_kind"``, ``"phases":
+    ("fc1", "fc2")``, ``"bits"`` the base 3)."""
     out = []
-    for name, fmt in FORMATS.items():
-        for bits in fmt.legal_bits:
-            out.append({"op": "decode", "codebook": name, "bits": bits, "compute_dtype": "float16"})
-            for dtype in COMPUTE_DTYPES:
-                out.append(
-                    {"op": "dense_linear", "codebook": name, "bits": bits, "compute_dtype": dtype}
-                )
+    for v in op_contract("moe").variants:
+        for layout in v.layouts:
+            entry: dict[str, Any] = {"op": "moe", "codebook": v.codebook, "bits": v.bits}
+            if v.tier_bits is not None:
+                entry.update(op="moe_tiers", bits=v.tier_bits)
+            if v.pair_kind is not None:
+                entry.update(pair_kind=v.pair_kind, phases=("fc1", "fc2"))
+            entry.update(w13_layout=layout, compute_dtype=_dtype_name(v.compute_dtype))
+            out.append(entry)
     return out
 
 

@@ -1,10 +1,11 @@
 """Where the time of one MoE step and one dense linear goes: every GPU kernel, its count and time.
 
 Runs :func:`b12x.moe.run.run_moe` (GLM-like geometry of ``moe_trellis.py``) and the dense
-``trellis_linear`` (8192 × 28672, MCG) at small M under ``torch.profiler`` and prints, per
-kernel name, the launch count and total device time, largest first, plus the step's sum. This
-is a diagnostic for the launch sequence (how much of a step is glue versus the trellis GEMMs),
-not a benchmark: its times include profiler overhead and are never quoted as ratios.
+linear through its front door (``b12x.dense.plan``: plan → bind → run; 8192 × 28672, MCG) at
+small M under ``torch.profiler`` and prints, per kernel name, the launch count and total
+device time, largest first, plus the step's sum. This is a diagnostic for the launch sequence
+(how much of a step is glue versus the trellis GEMMs), not a benchmark: its times include
+profiler overhead and are never quoted as ratios.
 
 Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25]``
 """
@@ -19,7 +20,7 @@ import torch
 from moe_trellis import make_weights
 from torch.profiler import ProfilerActivity, profile
 
-from b12x.dense_linear import trellis_linear
+from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.run import MoeInputs, run_moe
 
@@ -75,9 +76,11 @@ def main() -> None:
     svh = torch.ones(n, device="cuda", dtype=torch.float16)
     for m in (int(v) for v in cli.m.split(",")):
         x = torch.randn(m, k, device="cuda").to(torch.float16)
+        plan = plan_dense(m=m, k=k, n=n, bits=4, codebook="mcg", x_dtype=torch.float16)
+        bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
         _table(
-            f"trellis_linear M={m} K4",
-            lambda x=x: trellis_linear(x, trellis, suh, svh, codebook="mcg"),
+            f"dense linear M={m} K4 ({plan.path})",
+            lambda x=x, b=bound: run_dense(b, x, trellis, suh, svh),
             cli.top,
         )
 

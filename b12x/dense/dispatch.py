@@ -49,6 +49,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
+from b12x.dense import tiles as dense_tiles
+from b12x.runtime.validate import check_bool, check_codebook_bits, check_positive_int
+
 __all__ = [
     "BOUNDARIES",
     "DEFAULT_CASE",
@@ -70,7 +75,7 @@ __all__ = [
 K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); SM121 falls through
 K6_MAX_M = 128
 #: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM (module docstring); the one
-#: threshold of the decode_matmul row, which b12x.dense_linear imports.
+#: threshold of the decode_matmul row (the oracle's sharding imports it from here).
 DECODE_MATMUL_MIN_M = 64
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
@@ -86,27 +91,63 @@ DEFAULT_CASE: Mapping[str, Any] = {
 }
 
 
+COMPUTE_DTYPE_NAMES = ("float16", "bfloat16")
+
+
 def _dtype_name(value: Any) -> str:
-    text = str(value)
-    return text.removeprefix("torch.")
+    if isinstance(value, torch.dtype):
+        text = str(value).removeprefix("torch.")
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise TypeError(
+            f"compute_dtype: expected one of {COMPUTE_DTYPE_NAMES} or a torch.dtype, got "
+            f"{type(value).__name__}"
+        )
+    if text not in COMPUTE_DTYPE_NAMES:
+        raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPE_NAMES}, got {value!r}")
+    return text
+
+
+def _capability(cap: Any) -> tuple[int, int]:
+    if (
+        not isinstance(cap, tuple | list)
+        or len(cap) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cap)
+    ):
+        raise ValueError(f"capability: expected (major, minor) as two ints >= 0, got {cap!r}")
+    return (cap[0], cap[1])
 
 
 def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
-    """A fresh dict with every field present and ``compute_dtype`` as a plain name."""
+    """A fresh dict with every field present, validated, and ``compute_dtype`` as a plain name.
+
+    Every field is checked against its domain (raising ``TypeError``/``ValueError`` naming it):
+    ``capability`` two ints ≥ 0 (no floats), ``m`` a positive int, ``codebook``/``bits`` a legal
+    kernel pair of :mod:`b12x.formats`, ``pair_kind`` ``None`` or a kind name, ``compute_dtype``
+    float16/bfloat16, ``external_rotation`` a real bool, ``explicit_tile`` ``None`` or three
+    positive ints (kept as a tuple). ``bool`` never passes for an int."""
     if not isinstance(case, Mapping):
         raise TypeError(f"case: expected a mapping, got {type(case).__name__}")
-    unknown = sorted(set(case) - set(DEFAULT_CASE))
+    unknown = sorted(str(k) for k in set(case) - set(DEFAULT_CASE))
     if unknown:
         raise ValueError(f"case: unknown field(s) {unknown}; known: {sorted(DEFAULT_CASE)}")
     out = {**DEFAULT_CASE, **case}
+    out["capability"] = _capability(out["capability"])
+    check_positive_int("m", out["m"])
+    out["codebook"], out["bits"] = check_codebook_bits(out["codebook"], out["bits"])
+    if out["pair_kind"] is not None and not isinstance(out["pair_kind"], str):
+        raise TypeError(
+            f"pair_kind: expected None or a pair kind name, got {type(out['pair_kind']).__name__}"
+        )
     out["compute_dtype"] = _dtype_name(out["compute_dtype"])
-    cap = out["capability"]
-    if not (isinstance(cap, tuple | list) and len(cap) == 2):
-        raise ValueError(f"capability: expected (major, minor), got {cap!r}")
-    out["capability"] = (int(cap[0]), int(cap[1]))
-    m = out["m"]
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m: expected a positive int, got {m!r}")
+    check_bool("external_rotation", out["external_rotation"])
+    if out["explicit_tile"] is not None:
+        try:
+            tile = dense_tiles.deserialize(out["explicit_tile"])
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"explicit_tile: {exc}") from None
+        out["explicit_tile"] = tuple(dense_tiles.serialize(tile))
     return out
 
 
@@ -266,6 +307,16 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "bfloat16",
         "k6_mcg_small_m",
         "generic",
+    ),
+    # the compute dtype decides K6 vs decode_matmul at M = 64 too (not only K6 vs generic)
+    Boundary(
+        "k6_compute_dtype_at_decode_matmul_m",
+        _k6(m=64),
+        "compute_dtype",
+        "float16",
+        "bfloat16",
+        "k6_mcg_small_m",
+        "decode_matmul",
     ),
     Boundary(
         "k6_external_h128", _k6(), "external_rotation", False, True, "k6_mcg_small_m", "generic"

@@ -2,9 +2,17 @@
 
 Layout
 ------
+* Validation, one function per kind of argument, shared by every door (this module, the custom
+  op ``b12x::trellis_dense_linear`` of :mod:`b12x.ops` and its fake implementation):
+  :func:`check_dense_problem` (the scalar problem: dims, codebook/bits, dtypes, external rotation,
+  tile, split-K; metadata only), :func:`check_dense_inputs` (the tensors against K, N, bits,
+  dtype and device), :func:`payload_geometry` (K, N, bits read off a payload) and
+  :func:`dense_problem_from_tensors` (the op's tensors → the plan's keywords, through the two
+  validators above).
 * :func:`plan_dense` (host only, may allocate nothing on the device) validates the problem, asks
   the dispatch table (:mod:`b12x.dense.dispatch`) for the path, picks or validates the tile
-  through the ONE tile predicate (:mod:`b12x.dense.tiles`), fixes split-K exactly as the GEMM
+  through the ONE tile predicate (:mod:`b12x.dense.tiles`), asks the split-K table
+  (:mod:`b12x.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
   launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``) and lists the buffers of
   that path as :class:`~b12x.runtime.scratch.BufferSpec` s. It returns a frozen :class:`DensePlan`.
 * :func:`allocate_dense_buffers` is the plan-time allocator (outside capture only).
@@ -59,6 +67,7 @@ from typing import Any
 import torch
 
 from b12x.dense import dispatch as dense_dispatch
+from b12x.dense import split_k as split_table
 from b12x.dense import tiles as dense_tiles
 from b12x.kernels import host as host_kernels
 from b12x.kernels.specs import KernelSpec
@@ -72,6 +81,7 @@ from b12x.runtime.scratch import (
 )
 from b12x.runtime.validate import (
     HALF_DTYPES,
+    check_bool,
     check_codebook_bits,
     check_dtype_choice,
     check_positive_int,
@@ -86,7 +96,11 @@ __all__ = [
     "DenseProblem",
     "allocate_dense_buffers",
     "bind_dense",
+    "check_dense_inputs",
+    "check_dense_problem",
+    "dense_problem_from_tensors",
     "device_limits",
+    "payload_geometry",
     "plan_dense",
     "run_dense",
 ]
@@ -134,6 +148,7 @@ class DensePlan:
     warps: int
     split_k: int
     buffers: tuple[BufferSpec, ...]
+    split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.dense.split_k)
 
     @property
     def buffer_names(self) -> tuple[str, ...]:
@@ -176,18 +191,40 @@ class DensePlan:
 
 
 def device_limits(device: Any = None) -> dense_tiles.DeviceLimits:
-    """Facts of a CUDA device (default: the current one), or of a simulated device object."""
+    """Facts of a CUDA device (default: the current one), or of a simulated device object
+    (any object with ``name``, ``sm_count``, ``max_shared_mem`` and ``capability``, validated by
+    :func:`b12x.dense.tiles.check_device`). Anything else, a non-CUDA device (``cpu``, ``meta``),
+    or a CUDA device on a machine without one raises ``TypeError``/``ValueError`` naming
+    ``device``."""
     if device is not None and not isinstance(device, torch.device | str | int):
         for attr in ("name", "sm_count", "max_shared_mem", "capability"):
             if not hasattr(device, attr):
                 raise TypeError(f"device: simulated device lacks `{attr}`")
+        dense_tiles.check_device(device)
         return dense_tiles.DeviceLimits(
             device.name, device.sm_count, device.max_shared_mem, tuple(device.capability)
         )
-    dev = torch.device("cuda") if device is None else torch.device(device)
+    if isinstance(device, bool):
+        raise TypeError("device: expected a CUDA device, an index or a simulated device, got bool")
+    if isinstance(device, int) and device < 0:
+        raise ValueError(f"device: expected a CUDA device index >= 0, got {device}")
+    try:
+        if device is None or isinstance(device, int):
+            dev = torch.device("cuda", device)
+        else:
+            dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"device: not a device ({exc})") from None
     if dev.type != "cuda":
         raise ValueError(f"device: expected a CUDA device or a simulated device, got {dev}")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device: {dev} requested but no CUDA device is available; plan with a simulated "
+            "device (name, sm_count, max_shared_mem, capability) instead"
+        )
     index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device: {dev} does not exist ({torch.cuda.device_count()} visible)")
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", None) or props.shared_memory_per_block
     return dense_tiles.DeviceLimits(
@@ -229,6 +266,126 @@ def _launched_splits(k: int, requested: int) -> int:
     return -(-rows // per_split)
 
 
+def check_dense_problem(
+    *,
+    m: int,
+    k: int,
+    n: int,
+    bits: int,
+    codebook: str,
+    x_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    external_rotation: bool,
+    tile: Any,
+    split_k: int | None,
+) -> tuple[str, int, dense_tiles.Tile | None]:
+    """THE metadata-only validator of a dense problem (every :func:`plan_dense` keyword but the
+    device); returns ``(codebook, bits, pinned tile or None)``.
+
+    :func:`plan_dense` calls it first, and the custom op's fake implementation calls it (through
+    :func:`dense_problem_from_tensors`) so tracing rejects exactly what planning rejects. One
+    validator per argument kind: positive ints (``m``, ``k``, ``n``, ``split_k``), the kernel
+    registry's (codebook, bits) legality, the fp16/bf16 dtype choices, a real ``bool`` for
+    ``external_rotation``, and the tile registry's :func:`~b12x.dense.tiles.deserialize`.
+    """
+    for name, value in (("m", m), ("k", k), ("n", n)):
+        check_positive_int(name, value)
+    codebook, bits = check_codebook_bits(codebook, bits)
+    check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
+    check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
+    check_bool("external_rotation", external_rotation)
+    if k % 128 or n % 128:
+        raise ValueError(f"k/n: K={k} and N={n} must be multiples of 128 (H128 blocks)")
+    if split_k is not None:
+        check_positive_int("split_k", split_k)
+    pinned = None
+    if tile is not None:
+        pinned = tile if isinstance(tile, dense_tiles.Tile) else dense_tiles.deserialize(tile)
+    return codebook, bits, pinned
+
+
+def payload_geometry(trellis: Any, *, device: Any = None) -> tuple[int, int, int]:
+    """``(K, N, bits)`` of a layer payload ``int16[K/16, N/16, 16·bits]`` (metadata only)."""
+    check_tensor("trellis", trellis, dtypes=(torch.int16,), ndim=3, device=device)
+    words = int(trellis.shape[-1])  # static: the bitrate selects the compiled kernel
+    if words == 0 or words % 16:
+        raise ValueError(f"trellis: last dim must be 16·bits, got {words}")
+    return trellis.shape[0] * 16, trellis.shape[1] * 16, words // 16
+
+
+def check_dense_inputs(
+    x: Any,
+    trellis: Any,
+    suh: Any,
+    svh: Any,
+    bias: Any,
+    *,
+    k: int,
+    n: int,
+    bits: int,
+    x_dtype: torch.dtype,
+    device: torch.device,
+    max_m: int | None,
+) -> int:
+    """THE tensor validator of the dense linear (metadata only); returns the live M.
+
+    ``x [M, K]`` in ``x_dtype`` with ``1 <= M <= max_m`` (``None``: any M ≥ 1),
+    ``trellis int16 [K/16, N/16, 16·bits]``, ``suh fp16 [K]``, ``svh fp16 [N]``, optional
+    ``bias fp16 [N]``; all contiguous, 16-byte aligned and on ``device``. :func:`run_dense`
+    calls it with the plan's values, the custom op with the values read off the tensors.
+    """
+    check_tensor("x", x, dtypes=(x_dtype,), ndim=2, device=device)
+    live_m = x.shape[0]
+    if x.shape[1] != k:
+        raise ValueError(f"x: expected {k} features (K), got {x.shape[1]}")
+    if live_m < 1 or (max_m is not None and live_m > max_m):
+        bound = "" if max_m is None else f", planned M={max_m}"
+        raise ValueError(f"x: live M={live_m} must be in [1{bound}]")
+    check_tensor(
+        "trellis", trellis, dtypes=(torch.int16,), shape=(k // 16, n // 16, 16 * bits),
+        device=device,
+    )  # fmt: skip
+    check_tensor("suh", suh, dtypes=(torch.float16,), shape=(k,), device=device)
+    check_tensor("svh", svh, dtypes=(torch.float16,), shape=(n,), device=device)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=(torch.float16,), shape=(n,), device=device)
+    return live_m
+
+
+def dense_problem_from_tensors(
+    x: Any,
+    trellis: Any,
+    suh: Any,
+    svh: Any,
+    *,
+    codebook: Any,
+    bias: Any = None,
+    tile: Any = None,
+    split_k: Any = None,
+    compute_dtype: Any = torch.float16,
+    external_rotation: Any = False,
+) -> dict[str, Any]:
+    """The :func:`plan_dense` keywords (less ``device``) of one call on these tensors.
+
+    Metadata only: reads shapes/dtypes/devices (fake and meta tensors work), validates the
+    tensors with :func:`check_dense_inputs` and the problem with :func:`check_dense_problem`.
+    Used by the custom op (real and fake implementations) so the op validates exactly as the
+    plan does."""
+    check_tensor("x", x, dtypes=HALF_DTYPES, ndim=2)
+    k, n, bits = payload_geometry(trellis, device=x.device)
+    m = check_dense_inputs(
+        x, trellis, suh, svh, bias, k=k, n=n, bits=bits, x_dtype=x.dtype, device=x.device,
+        max_m=None,
+    )  # fmt: skip
+    problem = dict(
+        m=m, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x.dtype,
+        compute_dtype=compute_dtype, external_rotation=external_rotation, tile=tile,
+        split_k=split_k,
+    )  # fmt: skip
+    check_dense_problem(**problem)
+    return problem
+
+
 def plan_dense(
     *,
     m: int,
@@ -247,24 +404,17 @@ def plan_dense(
 
     ``tile`` pins the generic GEMM tile (a :class:`~b12x.dense.tiles.Tile` or its serialised
     ``[tile_k, tile_n, cta_threads]``); ``device`` is a CUDA device or a simulated one.
+    Validation: :func:`check_dense_problem`, then :func:`device_limits`. The path comes from the
+    dispatch table (:mod:`b12x.dense.dispatch`), the tile from the tile registry, the split-K
+    request from the split-K table (:mod:`b12x.dense.split_k`).
     """
-    for name, value in (("m", m), ("k", k), ("n", n)):
-        check_positive_int(name, value)
-    codebook, bits = check_codebook_bits(codebook, bits)
-    check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
-    check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
-    if not isinstance(external_rotation, bool):
-        raise TypeError(f"external_rotation: expected bool, got {type(external_rotation).__name__}")
-    if k % 128 or n % 128:
-        raise ValueError(f"k/n: K={k} and N={n} must be multiples of 128 (H128 blocks)")
-    if split_k is not None:
-        check_positive_int("split_k", split_k)
+    codebook, bits, pinned = check_dense_problem(
+        m=m, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x_dtype,
+        compute_dtype=compute_dtype, external_rotation=external_rotation, tile=tile,
+        split_k=split_k,
+    )  # fmt: skip
     limits = device_limits(device)
     problem = DenseProblem(m, k, n, bits, codebook, x_dtype, compute_dtype, external_rotation)
-    pinned = None
-    if tile is not None:
-        spec = dense_tiles.serialize(tile) if isinstance(tile, dense_tiles.Tile) else tile
-        pinned = dense_tiles.deserialize(spec)
     case = {
         "capability": limits.capability,
         "m": m,
@@ -281,7 +431,7 @@ def plan_dense(
     if choice.path != "generic":  # K6: no split-K scratch; decode_matmul: no trellis GEMM
         if split_k is not None:
             raise ValueError(f"split_k: only the generic path splits K; this plan is {choice.path}")
-        warps, n_tiles, splits = K6_WARPS, K6_N_TILES, 1
+        warps, n_tiles = K6_WARPS, K6_N_TILES
     else:
         tile_problem = dense_tiles.TileProblem("dense", m, k, n, bits)
         if pinned is not None:
@@ -289,10 +439,20 @@ def plan_dense(
         else:
             chosen_tile = dense_tiles.auto_select(tile_problem, limits)
         warps, n_tiles = dense_tiles.kernel_geometry(chosen_tile)
-        requested = split_k or host_kernels.choose_split_k(
-            m, k, n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, sm_count=limits.sm_count
-        )
-        splits = _launched_splits(k, requested)
+    split = split_table.explain(
+        {
+            "path": choice.path,
+            "requested": split_k,
+            "m": m,
+            "k": k,
+            "n": n,
+            "m_tiles": m_tiles,
+            "n_tiles": n_tiles,
+            "warps": warps,
+            "sm_count": limits.sm_count,
+        }
+    )
+    splits = _launched_splits(k, split.split_k)
     return DensePlan(
         problem=problem,
         device=limits,
@@ -304,6 +464,7 @@ def plan_dense(
         warps=warps,
         split_k=splits,
         buffers=_buffers(problem, choice.path, splits, limits.sm_count),
+        split_reasons=split.reasons,
     )
 
 
@@ -348,24 +509,10 @@ def _resolve_callback(hadamard_128: Any) -> Any:
 
 def _check_inputs(bound: BoundDense, x, trellis, suh, svh, bias, hadamard_128) -> int:
     p = bound.plan.problem
-    dev = bound.device
-    check_tensor("x", x, dtypes=(p.x_dtype,), ndim=2, device=dev)
-    live_m = x.shape[0]
-    if x.shape[1] != p.k:
-        raise ValueError(f"x: expected {p.k} features (planned K), got {x.shape[1]}")
-    if not 1 <= live_m <= p.m:
-        raise ValueError(f"x: live M={live_m} must be in [1, planned M={p.m}]")
-    check_tensor(
-        "trellis",
-        trellis,
-        dtypes=(torch.int16,),
-        shape=(p.k // 16, p.n // 16, 16 * p.bits),
-        device=dev,
-    )
-    check_tensor("suh", suh, dtypes=(torch.float16,), shape=(p.k,), device=dev)
-    check_tensor("svh", svh, dtypes=(torch.float16,), shape=(p.n,), device=dev)
-    if bias is not None:
-        check_tensor("bias", bias, dtypes=(torch.float16,), shape=(p.n,), device=dev)
+    live_m = check_dense_inputs(
+        x, trellis, suh, svh, bias, k=p.k, n=p.n, bits=p.bits, x_dtype=p.x_dtype,
+        device=bound.device, max_m=p.m,
+    )  # fmt: skip
     if p.external_rotation and hadamard_128 is None:
         raise ValueError("hadamard_128: the plan expects an external H128 callback")
     if not p.external_rotation and hadamard_128 is not None:
@@ -459,28 +606,54 @@ def run_dense(
 class DenseOp:
     """plan / bind / run over mappings: the op protocol of ``oracle.graph_protocol``.
 
-    ``plan(problem)`` takes :func:`plan_dense`'s keywords as a mapping (the device is fixed at
-    construction, a CUDA device or a simulated one); ``bind(plan, buffers)`` reads exactly the
-    plan's buffer names from the consumer's mapping; ``run(bound, inputs)`` reads ``x``,
-    ``trellis``, ``suh``, ``svh`` and an optional ``bias``. ``freeze()`` returns the
-    :func:`~b12x.runtime.compile_cache.frozen` context; ``compile_unwarmed(plan)`` asks for a GEMM
-    specialisation no run launches (it must raise once frozen or under capture).
+    ``DenseOp(device=None, hadamard_128=None)``: ``device`` is fixed at construction (a CUDA
+    device or a simulated one, e.g. an SM120 stand-in that plans the K6 row); ``hadamard_128``
+    is an optional external H128 callback (the exllamav3 ``had_r_128`` contract, see
+    :func:`run_dense`) handed to every run, so a consumer can drive the raw GEMM through the
+    front door with an identity rotation. ``plan(problem)`` takes :func:`plan_dense`'s keywords
+    as a mapping; ``external_rotation`` defaults to "a callback was given" and must agree with
+    it. ``bind(plan, buffers)`` reads exactly the plan's buffer names from the consumer's
+    mapping; ``run(bound, inputs)`` reads ``x``, ``trellis``, ``suh``, ``svh`` and an optional
+    ``bias``. ``freeze()`` returns the :func:`~b12x.runtime.compile_cache.frozen` context;
+    ``compile_unwarmed(plan)`` asks for a GEMM specialisation no run launches (it must raise once
+    frozen or under capture).
     """
 
     name = "dense_trellis_linear"
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: Any = None, *, hadamard_128: Any = None) -> None:
+        if hadamard_128 is not None:
+            _resolve_callback(hadamard_128)
         self.device = device
+        self.hadamard_128 = hadamard_128
 
     def plan(self, problem: Mapping[str, Any]) -> DensePlan:
         if not isinstance(problem, Mapping):
             raise TypeError(f"problem: expected a mapping, got {type(problem).__name__}")
-        return plan_dense(device=self.device, **problem)
+        if "device" in problem:
+            raise ValueError("problem: the device is fixed at DenseOp(device=...), not per plan")
+        external = self.hadamard_128 is not None
+        given = problem.get("external_rotation", external)
+        if given is not external:
+            raise ValueError(
+                f"external_rotation: {given!r} disagrees with the op's hadamard_128 "
+                f"({'given' if external else 'none'})"
+            )
+        return plan_dense(device=self.device, **{**problem, "external_rotation": external})
 
     def bind(self, plan: DensePlan, buffers: Mapping[str, torch.Tensor]) -> BoundDense:
+        if not isinstance(buffers, Mapping):
+            raise TypeError(f"buffers: expected a mapping, got {type(buffers).__name__}")
+        if not isinstance(plan, DensePlan):
+            raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
         return bind_dense(plan, **{name: buffers.get(name) for name in plan.buffer_names})
 
     def run(self, bound: BoundDense, inputs: Mapping[str, torch.Tensor]) -> None:
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"inputs: expected a mapping, got {type(inputs).__name__}")
+        missing = [name for name in ("x", "trellis", "suh", "svh") if name not in inputs]
+        if missing:
+            raise ValueError(f"inputs: missing {missing} (needs x, trellis, suh, svh, [bias])")
         run_dense(
             bound,
             inputs["x"],
@@ -488,12 +661,15 @@ class DenseOp:
             inputs["suh"],
             inputs["svh"],
             bias=inputs.get("bias"),
+            hadamard_128=self.hadamard_128,
         )
 
     def freeze(self) -> Any:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: DensePlan) -> None:
+        if not isinstance(plan, DensePlan):
+            raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
         major, minor = plan.device.capability
         p = plan.problem
         never_launched = KernelSpec("gemm", p.codebook, p.bits, unroll=2, depth=2)

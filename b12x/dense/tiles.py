@@ -2,7 +2,9 @@
 
 Layout
 ------
-* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` is a registry entry. :data:`ENTRIES` holds the
+* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` is a registry entry (three positive ints; a
+  zero, negative, ``bool`` or non-int component raises at construction, so no tile reaches the
+  predicate's divisions malformed). :data:`ENTRIES` holds the
   small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the large-batch / dense default
   ``(64,256,256)`` and the wave-balanced FC2 tile :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
 * :class:`TileProblem` is what a tile is qualified for: the phase (``"dense"``, ``"fc1"``,
@@ -14,6 +16,9 @@ Layout
   :func:`auto_select` and :func:`pin` go through it; no floor constant appears anywhere else.
 * :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema as a plain
   ``[tile_k, tile_n, cta_threads]`` int list (``force_tile_config``); :func:`pin` validates it.
+* :func:`check_device` validates the device facts (a :class:`DeviceLimits` or any object with
+  the same fields, e.g. ``oracle.tiles.SimulatedDevice``) that :func:`qualify`,
+  :func:`auto_select`, :func:`pin` and :func:`key` read; each of them calls it up front.
 * :data:`REGISTRY` bundles these as the object :mod:`oracle.tiles` checks (``name``, ``entries``,
   ``qualify``, ``auto_select``, ``pin``, ``serialize``, ``deserialize``, ``key``, ``problems``).
 * :func:`kernel_geometry` maps a tile onto the dense GEMM kernel's launch shape:
@@ -46,6 +51,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from b12x.runtime.validate import check_positive_int
+
 __all__ = [
     "ENTRIES",
     "LARGE_BATCH",
@@ -57,6 +64,7 @@ __all__ = [
     "Tile",
     "TileProblem",
     "auto_select",
+    "check_device",
     "deserialize",
     "footprint",
     "kernel_geometry",
@@ -75,6 +83,14 @@ class Tile:
     tile_k: int
     tile_n: int
     cta_threads: int
+
+    def __post_init__(self) -> None:
+        for name in ("tile_k", "tile_n", "cta_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"tile: {name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"tile: {name} must be a positive int, got {value}")
 
     def __repr__(self) -> str:
         return f"Tile({self.tile_k}x{self.tile_n}x{self.cta_threads})"
@@ -110,15 +126,51 @@ class TileProblem:
     fc1_mn_tiles: int | None = None
 
     def __post_init__(self) -> None:
-        if self.phase not in PHASES:
+        if not isinstance(self.phase, str) or self.phase not in PHASES:
             raise ValueError(f"phase: expected one of {PHASES}, got {self.phase!r}")
         for name in ("m", "k", "n", "bits", "scale_group", "cta_m_blocks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        for name in ("fc1_threads", "fc1_mn_tiles"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ValueError(f"{name}: expected None or a positive int, got {value!r}")
 
     def mn_tiles(self, tile_n: int) -> int:
         return -(-self.m // (16 * self.cta_m_blocks)) * -(-self.n // tile_n)
+
+
+def check_device(device: Any) -> Any:
+    """The device facts every tile function reads: ``name`` (str), ``sm_count`` and
+    ``max_shared_mem`` (positive ints) and ``capability`` ``(major, minor)`` (two ints ≥ 0).
+    Raises ``TypeError``/``ValueError`` naming ``device`` and the field; returns ``device``."""
+    for attr in ("name", "sm_count", "max_shared_mem", "capability"):
+        if not hasattr(device, attr):
+            raise TypeError(
+                f"device: expected DeviceLimits or an object with name, sm_count, "
+                f"max_shared_mem and capability; {type(device).__name__} lacks `{attr}`"
+            )
+    if not isinstance(device.name, str):
+        raise TypeError(f"device: name must be a str, got {type(device.name).__name__}")
+    for attr in ("sm_count", "max_shared_mem"):
+        check_positive_int(f"device: {attr}", getattr(device, attr))
+    cap = device.capability
+    if (
+        not isinstance(cap, tuple | list)
+        or len(cap) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cap)
+    ):
+        raise ValueError(f"device: capability must be (major, minor) ints, got {cap!r}")
+    return device
+
+
+def _check_problem(problem: Any) -> TileProblem:
+    if not isinstance(problem, TileProblem):
+        raise TypeError(f"problem: expected a TileProblem, got {type(problem).__name__}")
+    return problem
 
 
 def footprint(tile: Tile, problem: TileProblem) -> int:
@@ -135,11 +187,17 @@ def footprint(tile: Tile, problem: TileProblem) -> int:
 
 
 def qualify(tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
-    """THE qualification predicate: ``(ok, reason)``; every floor lives here and nowhere else."""
+    """THE qualification predicate: ``(ok, reason)``; every floor lives here and nowhere else.
+
+    Arguments of the wrong kind are not candidates: a ``tile`` that is not a :class:`Tile`, a
+    ``problem`` that is not a :class:`TileProblem` or a malformed ``device``
+    (:func:`check_device`) raise ``TypeError``/``ValueError`` naming the argument."""
     if not isinstance(tile, Tile):
-        return False, f"tile: expected a Tile, got {type(tile).__name__}"
-    if not isinstance(problem, TileProblem):
-        return False, f"problem: expected a TileProblem, got {type(problem).__name__}"
+        raise TypeError(
+            f"tile: expected a Tile (deserialize a spec first), got {type(tile).__name__}"
+        )
+    _check_problem(problem)
+    check_device(device)
     fc2_qualified = tile == WAVE_BALANCED_FC2
     if fc2_qualified and problem.phase != "fc2":
         return False, f"{tile!r} is qualified for fc2 only, not {problem.phase}"
@@ -199,8 +257,8 @@ def _best(candidates: Sequence[Tile], problem: TileProblem, device: Any) -> Tile
 
 def auto_select(problem: TileProblem, device: Any) -> Tile:
     """The auto-selected tile (module docstring); always one that :func:`qualify` accepts."""
-    if not isinstance(problem, TileProblem):
-        raise TypeError(f"problem: expected a TileProblem, got {type(problem).__name__}")
+    _check_problem(problem)
+    check_device(device)
     if _wave_rule_fires(problem, device) and qualify(WAVE_BALANCED_FC2, problem, device)[0]:
         return WAVE_BALANCED_FC2
     if problem.phase == "dense":
@@ -213,7 +271,9 @@ def auto_select(problem: TileProblem, device: Any) -> Tile:
     chosen = _best(table, problem, device)
     if chosen is None:
         reasons = "; ".join(f"{t!r}: {qualify(t, problem, device)[1]}" for t in table)
-        raise ValueError(f"problem: no tile qualifies for {problem} on {device.name} ({reasons})")
+        raise ValueError(
+            f"problem/device: no tile qualifies for {problem} on device {device.name} ({reasons})"
+        )
     return chosen
 
 
@@ -225,6 +285,8 @@ def serialize(tile: Tile) -> list[int]:
 
 
 def deserialize(spec: Any) -> Tile:
+    """``[tile_k, tile_n, cta_threads]`` (three positive ints) → :class:`Tile`; a registry
+    member is not required here (that is :func:`qualify`'s job, through :func:`pin`)."""
     if not isinstance(spec, list | tuple) or len(spec) != 3:
         raise ValueError(f"tile: expected [tile_k, tile_n, cta_threads], got {spec!r}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
@@ -234,6 +296,8 @@ def deserialize(spec: Any) -> Tile:
 
 def pin(spec: Any, problem: TileProblem, device: Any) -> Tile:
     """An explicit pin, validated by :func:`qualify`; raises ``ValueError`` with its reason."""
+    _check_problem(problem)
+    check_device(device)
     tile = spec if isinstance(spec, Tile) else deserialize(spec)
     ok, reason = qualify(tile, problem, device)
     if not ok:
@@ -243,12 +307,18 @@ def pin(spec: Any, problem: TileProblem, device: Any) -> Tile:
 
 def kernel_geometry(tile: Tile) -> tuple[int, int]:
     """``(warps, n_tiles)`` of the dense GEMM kernel for ``tile`` (module docstring)."""
+    if not isinstance(tile, Tile):
+        raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
     warps = tile.cta_threads // 32
     return warps, tile.tile_n // (16 * warps)
 
 
 def key(tile: Tile, problem: TileProblem, device: Any) -> tuple:
     """The compile identity a tile contributes: kernel geometry, bits and the device arch."""
+    if not isinstance(tile, Tile):
+        raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
+    _check_problem(problem)
+    check_device(device)
     warps, n_tiles = kernel_geometry(tile)
     major, minor = device.capability
     return (f"sm_{major}{minor}", problem.bits, warps, n_tiles, tile.tile_k)

@@ -49,7 +49,15 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def device_arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
+    """``"sm_XY"`` of a CUDA device; ``ValueError`` naming ``device`` for anything else (a CPU or
+    meta device, or no CUDA at all), before torch would fail less clearly."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device: the b12x kernels launch on CUDA tensors, got device {dev}")
+    try:
+        major, minor = torch.cuda.get_device_capability(dev)
+    except (AssertionError, RuntimeError) as exc:  # no CUDA build / driver / such device
+        raise ValueError(f"device: {dev} is not usable here ({exc})") from None
     return f"sm_{major}{minor}"
 
 
@@ -152,11 +160,14 @@ def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
 def choose_split_k(
     m: int, k: int, n: int, *, m_tiles: int, n_tiles: int, warps: int, sm_count: int
 ) -> int:
-    """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each."""
-    ctas = (n // (16 * n_tiles * warps)) * -(-m // (16 * m_tiles))
-    depth = 12 if m <= 16 else 4
-    want = max(1, -(-depth * sm_count // max(ctas, 1)))
-    return max(1, min(want, (k // 16) // 16, 64))
+    """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each.
+
+    The rule is data: the split-K table :mod:`b12x.dense.split_k` (rows, boundaries, explain);
+    this asks it for the generic path with no explicit request."""
+    from b12x.dense import split_k as split_table  # lazy: b12x.dense imports this module
+
+    case = dict(m=m, k=k, n=n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, sm_count=sm_count)
+    return split_table.explain(case).split_k
 
 
 def trellis_matmul(

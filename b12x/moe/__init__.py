@@ -8,7 +8,8 @@
 * :mod:`b12x.moe.pairs` — QSRT pairs per phase (FC1 N-axis, FC2 K-axis, dynamic P33/P24 mode
   tables): choices, payload shapes, :func:`launch_paired_gemm`.
 * :mod:`b12x.moe.ops` — ``torch.ops.b12x.trellis_moe`` and :class:`MoeOp` (import it to register).
-* :mod:`b12x.moe.support` — :func:`supported_moe_variants`.
+* :mod:`b12x.moe.support` — the CPU compile set; :func:`supported_moe_variants` (deprecated:
+  the variants live in ``b12x.support.OPS``).
 
 The device code is :mod:`b12x.kernels.moe_gemm` (CuTe DSL).
 """

@@ -14,7 +14,8 @@ Layout
   buffers (an eager op may: it is plan time for this call), binds and runs; graph consumers call
   plan / bind / run themselves (:class:`MoeOp`).
 * The fake implementation runs the same :func:`check_moe_op_args` (metadata only) and returns an
-  empty ``[M, H]``.
+  empty ``[M, H]``; the CPU implementation runs it too, then raises ``ValueError`` naming ``x``
+  (the kernels need CUDA tensors).
 * :class:`MoeOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
   ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
 
@@ -30,12 +31,12 @@ import torch
 
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
 from b12x.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
-from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, plan_moe
+from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, check_moe_problem, plan_moe
 from b12x.moe.routing import check_route_ids
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.moe.run import MoeInputs, check_rotation_table, payload_shapes, run_moe
 from b12x.moe.tiers import TIER_CODEBOOK, plan_tiered_moe
 from b12x.runtime import compile_cache
-from b12x.runtime.validate import HALF_DTYPES, check_tensor
+from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice, check_tensor
 
 __all__ = ["OP_NAME", "MoeOp", "check_moe_op_args", "trellis_moe"]
 
@@ -44,9 +45,18 @@ OP_NAME = "b12x::trellis_moe"
 
 def check_moe_op_args(
     x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined, descriptor_map,
-    fc1_pair=None, fc2_pair=None,
+    fc1_pair=None, fc2_pair=None, compute_dtype=None, *, tables=None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Metadata-only validation shared by the real and the fake op; returns plan keywords."""
+    """Metadata-only validation shared by the real, the fake and the CPU op; returns the plan
+    keywords (less ``compute_dtype``). The tensors are read for their metadata, then the problem
+    goes through :func:`b12x.moe.plan.check_moe_problem`, the validator the plan runs.
+    ``tables`` (the op's ``gate_suh``, ``up_suh``, ``intermediate_rotations``, ``down_svh``,
+    ``fc1_modes``, ``fc2_modes`` by name) are checked for dtype, shape and device as ``run``
+    will (mode values are read at run time only)."""
+    if compute_dtype is not None:
+        check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
+    if not isinstance(w13, list | tuple) or not isinstance(w2, list | tuple):
+        raise TypeError("w13/w2: expected a list of payload tensors (one per tier)")
     fc1_pair = check_pair_choice("fc1_pair", fc1_pair)
     fc2_pair = check_pair_choice("fc2_pair", fc2_pair)
     check_tensor("x", x, dtypes=HALF_DTYPES, ndim=2)
@@ -55,8 +65,10 @@ def check_moe_op_args(
         raise ValueError(f"topk_ids: {topk_ids.shape[0]} rows, but x has {x.shape[0]} (M >= 1)")
     if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
         raise TypeError("topk_weights: expected a floating tensor")
-    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)}")
+    check_tensor(
+        "topk_weights", topk_weights, dtypes=(topk_weights.dtype,), shape=tuple(topk_ids.shape),
+        device=x.device, aligned=False,
+    )  # fmt: skip
     if w13_layout not in ("packed", "proj"):
         raise ValueError(f"w13_layout: expected 'packed' or 'proj', got {w13_layout!r}")
     if not isinstance(codebook, str):
@@ -87,6 +99,17 @@ def check_moe_op_args(
         raise ValueError("fc1_pair/fc2_pair: QSRT pairs run on a uniform stack, not on tiers")
     if tiered and (global_to_combined is None or descriptor_map is None):
         raise ValueError("global_to_combined: two tiers need global_to_combined and descriptor_map")
+    if tiered:
+        check_tensor(
+            "global_to_combined", global_to_combined, dtypes=(torch.int32,), ndim=1,
+            device=x.device,
+        )  # fmt: skip
+        check_tensor(
+            "descriptor_map", descriptor_map, dtypes=(torch.int32,), shape=(sum(experts),),
+            device=x.device,
+        )  # fmt: skip
+    elif global_to_combined is not None or descriptor_map is not None:
+        raise ValueError("global_to_combined: only two tiers take tier maps")
     keywords = dict(
         m=x.shape[0], top_k=topk_ids.shape[1], hidden=hidden, intermediate=intermediate,
         w13_layout=w13_layout, x_dtype=x.dtype,
@@ -102,7 +125,41 @@ def check_moe_op_args(
         keywords.update(bits=bits[0], num_experts=experts[0], codebook=codebook)
         if fc1_pair is not None or fc2_pair is not None:
             keywords.update(fc1_pair=fc1_pair, fc2_pair=fc2_pair)
+    if tables is not None:
+        _check_tables(
+            tables, x.device, experts=sum(experts), hidden=hidden, intermediate=intermediate,
+            w13_layout=w13_layout, pairs={"fc1": fc1_pair, "fc2": fc2_pair},
+        )  # fmt: skip
+    problem = check_moe_problem(
+        m=keywords["m"], top_k=keywords["top_k"], hidden=hidden, intermediate=intermediate,
+        codebook=codebook, bits=tuple(bits), num_experts=tuple(experts), w13_layout=w13_layout,
+        x_dtype=x.dtype, compute_dtype=compute_dtype or torch.float16,
+        num_global_experts=keywords.get("num_global_experts"), m_tiles=None, fc1_pair=fc1_pair,
+        fc2_pair=fc2_pair,
+    )  # fmt: skip
+    if x.shape[1] != hidden:
+        raise ValueError(f"x: expected {hidden} features (H of the w2 payload), got {x.shape[1]}")
+    for t, (want13, want2) in enumerate(payload_shapes(problem)):
+        check_tensor(f"w13[{t}]", w13[t], dtypes=(torch.int16,), shape=want13, device=x.device)
+        check_tensor(f"w2[{t}]", w2[t], dtypes=(torch.int16,), shape=want2, device=x.device)
     return keywords
+
+
+def _check_tables(tables, device, *, experts, hidden, intermediate, w13_layout, pairs) -> None:
+    check_rotation_table("gate_suh", tables["gate_suh"], experts, hidden, device, broadcast=True)
+    if w13_layout == "proj" or tables["up_suh"] is not None:
+        check_rotation_table("up_suh", tables["up_suh"], experts, hidden, device, broadcast=True)
+    check_rotation_table(
+        "intermediate_rotations", tables["intermediate_rotations"], experts, 3 * intermediate,
+        device, broadcast=False,
+    )  # fmt: skip
+    check_rotation_table("down_svh", tables["down_svh"], experts, hidden, device, broadcast=True)
+    for phase, choice in pairs.items():
+        name, modes = f"{phase}_modes", tables[f"{phase}_modes"]
+        if choice == "dynamic":
+            check_tensor(name, modes, dtypes=(torch.int32,), shape=(experts,), device=device)
+        elif modes is not None:
+            raise ValueError(f"{name}: only a dynamic {phase} pair layout takes a mode table")
 
 
 def _plan_tiers(problem: Mapping[str, Any], compute_dtype: torch.dtype) -> MoePlan:
@@ -153,7 +210,11 @@ def trellis_moe(
 ) -> torch.Tensor:
     keywords = check_moe_op_args(
         x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map, fc1_pair, fc2_pair,
+        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
+        tables=dict(
+            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
+            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
+        ),
     )  # fmt: skip
     plan = _plan(keywords, compute_dtype or torch.float16)
     bound = bind_moe(plan, **allocate_moe_buffers(plan, x.device))
@@ -173,9 +234,33 @@ def _trellis_moe_fake(
 ):  # fmt: skip
     keywords = check_moe_op_args(
         x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map, fc1_pair, fc2_pair,
+        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
+        tables=dict(
+            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
+            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
+        ),
     )  # fmt: skip
     return x.new_empty((keywords["m"], keywords["hidden"]))
+
+
+@trellis_moe.register_kernel("cpu")
+def _trellis_moe_cpu(
+    x, topk_weights, topk_ids, w13, w2, gate_suh, up_suh, intermediate_rotations, down_svh,
+    codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
+    fc1_pair=None, fc2_pair=None, fc1_modes=None, fc2_modes=None,
+):  # fmt: skip
+    check_moe_op_args(
+        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
+        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
+        tables=dict(
+            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
+            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
+        ),
+    )  # fmt: skip
+    raise ValueError(
+        f"x: {OP_NAME} runs on CUDA tensors; got device {x.device} (move every tensor argument "
+        "to a CUDA device)"
+    )
 
 
 class MoeOp:
@@ -187,6 +272,9 @@ class MoeOp:
     by name (``w13``/``w2``: one tensor, a tuple, or ``w13_tier0``/``w13_tier1`` entries)."""
 
     name = "trellis_moe"
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device  # the arch of compile_unwarmed (None: the current CUDA device)
 
     def plan(self, problem: Mapping[str, Any]) -> MoePlan:
         if not isinstance(problem, Mapping):
@@ -223,7 +311,9 @@ class MoeOp:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: MoePlan) -> None:
-        major, minor = torch.cuda.get_device_capability()
+        from b12x.dense.plan import device_limits
+
+        major, minor = device_limits(self.device).capability
         spec = plan.fc2_spec[0]
         never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
         compiled_moe_gemm(never, f"sm_{major}{minor}")

@@ -61,7 +61,12 @@ from b12x.runtime.scratch import (
     check_known_names,
     require_buffer,
 )
-from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice, check_positive_int
+from b12x.runtime.validate import (
+    HALF_DTYPES,
+    check_choice,
+    check_dtype_choice,
+    check_positive_int,
+)
 
 __all__ = [
     "BoundMoe",
@@ -70,6 +75,7 @@ __all__ = [
     "W13_LAYOUTS",
     "allocate_moe_buffers",
     "bind_moe",
+    "check_moe_problem",
     "moe_buffer_specs",
     "plan_moe",
 ]
@@ -282,7 +288,18 @@ def moe_buffer_specs(problem: MoeProblem, routes: routing.RoutePlan) -> tuple[Bu
     return tuple(specs)
 
 
-def plan_moe(
+def _per_tier(name: str, value: Any) -> tuple:
+    """An int (one uniform tier) or a tuple/list with one value per tier."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, tuple | list):
+        return tuple(value)
+    raise TypeError(
+        f"{name}: expected an int (uniform) or one int per tier, got {type(value).__name__}"
+    )
+
+
+def check_moe_problem(
     *,
     m: int,
     top_k: int,
@@ -293,19 +310,16 @@ def plan_moe(
     num_experts: int | tuple[int, ...],
     w13_layout: str,
     x_dtype: torch.dtype,
-    compute_dtype: torch.dtype = torch.float16,
-    num_global_experts: int | None = None,
-    m_tiles: int | None = None,
-    fc1_pair: str | None = None,
-    fc2_pair: str | None = None,
-    device: Any = None,
-) -> MoePlan:
-    """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
-    uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
-    space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.moe.pairs`: None,
-    a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
-    simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
-    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched."""
+    compute_dtype: torch.dtype,
+    num_global_experts: int | None,
+    m_tiles: int | None,
+    fc1_pair: str | None,
+    fc2_pair: str | None,
+) -> MoeProblem:
+    """THE metadata-only validator of an MoE problem (every :func:`plan_moe` keyword but the
+    device); returns the :class:`MoeProblem`. :func:`plan_moe` calls it first; the custom op's
+    real and fake implementations call it through
+    :func:`b12x.moe.ops.check_moe_op_args`, so tracing rejects what planning rejects."""
     for name, value in (
         ("m", m),
         ("top_k", top_k),
@@ -319,12 +333,11 @@ def plan_moe(
         )
     if not isinstance(codebook, str):
         raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
-    if w13_layout not in W13_LAYOUTS:
-        raise ValueError(f"w13_layout: expected one of {W13_LAYOUTS}, got {w13_layout!r}")
+    check_choice("w13_layout", w13_layout, W13_LAYOUTS)
     check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
     check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
-    bits_t = (bits,) if isinstance(bits, int) else tuple(bits)
-    experts_t = (num_experts,) if isinstance(num_experts, int) else tuple(num_experts)
+    bits_t = _per_tier("bits", bits)
+    experts_t = _per_tier("num_experts", num_experts)
     if len(bits_t) != len(experts_t) or len(bits_t) not in (1, 2):
         raise ValueError(
             f"bits/num_experts: expected one value each (uniform) or two each (tiers), got "
@@ -356,10 +369,50 @@ def plan_moe(
     )  # fmt: skip
     if top_k > problem.num_experts and len(tiers) == 1:
         raise ValueError(f"top_k: {top_k} exceeds the number of experts {problem.num_experts}")
+    if m_tiles is not None and (
+        isinstance(m_tiles, bool) or not isinstance(m_tiles, int) or m_tiles not in (1, 2, 4)
+    ):
+        raise ValueError(f"m_tiles: expected None, 1, 2 or 4, got {m_tiles!r}")
+    return problem
+
+
+def plan_moe(
+    *,
+    m: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    codebook: str,
+    bits: int | tuple[int, ...],
+    num_experts: int | tuple[int, ...],
+    w13_layout: str,
+    x_dtype: torch.dtype,
+    compute_dtype: torch.dtype = torch.float16,
+    num_global_experts: int | None = None,
+    m_tiles: int | None = None,
+    fc1_pair: str | None = None,
+    fc2_pair: str | None = None,
+    device: Any = None,
+) -> MoePlan:
+    """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
+    uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
+    space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.moe.pairs`: None,
+    a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
+    simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
+    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched."""
+    problem = check_moe_problem(
+        m=m, top_k=top_k, hidden=hidden, intermediate=intermediate, codebook=codebook,
+        bits=bits, num_experts=num_experts, w13_layout=w13_layout, x_dtype=x_dtype,
+        compute_dtype=compute_dtype, num_global_experts=num_global_experts, m_tiles=m_tiles,
+        fc1_pair=fc1_pair, fc2_pair=fc2_pair,
+    )  # fmt: skip
+    pairs = (problem.fc1_pair, problem.fc2_pair)
+    if device is not None:  # validated up front, whether or not a phase reads it
+        from b12x.dense.plan import device_limits
+
+        device_limits(device)
     if m_tiles is None:
         m_tiles = choose_m_tiles(m, top_k, problem.num_experts)
-    elif m_tiles not in (1, 2, 4):
-        raise ValueError(f"m_tiles: expected 1, 2 or 4, got {m_tiles!r}")
     routes = routing.plan_routes(
         m=m, top_k=top_k, num_experts=problem.num_experts, block_size=16 * m_tiles
     )

@@ -132,8 +132,9 @@ def plan_routes(*, m: int, top_k: int, num_experts: int, block_size: int) -> Rou
     plan = RoutePlan(m, top_k, num_experts, block_size)
     if plan.capacity + plan.routes > INT32_MAX:
         raise ValueError(
-            f"m: {m} x {top_k} routes need {plan.capacity} packed slots, which does not fit "
-            f"int32 route indices (max {INT32_MAX})"
+            f"m/num_experts: {m} x {top_k} routes over {num_experts} experts need "
+            f"{plan.capacity} packed slots, which does not fit int32 route indices "
+            f"(max {INT32_MAX})"
         )
     return plan
 

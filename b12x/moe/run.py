@@ -8,7 +8,9 @@ Layout
   ``fc1_pair``/``fc2_pair``) takes its pair payload (:func:`b12x.moe.pairs.pair_payload_shape`)
   and, when dynamic, its int32 ``[E]`` mode table ``fc1_modes``/``fc2_modes``.
 * :func:`check_moe_inputs` validates all of them against the plan before any launch (dtype,
-  shape, contiguity, 16-byte alignment, device, ids dtype, expert counts).
+  shape, contiguity, 16-byte alignment, device, ids dtype, expert counts); the payload shapes
+  come from :func:`payload_shapes`, the rotation tables go through :func:`check_rotation_table`
+  (both shared with the custom op's metadata check).
 * :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
   launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
   (R11: the codebook is never a default). The uniform stage here and the tier stage in
@@ -34,13 +36,15 @@ from b12x.kernels import host as host_kernels
 from b12x.kernels.moe_boundary import compiled_moe_boundary
 from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
 from b12x.moe import boundary, pairs, routing
-from b12x.moe.plan import BoundMoe
+from b12x.moe.plan import BoundMoe, MoeProblem
 from b12x.runtime.scratch import live_rows
 from b12x.runtime.validate import check_tensor
 
 __all__ = [
     "MoeInputs",
     "check_moe_inputs",
+    "check_rotation_table",
+    "payload_shapes",
     "launch_grouped_gemm",
     "resolve_kernels",
     "run_moe",
@@ -76,11 +80,39 @@ class GemmContext:
     descriptors: torch.Tensor
 
 
-def _table(name, t, rows: int, width: int, device, *, broadcast: bool) -> None:
+def check_rotation_table(
+    name: str, t: object, rows: int, width: int, device, *, broadcast: bool
+) -> None:
+    """An fp16 ``[rows, width]`` rotation table on ``device`` (``[1, width]`` too when it may
+    broadcast over the experts); raises naming ``name``."""
     check_tensor(name, t, dtypes=(torch.float16,), ndim=2, device=device)
     if t.shape[1] != width or not (t.shape[0] == rows or (broadcast and t.shape[0] == 1)):
         want = f"[{rows}, {width}]" + (f" or [1, {width}]" if broadcast else "")
         raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+
+
+def payload_shapes(p: MoeProblem) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """Per tier, the exact int16 ``(w13, w2)`` payload shapes of problem ``p``: uniform
+    ``packed`` ``[E, H/16, 2I/16, 16b]`` / ``proj`` ``[2, E, H/16, I/16, 16b]`` and
+    ``[E, I/16, H/16, 16b]``, or a paired phase's :func:`b12x.moe.pairs.pair_payload_shape`."""
+    h, i = p.hidden, p.intermediate
+    out = []
+    for tier in p.tiers:
+        words = 16 * tier.bits
+        if p.w13_layout == "packed":
+            want13 = (tier.num_experts, h // 16, 2 * i // 16, words)
+        else:
+            want13 = (2, tier.num_experts, h // 16, i // 16, words)
+        want2 = (tier.num_experts, i // 16, h // 16, words)
+        shape_of = dict(
+            num_experts=tier.num_experts, hidden=h, intermediate=i, w13_layout=p.w13_layout
+        )
+        if p.fc1_pair is not None:
+            want13 = pairs.pair_payload_shape("fc1", p.fc1_pair, **shape_of)
+        if p.fc2_pair is not None:
+            want2 = pairs.pair_payload_shape("fc2", p.fc2_pair, **shape_of)
+        out.append((want13, want2))
+    return tuple(out)
 
 
 def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
@@ -109,20 +141,7 @@ def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
         value = getattr(inputs, name)
         if not isinstance(value, tuple) or len(value) != len(p.tiers):
             raise ValueError(f"{name}: expected a tuple of {len(p.tiers)} payload(s)")
-    for t, tier in enumerate(p.tiers):
-        words = 16 * tier.bits
-        if p.w13_layout == "packed":
-            want13 = (tier.num_experts, h // 16, 2 * i // 16, words)
-        else:
-            want13 = (2, tier.num_experts, h // 16, i // 16, words)
-        want2 = (tier.num_experts, i // 16, h // 16, words)
-        shape_of = dict(
-            num_experts=tier.num_experts, hidden=h, intermediate=i, w13_layout=p.w13_layout
-        )
-        if p.fc1_pair is not None:
-            want13 = pairs.pair_payload_shape("fc1", p.fc1_pair, **shape_of)
-        if p.fc2_pair is not None:
-            want2 = pairs.pair_payload_shape("fc2", p.fc2_pair, **shape_of)
+    for t, (want13, want2) in enumerate(payload_shapes(p)):
         check_tensor(f"w13[{t}]", inputs.w13[t], dtypes=(torch.int16,), shape=want13, device=dev)
         check_tensor(f"w2[{t}]", inputs.w2[t], dtypes=(torch.int16,), shape=want2, device=dev)
     for phase, choice in (("fc1", p.fc1_pair), ("fc2", p.fc2_pair)):
@@ -132,13 +151,15 @@ def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
         elif modes is not None:
             raise ValueError(f"{name}: only a dynamic {phase} pair layout takes a mode table")
     e = p.num_experts
-    _table("gate_suh", inputs.gate_suh, e, h, dev, broadcast=True)
+    check_rotation_table("gate_suh", inputs.gate_suh, e, h, dev, broadcast=True)
     if p.w13_layout == "proj":
         if inputs.up_suh is None:
             raise ValueError("up_suh: the proj layout needs the up projection's input rotation")
-        _table("up_suh", inputs.up_suh, e, h, dev, broadcast=True)
-    _table("intermediate_rotations", inputs.intermediate_rotations, e, 3 * i, dev, broadcast=False)
-    _table("down_svh", inputs.down_svh, e, h, dev, broadcast=True)
+        check_rotation_table("up_suh", inputs.up_suh, e, h, dev, broadcast=True)
+    check_rotation_table(
+        "intermediate_rotations", inputs.intermediate_rotations, e, 3 * i, dev, broadcast=False
+    )
+    check_rotation_table("down_svh", inputs.down_svh, e, h, dev, broadcast=True)
     if len(p.tiers) > 1:
         check_tensor(
             "global_to_combined",
@@ -285,6 +306,7 @@ def resolve_kernels(bound: BoundMoe) -> None:
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
     m = check_moe_inputs(bound, inputs)
+    arch = host_kernels.device_arch(bound.device)  # raises naming the device off CUDA
     kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
     if kernels:
         resolve_kernels(bound)
@@ -304,7 +326,6 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     def rows(name: str, count: int) -> torch.Tensor:
         return live_rows(buf, name, count)
 
-    arch = host_kernels.device_arch(bound.device)
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
     tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)

@@ -1,61 +1,22 @@
-"""What the MoE kernels support (for ``b12x.support`` to merge), and their CPU compile set.
+"""The MoE kernels' CPU compile set (and a deprecated view of their variants).
 
-* :func:`supported_moe_variants` — ``{"op", "codebook", "bits", "w13_layout", "compute_dtype"}``
-  dicts: the uniform fused MoE for every legal (codebook, bits) of :mod:`b12x.formats` in both
-  FC1 layouts and both compute dtypes, and the mixed tiers (``"op": "moe_tiers"``, codebook
-  ``"mcg"``, ``"bits": (3, 4)``), and QSRT pairs (``"op": "moe"``, ``"bits": 3`` (the base),
-  ``"pair_kind"`` P22/P33/P24/P43/P44 wherever both record rates are legal for the codebook;
-  both phases: FC1 on the N axis, FC2 on the K axis; ``"dynamic"`` P33/P24 mode tables are
-  covered by those two kinds).
+* :func:`supported_moe_variants` — deprecated: the MoE variants are declared once, in
+  :data:`b12x.support.OPS` (``op_contract("moe").variants``); this returns the old dict view of
+  them (:func:`b12x.support.supported_moe_variants`).
 * :func:`moe_kernel_specializations` — the grouped-GEMM specs a representative set of plans
   launches; :func:`compile_moe_specialization` compiles one on the CPU for an arch.
 """
 
 from __future__ import annotations
 
-from b12x.formats import FORMATS
-
 __all__ = ["compile_moe_specialization", "moe_kernel_specializations", "supported_moe_variants"]
-
-LAYOUTS = ("packed", "proj")
-COMPUTE_DTYPES = ("float16", "bfloat16")
 
 
 def supported_moe_variants() -> list[dict]:
-    out = []
-    for name, fmt in FORMATS.items():
-        for bits in fmt.legal_bits:
-            for layout in LAYOUTS:
-                for dtype in COMPUTE_DTYPES:
-                    out.append(
-                        {"op": "moe", "codebook": name, "bits": bits, "w13_layout": layout,
-                         "compute_dtype": dtype}
-                    )  # fmt: skip
-    for layout in LAYOUTS:
-        for dtype in COMPUTE_DTYPES:
-            out.append(
-                {"op": "moe_tiers", "codebook": "mcg", "bits": (3, 4), "w13_layout": layout,
-                 "compute_dtype": dtype}
-            )  # fmt: skip
-    out += _pair_variants()
-    return out
+    """Deprecated: read ``b12x.support.op_contract("moe").variants``; this is their old view."""
+    from b12x import support  # lazy: b12x.support imports the op modules on first use
 
-
-def _pair_variants() -> list[dict]:
-    from b12x.kernels.moe_gemm import PAIR_BASE_BITS, PAIR_KINDS
-
-    out = []
-    for name, fmt in FORMATS.items():
-        for kind, rates in PAIR_KINDS.items():
-            if not {PAIR_BASE_BITS, *rates} <= set(fmt.legal_bits):
-                continue
-            for layout in LAYOUTS:
-                for dtype in COMPUTE_DTYPES:
-                    out.append(
-                        {"op": "moe", "codebook": name, "bits": PAIR_BASE_BITS, "pair_kind": kind,
-                         "phases": ("fc1", "fc2"), "w13_layout": layout, "compute_dtype": dtype}
-                    )  # fmt: skip
-    return out
+    return support.supported_moe_variants()
 
 
 def moe_kernel_specializations():

@@ -9,7 +9,8 @@ Layout
 * :func:`combine_tier_rotations` concatenates the rotation tables tier 0 ‖ tier 1 (broadcast
   ``[1, H]`` rows expanded), so input rotation and the boundary run once, combined.
 * :func:`plan_tiered_moe` plans one MoE over both tiers; the codebook is a required keyword and
-  must be ``"mcg"`` (EXL3 tiers). :data:`TIER_CODEBOOK` is that value.
+  must be ``"mcg"`` (EXL3 tiers). :data:`TIER_CODEBOOK` is that value; :data:`TIER_BITS` the
+  tier rates ``(tier 0, tier 1)`` b12x declares support for (K3/K4, spec §4.1).
 * **Launch sequence** (:func:`tier_gemm_stage`): per phase, one grouped-GEMM launch per tier
   (and per projection for ``proj``) over the same route blocks; each launch computes only the
   blocks whose descriptor names its tier, with the tier's own payload and bit rate. Every launch
@@ -33,6 +34,7 @@ from b12x.moe.plan import MAX_TIER_EXPERTS, MoePlan, plan_moe
 from b12x.moe.run import launch_grouped_gemm
 
 __all__ = [
+    "TIER_BITS",
     "TIER_CODEBOOK",
     "build_tiered_maps",
     "combine_tier_rotations",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 TIER_CODEBOOK = "mcg"
+TIER_BITS = (3, 4)
 
 
 def _ids(value: object, name: str) -> list[int]:

@@ -12,9 +12,10 @@ Layout
   rows (buffers are planned for the capacity, a run uses the live count), or its first
   ``rows·cols`` elements viewed ``[rows, cols]`` (one buffer serving several widths).
 * :func:`require_buffer` — bind-time: the caller's tensor must exist and match the spec exactly
-  (dtype, shape, device, contiguity, 16-byte alignment); it is returned as is (a view, never a
-  copy). A missing or mismatched buffer raises :class:`BufferNotProvided` naming it; during
-  capture the message reads "scratch `c_tmp` is not initialized for CUDA graph capture".
+  (dtype, shape, device, contiguity, 16-byte alignment) and have storage (a ``meta`` tensor
+  can never be run); it is returned as is (a view, never a copy). A missing or mismatched
+  buffer raises :class:`BufferNotProvided` naming it; during capture the message reads
+  "scratch `c_tmp` is not initialized for CUDA graph capture".
 
 Invariants
 ----------
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from b12x.runtime.compile_cache import capture_active
-from b12x.runtime.validate import check_tensor
+from b12x.runtime.validate import check_device_arg, check_tensor
 
 __all__ = [
     "BufferNotProvided",
@@ -100,7 +101,12 @@ def allocate_buffers(
             f"allocate_buffers: refusing to allocate {names} during CUDA graph capture; "
             "allocate at plan time, before capture"
         )
-    device = torch.device(device)
+    device = check_device_arg("device", device)
+    if device.type == "cuda" and (
+        not torch.cuda.is_available()
+        or (device.index is not None and device.index >= torch.cuda.device_count())
+    ):
+        raise ValueError(f"device: {device} is not available on this machine")
     out = {}
     for spec in specs:
         factory = torch.zeros if spec.zeroed else torch.empty
@@ -146,6 +152,8 @@ def require_buffer(
             shape=spec.shape,
             device=None if device is None else torch.device(device),
         )
+        if tensor.device.type == "meta":  # type: ignore[union-attr]
+            raise ValueError(f"{label}: expected device cuda (or cpu), got meta (no storage)")
     except (TypeError, ValueError) as exc:
         if capturing:
             raise BufferNotProvided(

@@ -9,8 +9,10 @@ Layout
   pointer exists): the storage offset in bytes must then be a multiple of 16, since allocator
   bases are always at least 16-byte aligned.
 * :func:`check_codebook_bits` — (codebook, bits) legality through the kernel registry
-  :func:`b12x.formats.resolve_format`; :func:`check_positive_int` and :func:`check_dtype_choice`
-  for scalar arguments.
+  :func:`b12x.formats.resolve_format`; :func:`check_positive_int`, :func:`check_bool`,
+  :func:`check_choice` and :func:`check_dtype_choice` for scalar arguments. ``bool`` is never
+  accepted where an ``int`` is asked for (``True`` is an ``int`` in Python), and an ``int`` never
+  where a ``bool`` is; a ``torch.SymInt`` counts as an int (shapes under dynamic tracing).
 
 Invariants
 ----------
@@ -30,7 +32,10 @@ from b12x.formats import resolve_format
 
 __all__ = [
     "HALF_DTYPES",
+    "check_bool",
+    "check_choice",
     "check_codebook_bits",
+    "check_device_arg",
     "check_dtype_choice",
     "check_positive_int",
     "check_tensor",
@@ -92,10 +97,27 @@ def check_codebook_bits(codebook: object, bits: object) -> tuple[str, int]:
 
 
 def check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected int, got {type(value).__name__}")
+    """A positive ``int`` (or ``torch.SymInt``), never a ``bool``; raises naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | torch.SymInt):
+        raise TypeError(f"{name}: expected a positive int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise ValueError(f"{name}: expected a positive int, got {value}")
+    return value  # type: ignore[return-value]
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A real ``bool`` (not ``0``/``1``, not a string such as ``'no'``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """One of the strings ``choices``; raises naming ``name`` and listing the accepted values."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {tuple(choices)}, got {type(value).__name__}")
+    if value not in tuple(choices):
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
     return value
 
 
@@ -105,3 +127,19 @@ def check_dtype_choice(name: str, value: object, allowed: Sequence[torch.dtype])
     if value not in tuple(allowed):
         raise TypeError(f"{name}: expected {_dtype_names(allowed)}, got {value}")
     return value
+
+
+def check_device_arg(name: str, value: object) -> torch.device:
+    """A device to allocate on: a ``torch.device``, a device string (``"cuda:0"``, ``"cpu"``) or
+    a CUDA index (not a ``bool``); returns it as a ``torch.device``."""
+    if isinstance(value, bool) or not isinstance(value, torch.device | str | int):
+        raise TypeError(
+            f"{name}: expected a torch.device, a device string or an index, got "
+            f"{type(value).__name__}"
+        )
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name}: expected a device index >= 0, got {value}")
+    try:
+        return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: not a device ({exc})") from None

@@ -11,7 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.dense_linear import trellis_linear
+from b12x.dense import tiles as dense_tiles
+from b12x.dense.plan import (
+    allocate_dense_buffers,
+    bind_dense,
+    device_limits,
+    plan_dense,
+    run_dense,
+)
 from b12x.kernels import host
 from reference import linear as ref_linear
 from reference import trellis as ref_trellis
@@ -32,6 +39,47 @@ def _layer(k: int, n: int, bits: int, seed: int):
     )
     svh = (torch.rand(n, generator=gen) + 0.5) * (torch.randint(0, 2, (n,), generator=gen) * 2 - 1)
     return payload.to(torch.int16), suh.to(torch.float16), svh.to(torch.float16)
+
+
+def trellis_linear(
+    x,
+    trellis,
+    suh,
+    svh,
+    *,
+    codebook,
+    compute_dtype=torch.float16,
+    split_k=None,
+    hadamard_128=None,
+    path="auto",
+):
+    """The dense linear through its one front door: plan → allocate → bind → run.
+
+    ``path="fused"`` pins the auto-selected tile (an explicit tile takes the generic row);
+    ``path="decode_matmul"`` requires the table to pick it; ``"auto"`` follows the table."""
+    m, k = x.shape
+    n, bits = trellis.shape[1] * 16, trellis.shape[2] // 16
+    limits = device_limits(x.device)
+    tile = None
+    if path == "fused":
+        tile = dense_tiles.auto_select(dense_tiles.TileProblem("dense", m, k, n, bits), limits)
+    plan = plan_dense(
+        m=m,
+        k=k,
+        n=n,
+        bits=bits,
+        codebook=codebook,
+        x_dtype=x.dtype,
+        compute_dtype=compute_dtype,
+        external_rotation=hadamard_128 is not None,
+        tile=tile,
+        split_k=split_k,
+        device=x.device,
+    )
+    assert path in ("auto", "fused", "decode_matmul")
+    assert path != "decode_matmul" or plan.path == "decode_matmul", plan.reasons
+    bound = bind_dense(plan, **allocate_dense_buffers(plan, x.device))
+    return run_dense(bound, x, trellis, suh, svh, hadamard_128=hadamard_128).clone()
 
 
 def _check(y, x, payload, suh, svh, codebook, compute_dtype):

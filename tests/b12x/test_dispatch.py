@@ -43,15 +43,17 @@ class OracleView:
         self.explain = table.explain
 
 
+LEGAL = {"mcg": (3, 4, 6), "sqg_fp16": (5, 6)}  # explain rejects illegal (codebook, bits)
 GRID = [
     {**BASE, "m": m, "bits": b, "codebook": cb, "compute_dtype": dt, "capability": cap}
     for m, b, cb, dt, cap in itertools.product(
         (1, 8, 9, 16, 17, 32, 48, 63, 64, 127, 128, 129, 1024, 1025, 4096),
-        (3, 4, 6),
+        (3, 4, 5, 6),
         ("mcg", "sqg_fp16"),
         ("float16", "bfloat16"),
         ((12, 0), (12, 1), (9, 0), (8, 0)),
     )
+    if b in LEGAL[cb]
 ]
 
 
@@ -110,10 +112,18 @@ def test_decode_matmul_threshold_is_the_measured_crossover(cap, m):
 
 
 def test_decode_matmul_min_m_is_the_one_threshold():
-    from b12x import dense_linear
+    import re
+    from pathlib import Path
 
     assert D.DECODE_MATMUL_MIN_M == 64
-    assert dense_linear.DECODE_MATMUL_MIN_M is D.DECODE_MATMUL_MIN_M
+    package = Path(D.__file__).resolve().parents[1]
+    sources = {p: p.read_text() for p in package.rglob("*.py")}
+    defines = [
+        p.name for p, text in sources.items() if re.search(r"^DECODE_MATMUL_MIN_M\s*=", text, re.M)
+    ]
+    assert defines == ["dispatch.py"]
+    # one front door: no second dense linear beside plan / bind / run (b12x.dense_linear is gone)
+    assert not [p for p, text in sources.items() if "def trellis_linear" in text]
     sides = {(b.below, b.above) for b in D.BOUNDARIES if b.expect_above == "decode_matmul"}
     assert (63, 64) in sides and (128, 129) in sides
 
@@ -191,69 +201,67 @@ def test_every_path_is_reachable_from_plan_dense():
     assert seen == set(D.PATH_NAMES)
 
 
-# --- dense_linear's path="auto" follows the same table ------------------------------------------
+# --- the custom op (the one front door) launches the table's path -------------------------------
 
 
 @pytest.mark.parametrize(
     ("cap", "m", "bits", "compute_dtype", "external", "path"),
     [
-        ((9, 0), 63, 4, torch.float16, False, "fused"),
+        ((9, 0), 63, 4, torch.float16, False, "generic"),
         ((9, 0), 64, 4, torch.float16, False, "decode_matmul"),
         ((9, 0), 64, 6, torch.bfloat16, True, "decode_matmul"),
         ((8, 0), 4096, 2, torch.float16, False, "decode_matmul"),
-        ((12, 0), 64, 6, torch.float16, False, "fused"),  # K6 row first
-        ((12, 0), 128, 6, torch.float16, False, "fused"),
+        ((12, 0), 64, 6, torch.float16, False, K6),  # K6 row first
+        ((12, 0), 128, 6, torch.float16, False, K6),
         ((12, 0), 129, 6, torch.float16, False, "decode_matmul"),
         ((12, 0), 64, 6, torch.float16, True, "decode_matmul"),  # external H128: not K6
         ((12, 1), 64, 6, torch.float16, False, "decode_matmul"),
-        ((12, 0), 16, 4, torch.float16, False, "fused"),
+        ((12, 0), 16, 4, torch.float16, False, "generic"),
     ],
 )
-def test_dense_linear_auto_path(cap, m, bits, compute_dtype, external, path):
-    from b12x.dense_linear import auto_path
-
-    got = auto_path(
-        m=m,
-        bits=bits,
-        codebook="mcg",
-        compute_dtype=compute_dtype,
-        external_rotation=external,
-        capability=cap,
-    )
-    assert got == path
+def test_plan_path_follows_the_table(cap, m, bits, compute_dtype, external, path):
+    """What the old ``auto_path`` answered, now asked of the one front door (plan_dense)."""
+    device = SimulatedDevice("sim", 132, 227 * 1024, cap)
+    plan = _plan(device, m=m, bits=bits, compute_dtype=compute_dtype, external_rotation=external)
+    assert plan.path == path
 
 
 @pytest.mark.parametrize(("m", "launched"), [(63, "fused"), (64, "decode")])
-def test_trellis_linear_auto_launches_the_table_path(monkeypatch, m, launched):
-    """The eager linear's launches on CPU stand-ins: the real code between validation and launch."""
-    from b12x import dense_linear
-    from b12x.formats import resolve_format
+def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
+    """The custom op's real implementation on CPU stand-ins: plan → bind → run picks the
+    table's path (the device is replaced by a simulated H200; everything else is the op's)."""
+    import b12x.ops as ops
+    from b12x.dense import plan as plan_mod
 
     k = n = 128
     seen = []
+    h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 
-    def validated(x, trellis, suh, svh, *, codebook, compute_dtype, bias=None):
-        return resolve_format(codebook, 4), 4, x.shape[0], k, n
+    def on_h200(**kw):
+        assert kw.pop("device") == torch.device("cpu")
+        return plan_dense(device=h200, **kw)
 
-    def fused(a, trellis, codebook, *, split_k=None):
+    def fused(a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps):
         seen.append("fused")
-        return torch.zeros(a.shape[0], n, dtype=a.dtype)
+        out.zero_()
 
-    def decode(trellis, codebook):
+    def decode(trellis, codebook, *, out):
         seen.append("decode")
-        return torch.zeros(k, n, dtype=torch.float16)
+        out.zero_()
 
-    host = dense_linear.host
-    monkeypatch.setattr(dense_linear, "validate_linear_inputs", validated)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(host, "rotate_input", lambda x, s, *, out_dtype: x.to(out_dtype))
-    monkeypatch.setattr(host, "rotate_output", lambda y, s, *, out_dtype: y.to(out_dtype))
+    def rotate(x, s, *, out_dtype, out):
+        out.copy_(x)
+
+    host = plan_mod.host_kernels
+    monkeypatch.setattr(ops, "plan_dense", on_h200)
+    monkeypatch.setattr(host, "rotate_input", rotate)
+    monkeypatch.setattr(host, "rotate_output", rotate)
     monkeypatch.setattr(host, "trellis_matmul", fused)
     monkeypatch.setattr(host, "decode_weight", decode)
     x = torch.zeros(m, k, dtype=torch.float16)
     trellis = torch.zeros(k // 16, n // 16, 64, dtype=torch.int16)
     ones = torch.ones(k, dtype=torch.float16)
-    y = dense_linear.trellis_linear(x, trellis, ones, ones, codebook="mcg")
+    y = ops.trellis_dense_linear._init_fn(x, trellis, ones, ones, "mcg")
     assert seen == [launched] and y.shape == (m, n)
 
 

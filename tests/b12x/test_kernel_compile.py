@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 
+import b12x.ops  # noqa: F401 - registers torch.ops.b12x.trellis_dense_linear
 from b12x import support
-from b12x.dense_linear import trellis_linear
 from b12x.formats import FORMATS
 from b12x.kernels import host
 from b12x.kernels.specs import KernelSpec
@@ -124,27 +124,32 @@ def _layer(k=256, n=128, bits=4):
     )
 
 
-def test_trellis_linear_rejects_bad_inputs():
+def _linear(x, trellis, suh, svh, *, codebook, compute_dtype=None, split_k=0, tile=None):
+    """The dense linear's front door (the custom op) on CPU tensors: validation runs first."""
+    return torch.ops.b12x.trellis_dense_linear(
+        x, trellis, suh, svh, codebook, None, tile, split_k, compute_dtype
+    )
+
+
+def test_dense_linear_rejects_bad_inputs():
     payload, suh, svh = _layer()
     x = torch.zeros(2, 256, dtype=torch.float16)
     with pytest.raises(TypeError, match="x: expected dtype"):
-        trellis_linear(x.float(), payload, suh, svh, codebook="mcg")
+        _linear(x.float(), payload, suh, svh, codebook="mcg")
     with pytest.raises(TypeError, match="trellis"):
-        trellis_linear(x, payload.to(torch.int32), suh, svh, codebook="mcg")
+        _linear(x, payload.to(torch.int32), suh, svh, codebook="mcg")
     with pytest.raises(ValueError, match="bits"):
-        trellis_linear(x, payload, suh, svh, codebook="sqg_fp16")
+        _linear(x, payload, suh, svh, codebook="sqg_fp16")
     with pytest.raises(ValueError, match="codebook"):
-        trellis_linear(x, payload, suh, svh, codebook="exl2")
+        _linear(x, payload, suh, svh, codebook="exl2")
     with pytest.raises(ValueError, match="x: expected 256 features"):
-        trellis_linear(x[:, :128].contiguous(), payload, suh, svh, codebook="mcg")
+        _linear(x[:, :128].contiguous(), payload, suh, svh, codebook="mcg")
     with pytest.raises(ValueError, match="suh"):
-        trellis_linear(x, payload, suh[:128].contiguous(), svh, codebook="mcg")
+        _linear(x, payload, suh[:128].contiguous(), svh, codebook="mcg")
     with pytest.raises(ValueError, match="x: must be contiguous"):
-        trellis_linear(
-            torch.zeros(256, 2, dtype=torch.float16).t(), payload, suh, svh, codebook="mcg"
-        )
+        _linear(torch.zeros(256, 2, dtype=torch.float16).t(), payload, suh, svh, codebook="mcg")
     with pytest.raises(ValueError, match="16-byte aligned"):
-        trellis_linear(
+        _linear(
             torch.zeros(2 * 256 + 1, dtype=torch.float16)[1:].view(2, 256),
             payload,
             suh,
@@ -152,14 +157,16 @@ def test_trellis_linear_rejects_bad_inputs():
             codebook="mcg",
         )
     with pytest.raises(TypeError, match="compute_dtype"):
-        trellis_linear(x, payload, suh, svh, codebook="mcg", compute_dtype=torch.float32)
+        _linear(x, payload, suh, svh, codebook="mcg", compute_dtype=torch.float32)
     with pytest.raises(ValueError, match="multiples of 128"):
         p2, s2, v2 = _layer(k=64, n=128)
-        trellis_linear(torch.zeros(2, 64, dtype=torch.float16), p2, s2, v2, codebook="mcg")
-    with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
-        trellis_linear(x, payload, suh, svh, codebook="mcg")
-    with pytest.raises(ValueError, match="path"):
-        trellis_linear(x, payload, suh, svh, codebook="mcg", path="fast")
+        _linear(torch.zeros(2, 64, dtype=torch.float16), p2, s2, v2, codebook="mcg")
+    with pytest.raises(ValueError, match="x: .*runs on CUDA tensors"):
+        _linear(x, payload, suh, svh, codebook="mcg")
+    with pytest.raises(ValueError, match="split_k"):
+        _linear(x, payload, suh, svh, codebook="mcg", split_k=-1)
+    with pytest.raises(ValueError, match="tile"):
+        _linear(x, payload, suh, svh, codebook="mcg", tile=[64, 0, 128])
 
 
 def test_host_wrappers_reject_bad_inputs():

@@ -370,8 +370,13 @@ def test_op_args_derive_the_paired_problem():
         check_moe_op_args(*common, "P24", None)  # a paired payload where a 4-d stack belongs
     with pytest.raises(ValueError, match="fc1_pair"):
         check_moe_op_args(*common, "Q24", "dynamic")
-    uniform = check_moe_op_args(*common[:4], [experts.w2.view(4, 16, 16, 48)], *common[5:])
+    # no pair choices: a uniform stack (w13 as a proj K3 stack; the op now checks its shape too)
+    w13_uniform = torch.zeros(2, 4, H // 16, I // 16, 48, dtype=torch.int16)
+    w2_uniform = experts.w2.view(4, 16, 16, 48)
+    uniform = check_moe_op_args(x, w, ids, [w13_uniform], [w2_uniform], *common[5:])
     assert "fc1_pair" not in uniform
+    with pytest.raises(ValueError, match=r"w13\[0\]"):  # a paired w13 where a stack belongs
+        check_moe_op_args(*common[:4], [w2_uniform], *common[5:])
 
 
 def test_moe_pair_variants_are_covered_by_the_declared_kernels():

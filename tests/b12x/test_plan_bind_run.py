@@ -422,6 +422,29 @@ def test_external_h128_callback_gets_the_contract_arguments(fake_kernels):
     assert [c[0] for c in fake_kernels.calls] == ["trellis_matmul"]
 
 
+def test_dense_op_hands_its_h128_callback_to_every_run(fake_kernels):
+    """DenseOp(device, hadamard_128=...): the consumer's door to the raw GEMM (identity H128)."""
+    seen = []
+
+    def identity(inp, out, pre, post, scale):
+        seen.append((pre is not None, post is not None, scale))
+        out.copy_(inp)
+
+    op = DenseOp(H200, hadamard_128=identity)
+    plan = op.plan(dict(SMALL, x_dtype=F16))
+    assert plan.problem.external_rotation and plan.path == "generic"
+    bound = op.bind(plan, allocate_dense_buffers(plan, "cpu"))
+    inputs = _inputs()
+    for _ in range(2):
+        op.run(bound, inputs)
+    assert seen == [(True, False, 1.0), (False, True, 1.0)] * 2
+    assert [c[0] for c in fake_kernels.calls] == ["trellis_matmul"] * 2
+    with pytest.raises(TypeError, match="hadamard_128"):
+        DenseOp(H200, hadamard_128=42)
+    with pytest.raises(ValueError, match="external_rotation"):
+        DenseOp(H200).plan(dict(SMALL, x_dtype=F16, external_rotation=True))
+
+
 def test_run_validates_before_any_launch(fake_kernels):
     plan = plan_dense(device=RTX, x_dtype=F16, **SMALL)
     bound = bind_dense(plan, **allocate_dense_buffers(plan, "cpu"))

@@ -1,0 +1,336 @@
+"""Split-K of the dense trellis GEMM as a declarative table (design §4 "Dispatch"; R2, R15).
+
+The rule the host used to compute inline (``b12x.kernels.host.choose_split_k``) is data here, in
+the same protocol as :data:`b12x.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
+``explain``), so the oracle can check both sides of every threshold.
+
+Layout
+------
+* A *case* is a plain mapping: ``path`` (the dense dispatch row the plan took), ``requested``
+  (an explicit ``split_k`` or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
+  ``m_tiles`` (M16 blocks per warp), ``n_tiles`` (N16 tiles per warp), ``warps`` (per CTA) and
+  the device's ``sm_count``. Missing fields take :data:`DEFAULT_CASE`'s values.
+* Derived quantities (each one function, used by the rows):
+
+  - ``ctas = (N / (16·n_tiles·warps)) · ceil(M / (16·m_tiles))`` — CTAs of one K slice;
+  - ``depth`` — CTAs per SM the grid should reach: :data:`SMALL_M_DEPTH` (12) for
+    ``M ≤ SMALL_M_MAX`` (16), else :data:`DEPTH` (4);
+  - ``wanted = max(1, ceil(depth · sm_count / ctas))`` — slices that reach that depth;
+  - ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT`` — slices that keep ≥ 16 K16 rows each.
+* :data:`ROWS` in priority order; each :class:`SplitRow` is a named list of
+  :class:`~b12x.dense.dispatch.Condition` s plus the split count it yields:
+
+  1. ``off_generic_path`` — K6 and decode_matmul never split K: 1.
+  2. ``explicit`` — a requested ``split_k``: that request.
+  3. ``short_k`` — ``k_cap < 2`` (K < 512): nothing to split, 1.
+  4. ``deep_grid`` — ``wanted == 1``: one slice already fills the device, 1.
+  5. ``max_splits`` — ``wanted > 64`` and ``k_cap ≥ 64``: :data:`MAX_SPLITS` (64).
+  6. ``k_capped`` — ``wanted > k_cap``: ``k_cap``.
+  7. ``fill_small_m`` — ``M ≤ 16``: ``wanted`` (depth 12).
+  8. ``fill`` — ``M > 16``: ``wanted`` (depth 4).
+
+  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200.
+* :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, split_k)``: the row, one
+  reason per row considered, and the *requested* split count. The plan then applies the
+  launcher's arithmetic (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``), which is a
+  consequence of the request, not a decision.
+* :data:`BOUNDARIES` put both sides of every threshold as data (literal sides, so moving a
+  constant fails there): path generic vs not, explicit request, K 384/512 (short K), M 16/17
+  (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
+  16128/16384 (the 64 cap). :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
+
+Invariants
+----------
+* ``explain`` is a pure function of the case; every case field is validated (TypeError /
+  ValueError naming it) before any row is evaluated.
+* Every constant of the rule lives here; :func:`b12x.kernels.host.choose_split_k` and
+  :func:`b12x.dense.plan.plan_dense` both ask this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from b12x.dense.dispatch import PATH_NAMES, Boundary, Condition
+from b12x.runtime.validate import check_choice, check_positive_int
+
+__all__ = [
+    "BOUNDARIES",
+    "DEFAULT_CASE",
+    "DEPTH",
+    "MAX_SPLITS",
+    "MIN_ROWS_PER_SPLIT",
+    "ROWS",
+    "SMALL_M_DEPTH",
+    "SMALL_M_MAX",
+    "TABLE",
+    "SplitExplanation",
+    "SplitRow",
+    "explain",
+    "normalize_case",
+    "split_k",
+]
+
+SMALL_M_MAX = 16  # M <= 16: one M16 block, the grid is thin -> deeper
+SMALL_M_DEPTH = 12  # CTAs per SM aimed for at M <= 16
+DEPTH = 4  # CTAs per SM aimed for above
+MIN_ROWS_PER_SPLIT = 16  # K16 rows a slice keeps at least
+MAX_SPLITS = 64
+
+DEFAULT_CASE: Mapping[str, Any] = {
+    "path": "generic",
+    "requested": None,
+    "m": 16,
+    "k": 8192,
+    "n": 28672,
+    "m_tiles": 1,
+    "n_tiles": 4,
+    "warps": 4,
+    "sm_count": 132,
+}
+_INT_FIELDS = ("m", "k", "n", "m_tiles", "n_tiles", "warps", "sm_count")
+
+
+def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
+    """A fresh dict with every field present and validated (module docstring)."""
+    if not isinstance(case, Mapping):
+        raise TypeError(f"case: expected a mapping, got {type(case).__name__}")
+    unknown = sorted(str(k) for k in set(case) - set(DEFAULT_CASE))
+    if unknown:
+        raise ValueError(f"case: unknown field(s) {unknown}; known: {sorted(DEFAULT_CASE)}")
+    out = {**DEFAULT_CASE, **case}
+    check_choice("path", out["path"], PATH_NAMES)
+    if out["requested"] is not None:
+        check_positive_int("requested", out["requested"])
+    for name in _INT_FIELDS:
+        check_positive_int(name, out[name])
+    return out
+
+
+def ctas(c: Mapping[str, Any]) -> int:
+    """CTAs of one K slice: N groups times M blocks."""
+    n_groups = c["n"] // (16 * c["n_tiles"] * c["warps"])
+    m_blocks = -(-c["m"] // (16 * c["m_tiles"]))
+    return n_groups * m_blocks
+
+
+def depth(c: Mapping[str, Any]) -> int:
+    return SMALL_M_DEPTH if c["m"] <= SMALL_M_MAX else DEPTH
+
+
+def wanted(c: Mapping[str, Any]) -> int:
+    """Slices that bring the grid to ``depth`` CTAs per SM (at least 1)."""
+    return max(1, -(-depth(c) * c["sm_count"] // max(ctas(c), 1)))
+
+
+def k_cap(c: Mapping[str, Any]) -> int:
+    """Slices that keep at least :data:`MIN_ROWS_PER_SPLIT` K16 rows each."""
+    return (c["k"] // 16) // MIN_ROWS_PER_SPLIT
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRow:
+    """One row: its conditions (all must hold) and the split count it yields."""
+
+    name: str
+    description: str
+    conditions: tuple[Condition, ...]
+    value: Callable[[Mapping[str, Any]], int]
+
+    def failed(self, case: Mapping[str, Any]) -> Condition | None:
+        norm = normalize_case(case)
+        for cond in self.conditions:
+            if not cond.holds(norm):
+                return cond
+        return None
+
+    def predicate(self, case: Mapping[str, Any]) -> bool:
+        return self.failed(case) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitExplanation:
+    path: str
+    reasons: tuple[str, ...]
+    split_k: int
+
+
+_GENERIC = Condition(
+    "path==generic",
+    lambda c: c["path"] == "generic",
+    lambda c: f"path={c['path']} does not split K",
+)
+_AUTO = Condition(
+    "no_request",
+    lambda c: c["requested"] is None,
+    lambda c: f"split_k={c['requested']} was requested",
+)
+
+ROWS: tuple[SplitRow, ...] = (
+    SplitRow(
+        "off_generic_path",
+        "K6 and decode_matmul launch no split-K GEMM",
+        (
+            Condition(
+                "path!=generic",
+                lambda c: c["path"] != "generic",
+                lambda c: "path=generic splits K",
+            ),
+        ),
+        lambda c: 1,
+    ),
+    SplitRow(
+        "explicit",
+        "the caller's split_k",
+        (
+            _GENERIC,
+            Condition(
+                "requested",
+                lambda c: c["requested"] is not None,
+                lambda c: "no split_k was requested",
+            ),
+        ),
+        lambda c: c["requested"],
+    ),
+    SplitRow(
+        "short_k",
+        "fewer than two slices of 16 K16 rows",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition("k_cap<2", lambda c: k_cap(c) < 2, lambda c: f"k_cap={k_cap(c)} >= 2"),
+        ),
+        lambda c: 1,
+    ),
+    SplitRow(
+        "deep_grid",
+        "one slice already gives depth CTAs per SM",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition("wanted==1", lambda c: wanted(c) == 1, lambda c: f"wanted={wanted(c)} > 1"),
+        ),
+        lambda c: 1,
+    ),
+    SplitRow(
+        "max_splits",
+        "the hard cap of 64 slices",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "wanted>64",
+                lambda c: wanted(c) > MAX_SPLITS,
+                lambda c: f"wanted={wanted(c)} <= {MAX_SPLITS}",
+            ),
+            Condition(
+                "k_cap>=64",
+                lambda c: k_cap(c) >= MAX_SPLITS,
+                lambda c: f"k_cap={k_cap(c)} < {MAX_SPLITS}",
+            ),
+        ),
+        lambda c: MAX_SPLITS,
+    ),
+    SplitRow(
+        "k_capped",
+        "K allows fewer slices than wanted",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "wanted>k_cap",
+                lambda c: wanted(c) > k_cap(c),
+                lambda c: f"wanted={wanted(c)} <= k_cap={k_cap(c)}",
+            ),
+        ),
+        k_cap,
+    ),
+    SplitRow(
+        "fill_small_m",
+        f"M <= {SMALL_M_MAX}: slices for {SMALL_M_DEPTH} CTAs per SM",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "m<=16",
+                lambda c: c["m"] <= SMALL_M_MAX,
+                lambda c: f"m={c['m']} > {SMALL_M_MAX}",
+            ),
+        ),
+        wanted,
+    ),
+    SplitRow(
+        "fill",
+        f"M > {SMALL_M_MAX}: slices for {DEPTH} CTAs per SM",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "m>16",
+                lambda c: c["m"] > SMALL_M_MAX,
+                lambda c: f"m={c['m']} <= {SMALL_M_MAX}",
+            ),
+        ),
+        wanted,
+    ),
+)
+
+
+def explain(case: Mapping[str, Any]) -> SplitExplanation:
+    """The row that decides, one reason per row considered, and the requested split count."""
+    norm = normalize_case(case)
+    reasons = []
+    for row in ROWS:
+        failed = row.failed(norm)
+        if failed is None:
+            reasons.append(f"{row.name}: selected")
+            return SplitExplanation(row.name, tuple(reasons), row.value(norm))
+        reasons.append(f"{row.name}: {failed.describe(norm)}")
+    raise ValueError("case: no split-K row matches (" + "; ".join(reasons) + ")")  # unreachable
+
+
+def split_k(**case: Any) -> int:
+    """The requested split count for ``case`` (keywords of a case)."""
+    return explain(case).split_k
+
+
+def _case(**changes: Any) -> dict:
+    return {**DEFAULT_CASE, **changes}
+
+
+# M = 1 on N = 4096: ctas = 16, wanted = ceil(12·SMs/16); K = 16384 keeps k_cap at 64.
+_WIDE = {"m": 1, "n": 4096, "k": 16384}
+
+BOUNDARIES: tuple[Boundary, ...] = (
+    # DEFAULT_CASE: ctas = 112, wanted = ceil(12·132/112) = 15, k_cap = 32 -> fill_small_m
+    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "fill_small_m",
+             "off_generic_path"),
+    Boundary("generic_path_k6", _case(), "path", "generic", "k6_mcg_small_m", "fill_small_m",
+             "off_generic_path"),
+    Boundary("explicit_request", _case(), "requested", None, 4, "fill_small_m", "explicit"),
+    Boundary("short_k", _case(), "k", 384, 512, "short_k", "k_capped"),
+    # M 16 -> 17 with one M16 block per warp: 224 CTAs, depth 4 -> wanted 3
+    Boundary("small_m_depth", _case(), "m", 16, 17, "fill_small_m", "fill"),
+    # M = 17: 224 CTAs; 4·56 = 224 fills the grid, 4·57 needs a second slice
+    Boundary("deep_grid", _case(m=17), "sm_count", 56, 57, "deep_grid", "fill"),
+    # wanted = 15: k_cap 14 (K = 3584) binds, 15 (K = 3840) does not
+    Boundary("k_cap", _case(), "k", 3584, 3840, "k_capped", "fill_small_m"),
+    # wanted = ceil(12·85/16) = 64 stays, ceil(12·86/16) = 65 hits the cap
+    Boundary("max_splits", _case(**_WIDE), "sm_count", 85, 86, "fill_small_m", "max_splits"),
+    Boundary("max_splits_k_cap", _case(**_WIDE), "k", 16128, 16384, "k_capped", "max_splits"),
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    name: str = "dense_split_k"
+    paths: tuple[SplitRow, ...] = ROWS
+    boundaries: tuple[Boundary, ...] = BOUNDARIES
+
+    def explain(self, case: Mapping[str, Any]) -> SplitExplanation:
+        return explain(case)
+
+
+TABLE = _Table()
