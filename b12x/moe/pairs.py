@@ -49,6 +49,7 @@ from b12x.kernels.moe_gemm import (
     compiled_moe_gemm,
 )
 from b12x.moe.dispatch import PAIR_GEOMETRY, PairGeometry
+from b12x.runtime.compile_cache import capture_active
 from b12x.runtime.validate import check_tensor
 
 __all__ = [
@@ -172,7 +173,7 @@ def check_pair_modes(name: str, modes: object, num_experts: int, device) -> None
     graph is capturing; the kernel decodes any value other than 1 as P33.
     """
     check_tensor(name, modes, dtypes=(torch.int32,), shape=(num_experts,), device=device)
-    capturing = modes.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = capture_active()
     if not capturing:
         low, high = torch.aminmax(modes)
         if int(low) < 0 or int(high) > 1:
