@@ -108,6 +108,7 @@ from b12x.runtime.validate import (
 )
 
 __all__ = [
+    "MOE_GEMM_BUFFER_NAMES",
     "OBSERVABLES",
     "BoundMoeGemm",
     "MoeGemmOp",
