@@ -73,16 +73,6 @@ from b12x.runtime.scratch import (
 )
 from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice, check_positive_int
 
-
-def device_limits(device: Any):
-    """:func:`b12x.dense.plan.device_limits` (imported late: the dense planner imports torch
-    CUDA helpers); a CUDA device or a simulated one (``name, sm_count, max_shared_mem,
-    capability``)."""
-    from b12x.dense.plan import device_limits as limits_of
-
-    return limits_of(device)
-
-
 __all__ = [
     "BIND_DEVICE_TYPES",
     "BoundMoe",
@@ -92,11 +82,11 @@ __all__ = [
     "MoePlan",
     "MoeProblem",
     "W13_LAYOUTS",
+    "WIDE_CTA_WARPS",
     "allocate_moe_buffers",
     "bind_moe",
     "moe_buffer_specs",
     "plan_moe",
-    "WIDE_CTA_WARPS",
 ]
 
 W13_LAYOUTS = ("packed", "proj")
@@ -106,6 +96,15 @@ W13_LAYOUTS = ("packed", "proj")
 BIND_DEVICE_TYPES = ("cuda", "cpu")
 MAX_TIER_EXPERTS = 256
 MAX_GRID_Y = 65535  # route blocks are the grid's y dimension
+
+
+def device_limits(device: Any):
+    """:func:`b12x.dense.plan.device_limits` (imported late: the dense planner imports torch
+    CUDA helpers); a CUDA device or a simulated one (``name, sm_count, max_shared_mem,
+    capability``)."""
+    from b12x.dense.plan import device_limits as limits_of
+
+    return limits_of(device)
 
 
 @dataclasses.dataclass(frozen=True)
