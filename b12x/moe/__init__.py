@@ -7,6 +7,10 @@
 * :mod:`b12x.moe.tiers` — combined namespace, descriptors, :func:`plan_tiered_moe`.
 * :mod:`b12x.moe.pairs` — QSRT pairs per phase (FC1 N-axis, FC2 K-axis, dynamic P33/P24 mode
   tables): choices, payload shapes, :func:`launch_paired_gemm`.
+* :mod:`b12x.moe.dispatch` — every host decision of the MoE as a declarative table (:data:`TABLES`:
+  route block, K split, GEMM and pair geometry, wave-balanced FC2 tile) with ``explain``.
+* :mod:`b12x.moe.gemm_op` — ``moe_gemm``: one grouped GEMM (FC1 or FC2, uniform or paired) as its
+  own plan / bind / run op and :class:`MoeGemmOp` (one-hot decode checks).
 * :mod:`b12x.moe.ops` — ``torch.ops.b12x.trellis_moe`` and :class:`MoeOp` (import it to register).
 * :mod:`b12x.moe.support` — the CPU compile set; :func:`supported_moe_variants` (deprecated:
   the variants live in ``b12x.support.OPS``).

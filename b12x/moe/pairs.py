@@ -21,6 +21,9 @@ Layout
   :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel`.
 * **Mode tables** are caller tensors (int32 ``[E]``, contiguous, on the device), one per dynamic
   phase, bound with the other inputs; static and uniform phases take none.
+* **Geometry** of a paired launch is the answer of the table
+  :data:`b12x.moe.dispatch.PAIR_GEOMETRY` by phase (:func:`pair_geometry`); the phase fixes the
+  rate axis there too. :func:`pair_spec` turns it into the compile-time spec.
 * :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only,
   no defaults; the codebook is explicit and must equal the compiled spec's).
 
@@ -45,6 +48,8 @@ from b12x.kernels.moe_gemm import (
     MoeGemmSpec,
     compiled_moe_gemm,
 )
+from b12x.moe.dispatch import PAIR_GEOMETRY, PairGeometry
+from b12x.runtime.compile_cache import capture_active
 from b12x.runtime.validate import check_tensor
 
 __all__ = [
@@ -59,20 +64,25 @@ __all__ = [
     "check_pair_modes",
     "launch_paired_gemm",
     "pair_gemm_spec",
+    "pair_geometry",
     "pair_payload_shape",
+    "pair_spec",
     "pair_rate_sum",
 ]
 
 PAIR_CHOICES = (*PAIR_KINDS, DYNAMIC)
 PAIR_CHANNELS = 256
-PHASE_AXIS = {"fc1": "n", "fc2": "k"}
 
 
 def check_pair_choice(name: str, value: object) -> str | None:
     """``None``, a pair kind or ``"dynamic"``; anything else raises naming ``name``."""
     if value is None:
         return None
-    if not isinstance(value, str) or value not in PAIR_CHOICES:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name}: expected None or one of {PAIR_CHOICES}, got {type(value).__name__}"
+        )
+    if value not in PAIR_CHOICES:
         raise ValueError(f"{name}: expected None or one of {PAIR_CHOICES}, got {value!r}")
     return value
 
@@ -114,39 +124,45 @@ def pair_payload_shape(
     return (2, num_experts, words)
 
 
-def pair_geometry(m_tiles: int, rate_axis: str) -> tuple[int, int, int]:
-    """``(n_tiles, warps, depth)`` of a paired launch.
+def pair_geometry(*, phase: str, m_tiles: int, n: int) -> PairGeometry:
+    """``(n_tiles, warps, depth, rate_axis)`` of a paired launch: the answer of the table
+    :data:`b12x.moe.dispatch.PAIR_GEOMETRY` (see its rows; ``n``: the launch's output columns).
 
-    N axis: one CTA owns one pair (16 N16 tiles): 8 warps × 2 tiles for single M16 blocks (many
-    CTAs, deep loads), 4 warps × 4 tiles for wider blocks. K axis: the unpaired geometry, but
-    2 tiles per warp and one row in flight at 4 M16 blocks (4 × 4 at depth 2 spills on sm_90,
-    and so does P44 at 2 × 2 with depth 2: two record planes keep twice the pointers live).
+    N axis (FC1): one CTA owns one pair (16 N16 tiles): 8 warps × 2 tiles for single M16 blocks,
+    4 warps × 4 tiles for wider blocks. K axis (FC2): the unpaired single-block geometry, 4 × 4
+    at two blocks when ``N % 256 == 0`` (else 4 × 2), and 2 tiles with one row in flight at 4
+    blocks (4 × 4 at depth 2 spills on sm_90, and so does P44 at 2 × 2 with depth 2: two record
+    planes keep twice the pointers live).
     """
-    if rate_axis == "n":
-        return (2, 8, 8) if m_tiles == 1 else (4, 4, 2)
-    if m_tiles == 1:
-        return 2, 4, 8
-    return (4, 4, 2) if m_tiles == 2 else (2, 4, 1)
+    return PAIR_GEOMETRY.decide({"phase": phase, "m_tiles": m_tiles, "n": n})
 
 
-def pair_gemm_spec(
-    *, codebook: str, bf16: bool, m_tiles: int, choice: str, phase: str, n: int
+def pair_spec(
+    *, codebook: str, bf16: bool, m_tiles: int, choice: str, geometry: PairGeometry
 ) -> MoeGemmSpec:
-    """The compile-time spec of a paired phase (``n``: the launch's output columns)."""
-    rate_axis = PHASE_AXIS[phase]
-    n_tiles, warps, depth = pair_geometry(m_tiles, rate_axis)
-    if rate_axis == "k" and n % (16 * n_tiles * warps):
-        n_tiles = 2  # H % 128 == 0 always holds; 4-wide CTAs need H % 256
+    """The compile-time spec of a paired phase from its decided geometry (``k_split`` is 1: the
+    paired kernel has no K split, its K-axis records interleave rates per pair)."""
     return MoeGemmSpec(
         codebook,
         PAIR_BASE_BITS,
         bf16,
         m_tiles=m_tiles,
-        n_tiles=n_tiles,
-        warps=warps,
-        depth=depth,
+        n_tiles=geometry.n_tiles,
+        warps=geometry.warps,
+        depth=geometry.depth,
         pair=choice,
-        rate_axis=rate_axis,
+        rate_axis=geometry.rate_axis,
+    )
+
+
+def pair_gemm_spec(
+    *, codebook: str, bf16: bool, m_tiles: int, choice: str, phase: str, n: int
+) -> MoeGemmSpec:
+    """The compile-time spec of a paired phase (``n``: the launch's output columns); the geometry
+    comes from :func:`pair_geometry` (the table), as in :func:`b12x.moe.plan.plan_moe`."""
+    geometry = pair_geometry(phase=phase, m_tiles=m_tiles, n=n)
+    return pair_spec(
+        codebook=codebook, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
     )
 
 
@@ -157,7 +173,7 @@ def check_pair_modes(name: str, modes: object, num_experts: int, device) -> None
     graph is capturing; the kernel decodes any value other than 1 as P33.
     """
     check_tensor(name, modes, dtypes=(torch.int32,), shape=(num_experts,), device=device)
-    capturing = modes.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = capture_active()
     if not capturing:
         low, high = torch.aminmax(modes)
         if int(low) < 0 or int(high) > 1:

@@ -44,16 +44,26 @@ from typing import Any
 
 import torch
 
-from b12x.dense import tiles as dense_tiles
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe import routing
+from b12x.moe.dispatch import (
+    FC2_TILE,
+    GEMM_GEOMETRY,
+    K_SPLIT,
+    MAX_K_SPLIT,
+    MIN_K_SLICE,
+    PAIR_GEOMETRY,
+    ROUTE_BLOCK,
+    WIDE_CTA_WARPS,
+    DecisionTable,
+)
 from b12x.moe.pairs import (
     PAIR_BASE_BITS,
     PAIR_CHANNELS,
     check_pair_choice,
     check_pair_codebook,
-    pair_gemm_spec,
+    pair_spec,
 )
 from b12x.runtime.scratch import (
     BufferSpec,
@@ -69,10 +79,15 @@ from b12x.runtime.validate import (
 )
 
 __all__ = [
+    "BIND_DEVICE_TYPES",
     "BoundMoe",
+    "Decision",
+    "MAX_K_SPLIT",
+    "MIN_K_SLICE",
     "MoePlan",
     "MoeProblem",
     "W13_LAYOUTS",
+    "WIDE_CTA_WARPS",
     "allocate_moe_buffers",
     "bind_moe",
     "check_moe_problem",
@@ -81,8 +96,21 @@ __all__ = [
 ]
 
 W13_LAYOUTS = ("packed", "proj")
+#: Devices a plan's buffers may live on: CUDA (the kernels), and CPU only for the CPU tier's
+#: emulated grouped GEMM (``run`` refuses it otherwise: :data:`b12x.moe.run.LAUNCH_DEVICE_TYPES`).
+#: Meta tensors are refused at bind: nothing can run on them.
+BIND_DEVICE_TYPES = ("cuda", "cpu")
 MAX_TIER_EXPERTS = 256
 MAX_GRID_Y = 65535  # route blocks are the grid's y dimension
+
+
+def device_limits(device: Any):
+    """:func:`b12x.dense.plan.device_limits` (imported late: the dense planner imports torch
+    CUDA helpers); a CUDA device or a simulated one (``name, sm_count, max_shared_mem,
+    capability``)."""
+    from b12x.dense.plan import device_limits as limits_of
+
+    return limits_of(device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,12 +147,38 @@ class MoeProblem:
 
 
 @dataclasses.dataclass(frozen=True)
+class Decision:
+    """One consultation of a :mod:`b12x.moe.dispatch` table by a planner: the launch it decided
+    (``role``, e.g. ``"route_block"``, ``"fc1[0].k_split"``, ``"fc2[0].fc2_tile"``), the table's
+    name, the normalised case as ``(field, value)`` pairs, the chosen path and its value."""
+
+    role: str
+    table: str
+    case: tuple[tuple[str, Any], ...]
+    path: str
+    value: Any
+
+
+def decide(
+    decisions: list[Decision], role: str, table: DecisionTable, case: Mapping[str, Any]
+) -> Any:
+    """``table``'s answer for ``case``, recorded in ``decisions`` (the planners' only way to
+    take a host decision: nothing is re-decided outside a table)."""
+    explanation = table.explain(case)
+    norm = tuple(table.normalize_case(case).items())
+    decisions.append(Decision(role, table.name, norm, explanation.path, explanation.value))
+    return explanation.value
+
+
+@dataclasses.dataclass(frozen=True)
 class MoePlan:
     problem: MoeProblem
     routes: routing.RoutePlan
     fc1_spec: tuple[MoeGemmSpec, ...]
     fc2_spec: tuple[MoeGemmSpec, ...]
     buffers: tuple[BufferSpec, ...]
+    #: every table consultation that produced the fields above (:class:`Decision`)
+    decisions: tuple[Decision, ...]
 
     @property
     def buffer_names(self) -> tuple[str, ...]:
@@ -137,22 +191,14 @@ class MoePlan:
 
 
 def choose_m_tiles(m: int, top_k: int, num_experts: int) -> int:
-    """M16 blocks per route block: 1 while an expert sees ≤ 24 routes on average, else 2 / 4."""
-    per_expert = m * top_k / num_experts
-    return 1 if per_expert <= 24 else 2 if per_expert <= 48 else 4
-
-
-#: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
-MIN_K_SLICE = 512
-#: Largest planned K split (the kernel compiles 8 too; 4 already halves FC1's chain twice).
-MAX_K_SPLIT = 4
-#: Warps of a CTA at m_tiles ≥ 2 (all groups together): the register budget of 255 per thread
-#: that the wide accumulators need holds only for 128-thread CTAs on sm_90.
-WIDE_CTA_WARPS = 4
+    """M16 blocks per route block: the :data:`~b12x.moe.dispatch.ROUTE_BLOCK` table's answer (1
+    while an expert sees ≤ 24 routes on average, 2 up to 48, else 4)."""
+    return ROUTE_BLOCK.decide({"m": m, "top_k": top_k, "num_experts": num_experts})
 
 
 def choose_k_split(k: int, n: int) -> int:
-    """Intra-CTA K split of a grouped GEMM with reduction length ``k`` and ``n`` output columns.
+    """Intra-CTA K split of a grouped GEMM with reduction length ``k``: the
+    :data:`~b12x.moe.dispatch.K_SPLIT` table's answer.
 
     **Weight geometry only** (never M, m_tiles or the routing): the split fixes each output's
     fp32 summation order (slice sums, then group 0 + 1 + 2 + … in index order), so a route's
@@ -164,59 +210,104 @@ def choose_k_split(k: int, n: int) -> int:
     M latency, is a K property; N only changes how many CTAs run it side by side.
     """
     del n
-    for k_split in (MAX_K_SPLIT, 2):
-        if k % (128 * k_split) == 0 and k // k_split >= MIN_K_SLICE:
-            return k_split
-    return 1
+    return K_SPLIT.decide({"k": k})
 
 
 def gemm_geometry(
     m_tiles: int, n: int, k_split: int = 1, *, family: str | None = None
 ) -> tuple[int, int, int]:
-    """(n_tiles, warps, depth) of the grouped GEMM; ``warps`` per K group (CTA: warps·k_split).
+    """(n_tiles, warps, depth) of the grouped GEMM; ``warps`` per K group (CTA: warps·k_split):
+    the :data:`~b12x.moe.dispatch.GEMM_GEOMETRY` table's answer.
 
     Single M16 blocks (≤ 64 live registers on sm_90): 4 warps × 2 tiles per group, deep load
     batches, ``128·k_split`` threads (≤ 512). Wider blocks need up to ~250 registers, which
     ptxas grants only to 128-thread CTAs, so the groups share :data:`WIDE_CTA_WARPS` warps
     (``warps = 4 / k_split``, narrower CTAs, more of them) and 4 tiles when N allows.
-    ``k_split`` (:func:`choose_k_split`) does not change any route's summation order here:
-    n_tiles, warps and depth only pick which warp computes a tile and how many rows are in
-    flight, each lane still adds its slice's K16 rows in ascending order. ``family`` (the
-    decoder family of :mod:`b12x.formats`): the D3L decoder (``"sqg_d3l"``) keeps more values
-    live, so its 4-block CTAs take 2 tiles (4 × 4 spills 440 B on sm_90, split or not).
+    ``k_split`` does not change any route's summation order here: n_tiles, warps and depth only
+    pick which warp computes a tile and how many rows are in flight, each lane still adds its
+    slice's K16 rows in ascending order. ``family`` (the decoder family of :mod:`b12x.formats`):
+    the D3L decoder (``"sqg_d3l"``) keeps more values live, so its 4-block CTAs take 2 tiles
+    (4 × 4 spills 440 B on sm_90, split or not).
     """
-    if m_tiles == 1:
-        return 2, 4, 8
-    warps = max(1, WIDE_CTA_WARPS // k_split)
-    wide = n % (64 * warps) == 0 and not (m_tiles == 4 and family == "sqg_d3l")
-    return (4 if wide else 2), warps, 2
+    case = {"m_tiles": m_tiles, "n": n, "k_split": k_split, "family": family}
+    return GEMM_GEOMETRY.decide(case)
 
 
-def _gemm_specs(codebook, tiers, compute_bf16, m_tiles, fc1_n, fc2_n, pairs=(None, None), *,
-                fc1_k, fc2_k):  # fmt: skip
-    def spec(bits, n, k):
-        k_split = choose_k_split(k, n)
-        family = resolve_format(codebook, bits).family
-        n_tiles, warps, depth = gemm_geometry(m_tiles, n, k_split, family=family)
-        return MoeGemmSpec(
-            codebook, bits, compute_bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-            depth=depth, k_split=k_split,
-        )  # fmt: skip
+def plan_gemm_spec(
+    *,
+    decisions: list[Decision],
+    role: str,
+    codebook: str,
+    bits: int,
+    compute_dtype: torch.dtype,
+    m_tiles: int,
+    phase: str,
+    choice: str | None,
+    k: int,
+    n: int,
+) -> MoeGemmSpec:
+    """The compile-time spec of one grouped-GEMM launch (``k``: reduction, ``n``: output
+    columns), every geometry taken from the tables: unpaired → :data:`K_SPLIT` then
+    :data:`GEMM_GEOMETRY` (by m_tiles, N, k_split and the decoder family); paired (``choice``
+    a kind or ``"dynamic"``) → :data:`PAIR_GEOMETRY` by phase. The compute dtype only becomes
+    ``MoeGemmSpec.bf16``."""
+    bf16 = compute_dtype == torch.bfloat16
+    if choice is not None:
+        case = {"phase": phase, "m_tiles": m_tiles, "n": n, "compute_dtype": compute_dtype}
+        geometry = decide(decisions, f"{role}.pair_geometry", PAIR_GEOMETRY, case)
+        return pair_spec(
+            codebook=codebook, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
+        )
+    k_split = decide(decisions, f"{role}.k_split", K_SPLIT, {"k": k})
+    case = {
+        "m_tiles": m_tiles,
+        "n": n,
+        "k_split": k_split,
+        "family": resolve_format(codebook, bits).family,
+        "compute_dtype": compute_dtype,
+    }
+    g = decide(decisions, f"{role}.geometry", GEMM_GEOMETRY, case)
+    return MoeGemmSpec(
+        codebook, bits, bf16, m_tiles=m_tiles, n_tiles=g.n_tiles, warps=g.warps, depth=g.depth,
+        k_split=k_split,
+    )  # fmt: skip
 
-    def phase_specs(phase, choice, n, k):
-        if choice is None:
-            return tuple(spec(t.bits, n, k) for t in tiers)
-        return (
-            pair_gemm_spec(
-                codebook=codebook, bf16=compute_bf16, m_tiles=m_tiles, choice=choice,
-                phase=phase, n=n,
-            ),
-        )  # fmt: skip
 
-    return (
-        phase_specs("fc1", pairs[0], fc1_n, fc1_k),
-        phase_specs("fc2", pairs[1], fc2_n, fc2_k),
-    )
+def fc2_tile_case(
+    spec: MoeGemmSpec, *, limits: Any, m: int, top_k: int, num_experts: int, hidden: int,
+    intermediate: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The :data:`~b12x.moe.dispatch.FC2_TILE` case of an FC2 launch planned as ``spec`` (its
+    default geometry) on a device (``limits``: :class:`b12x.dense.tiles.DeviceLimits` or None)."""
+    return {
+        "sm_count": None if limits is None else limits.sm_count,
+        "max_shared_mem": None if limits is None else limits.max_shared_mem,
+        "m": m,
+        "top_k": top_k,
+        "num_experts": num_experts,
+        "hidden": hidden,
+        "intermediate": intermediate,
+        "bits": spec.bits,
+        "m_tiles": spec.m_tiles,
+        "k_split": spec.k_split,
+        "default_n_group": spec.n_group,
+        "pair": spec.pair,
+    }
+
+
+def plan_fc2_tile(
+    spec: MoeGemmSpec, *, decisions: list[Decision], role: str, limits: Any, m: int, top_k: int,
+    num_experts: int, hidden: int, intermediate: int,
+) -> MoeGemmSpec:  # fmt: skip
+    """``spec`` with the wave-balanced FC2 geometry when the :data:`FC2_TILE` table says so."""
+    case = fc2_tile_case(
+        spec, limits=limits, m=m, top_k=top_k, num_experts=num_experts, hidden=hidden,
+        intermediate=intermediate,
+    )  # fmt: skip
+    tile = decide(decisions, f"{role}.fc2_tile", FC2_TILE, case)
+    if tile is None:
+        return spec
+    return dataclasses.replace(spec, n_tiles=tile.n_tiles, warps=tile.warps, depth=tile.depth)
 
 
 def _check_pairs(fc1_pair, fc2_pair, *, codebook, tiers, intermediate) -> tuple:
@@ -333,7 +424,7 @@ def check_moe_problem(
         )
     if not isinstance(codebook, str):
         raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
-    check_choice("w13_layout", w13_layout, W13_LAYOUTS)
+    check_layout(w13_layout)
     check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
     check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
     bits_t = _per_tier("bits", bits)
@@ -354,7 +445,9 @@ def check_moe_problem(
         tiers.append(TierSpec(b, e))
     if len(tiers) == 2:
         if codebook != "mcg":
-            raise ValueError(f"codebook: mixed K3/K4 tiers are EXL3 MCG tiers, got {codebook!r}")
+            raise ValueError(
+                f"codebook: mixed K3/K4 tiers are EXL3 MCG tiers, expected 'mcg', got {codebook!r}"
+            )
         if num_global_experts is None:
             raise ValueError("num_global_experts: tiers route by global id; give the id space")
         check_positive_int("num_global_experts", num_global_experts)
@@ -399,7 +492,11 @@ def plan_moe(
     space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.moe.pairs`: None,
     a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
     simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
-    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched."""
+    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched.
+
+    Every launch geometry comes from the tables of :mod:`b12x.moe.dispatch` (route block, K
+    split, unpaired or pair geometry, FC2 tile); :attr:`MoePlan.decisions` records each case,
+    path and value, and the plan's fields are exactly those values."""
     problem = check_moe_problem(
         m=m, top_k=top_k, hidden=hidden, intermediate=intermediate, codebook=codebook,
         bits=bits, num_experts=num_experts, w13_layout=w13_layout, x_dtype=x_dtype,
@@ -407,59 +504,84 @@ def plan_moe(
         fc1_pair=fc1_pair, fc2_pair=fc2_pair,
     )  # fmt: skip
     pairs = (problem.fc1_pair, problem.fc2_pair)
-    if device is not None:  # validated up front, whether or not a phase reads it
-        from b12x.dense.plan import device_limits
-
-        device_limits(device)
-    if m_tiles is None:
-        m_tiles = choose_m_tiles(m, top_k, problem.num_experts)
+    limits = None if device is None else device_limits(device)
+    decisions: list[Decision] = []
+    route_case = {"m": m, "top_k": top_k, "num_experts": problem.num_experts, "m_tiles": m_tiles}
+    m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
     routes = routing.plan_routes(
         m=m, top_k=top_k, num_experts=problem.num_experts, block_size=16 * m_tiles
     )
+    check_grid(routes, m)
+    fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
+    launches = {"fc1": (hidden, fc1_n, pairs[0]), "fc2": (intermediate, hidden, pairs[1])}
+    specs: dict[str, list[MoeGemmSpec]] = {"fc1": [], "fc2": []}
+    for phase, (k, n, choice) in launches.items():
+        for t, tier in enumerate(problem.tiers if choice is None else problem.tiers[:1]):
+            role = f"{phase}[{t}]"
+            spec = plan_gemm_spec(
+                decisions=decisions, role=role, codebook=codebook, bits=tier.bits,
+                compute_dtype=compute_dtype, m_tiles=m_tiles, phase=phase, choice=choice, k=k,
+                n=n,
+            )  # fmt: skip
+            if phase == "fc2":
+                spec = plan_fc2_tile(
+                    spec, decisions=decisions, role=role, limits=limits, m=m, top_k=top_k,
+                    num_experts=problem.num_experts, hidden=hidden, intermediate=intermediate,
+                )  # fmt: skip
+            specs[phase].append(spec)
+    return MoePlan(
+        problem, routes, tuple(specs["fc1"]), tuple(specs["fc2"]),
+        moe_buffer_specs(problem, routes), tuple(decisions),
+    )  # fmt: skip
+
+
+def _per_tier(name: str, value: object) -> tuple:
+    """An int (uniform) or a tuple/list (one per tier); anything else names ``name``."""
+    if isinstance(value, int):  # bools pass here and are refused per element by name
+        return (value,)
+    if isinstance(value, tuple | list):
+        return tuple(value)
+    raise TypeError(
+        f"{name}: expected an int (uniform) or a tuple of ints (one per tier), got "
+        f"{type(value).__name__}"
+    )
+
+
+def check_layout(w13_layout: object) -> str:
+    """``"packed"`` or ``"proj"`` (:data:`W13_LAYOUTS`); anything else names ``w13_layout``."""
+    if not isinstance(w13_layout, str):
+        raise TypeError(
+            f"w13_layout: expected one of {W13_LAYOUTS}, got {type(w13_layout).__name__}"
+        )
+    if w13_layout not in W13_LAYOUTS:
+        raise ValueError(f"w13_layout: expected one of {W13_LAYOUTS}, got {w13_layout!r}")
+    return w13_layout
+
+
+def check_grid(routes: routing.RoutePlan, m: int) -> None:
+    """Route blocks are the launch grid's y dimension: at most :data:`MAX_GRID_Y` of them."""
     if routes.num_blocks > MAX_GRID_Y:
         raise ValueError(
             f"m: {m} tokens give {routes.num_blocks} route blocks of {routes.block_size}, more "
             f"than the {MAX_GRID_Y} a launch grid can hold; use a larger m_tiles or split the batch"
         )
-    fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
-    fc1, fc2 = _gemm_specs(
-        codebook, problem.tiers, compute_dtype == torch.bfloat16, m_tiles, fc1_n, hidden, pairs,
-        fc1_k=hidden, fc2_k=intermediate,
-    )  # fmt: skip
-    if device is not None:
-        fc2 = tuple(
-            _wave_balanced(spec) if spec.pair is None and wave_balanced_fc2(
-                problem, routes, spec, device) else spec
-            for spec in fc2
-        )  # fmt: skip
-    return MoePlan(problem, routes, fc1, fc2, moe_buffer_specs(problem, routes))
 
 
 def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: Any) -> bool:
-    """Does FC2 take :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256
-    threads)? Only when THE tile predicate (:func:`b12x.dense.tiles.qualify`, phase ``"fc2"``;
-    it rejects the tile for any other phase) accepts it for this FC2 (K = I, N = H) on
-    ``device``, and the planned FC2 launch can have more live CTAs than the device has SMs
-    (at most ``min(blocks, M·top_k)`` live route blocks: a second wave that 4× wider CTAs
-    shorten). Opt-in (``plan_moe(device=...)``); not yet measured against the default."""
-    from b12x.dense.plan import device_limits
-
-    limits = device_limits(device)
-    tile_problem = dense_tiles.TileProblem(
-        "fc2", routes.capacity, problem.intermediate, problem.hidden, spec.bits,
-        cta_m_blocks=spec.m_tiles,
+    """Does an FC2 planned as ``spec`` (its default geometry) take
+    :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
+    (a CUDA device or a simulated one)? The :data:`~b12x.moe.dispatch.FC2_TILE` table's answer:
+    THE tile predicate (:func:`b12x.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
+    FC2 (K = I, N = H), the launch is unpaired and not both split and wide, and the default
+    launch has more live CTAs than the device has SMs (at most ``min(blocks, M·top_k)`` live
+    route blocks: a second wave that 4× wider CTAs shorten). Opt-in (``plan_moe(device=...)``);
+    not yet measured against the default."""
+    del routes  # the table recomputes the packed capacity from (m, top_k, E, m_tiles)
+    case = fc2_tile_case(
+        spec, limits=device_limits(device), m=problem.m, top_k=problem.top_k,
+        num_experts=problem.num_experts, hidden=problem.hidden, intermediate=problem.intermediate,
     )  # fmt: skip
-    ok, _ = dense_tiles.qualify(dense_tiles.WAVE_BALANCED_FC2, tile_problem, limits)
-    live_blocks = min(routes.num_blocks, problem.m * problem.top_k)
-    ctas = live_blocks * (problem.hidden // spec.n_group)
-    return ok and ctas > limits.sm_count
-
-
-def _wave_balanced(spec: MoeGemmSpec) -> MoeGemmSpec:
-    warps, n_tiles = dense_tiles.kernel_geometry(dense_tiles.WAVE_BALANCED_FC2)
-    if spec.k_split > 1 and spec.m_tiles > 1:
-        return spec  # 256·k_split threads cannot keep wide accumulators (see gemm_geometry)
-    return dataclasses.replace(spec, n_tiles=n_tiles, warps=warps, depth=2)
+    return FC2_TILE.explain(case).path == "wave_balanced"
 
 
 def allocate_moe_buffers(plan: MoePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -503,11 +625,25 @@ def bind_moe(plan: MoePlan, **buffers: torch.Tensor | None) -> BoundMoe:
         raise TypeError(f"plan: expected MoePlan, got {type(plan).__name__}")
     check_known_names(ALL_BUFFER_NAMES, buffers)
     output = buffers.get("output")
-    device = output.device if isinstance(output, torch.Tensor) else None
+    device = check_bind_device("output", output)
     kept = {}
     for spec in plan.buffers:
         kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
     return BoundMoe(plan, types.MappingProxyType(kept), kept["output"].device)
+
+
+def check_bind_device(name: str, tensor: object) -> torch.device | None:
+    """The device of the buffer ``name`` (every other buffer must match it), refused unless it
+    is one of :data:`BIND_DEVICE_TYPES`; None when the buffer is not a tensor (the buffer check
+    then names it)."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    if tensor.device.type not in BIND_DEVICE_TYPES:
+        raise ValueError(
+            f"{name}: expected a buffer on a CUDA device (or cpu for the emulated CPU tier), got "
+            f"{tensor.device}; the MoE kernels cannot run on it"
+        )
+    return tensor.device
 
 
 def describe(plan: MoePlan) -> dict[str, Any]:
@@ -519,5 +655,6 @@ def describe(plan: MoePlan) -> dict[str, Any]:
         "block_size": plan.routes.block_size,
         "capacity": plan.routes.capacity,
         "kernels": [dataclasses.asdict(s) for s in plan.kernel_specs],
+        "decisions": [(d.role, d.table, d.path) for d in plan.decisions],
         "buffer_bytes": sum(b.nbytes for b in plan.buffers),
     }

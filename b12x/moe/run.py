@@ -41,7 +41,9 @@ from b12x.runtime.scratch import live_rows
 from b12x.runtime.validate import check_tensor
 
 __all__ = [
+    "LAUNCH_DEVICE_TYPES",
     "MoeInputs",
+    "check_launch_device",
     "check_moe_inputs",
     "check_rotation_table",
     "payload_shapes",
@@ -50,6 +52,22 @@ __all__ = [
     "run_moe",
     "GemmContext",
 ]
+
+
+#: Device types ``run`` launches on. Only CUDA runs the kernels; the CPU tier of the tests, which
+#: replaces the grouped GEMM by an emulation, adds ``"cpu"`` (monkeypatch) and nothing else does.
+LAUNCH_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+
+
+def check_launch_device(name: str, device: torch.device, *, op: str) -> None:
+    """Refuse, naming ``name``, a bound device the kernels of ``op`` cannot launch on (a CPU
+    plan, say) before anything is packed or launched: a clear ``ValueError``, not a torch error
+    from deep inside a launch."""
+    if device.type not in LAUNCH_DEVICE_TYPES:
+        raise ValueError(
+            f"{name}: {op} launches CUDA kernels, but the plan is bound to {device} buffers; "
+            f"bind buffers allocated on a CUDA device (accepted: {LAUNCH_DEVICE_TYPES})"
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -306,7 +324,8 @@ def resolve_kernels(bound: BoundMoe) -> None:
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
     m = check_moe_inputs(bound, inputs)
-    arch = host_kernels.device_arch(bound.device)  # raises naming the device off CUDA
+    check_launch_device("bound", bound.device, op="run_moe")
+    arch = host_kernels.device_arch(bound.device)
     kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
     if kernels:
         resolve_kernels(bound)

@@ -29,9 +29,11 @@ from collections.abc import Sequence
 
 import torch
 
+from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import TIER_SHIFT
 from b12x.moe.plan import MAX_TIER_EXPERTS, MoePlan, plan_moe
 from b12x.moe.run import launch_grouped_gemm
+from b12x.runtime.validate import check_positive_int
 
 __all__ = [
     "TIER_BITS",
@@ -118,9 +120,32 @@ def plan_tiered_moe(
     x_dtype: torch.dtype,
     compute_dtype: torch.dtype,
 ) -> MoePlan:
-    """Plan an MoE over two tiers (``codebook`` must be ``"mcg"``; no defaults anywhere)."""
+    """Plan an MoE over two tiers (``codebook`` must be ``"mcg"``; no defaults anywhere).
+
+    Both FC1 layouts (``"packed"``, ``"proj"``) and both compute dtypes are supported; every
+    refusal names the argument (``tier0_bits``, ``tier1_experts``, ...) and what it accepts."""
     if codebook != TIER_CODEBOOK:
-        raise ValueError(f"codebook: mixed tiers are EXL3 MCG tiers, got {codebook!r}")
+        raise ValueError(
+            f"codebook: mixed tiers are EXL3 MCG tiers, expected {TIER_CODEBOOK!r}, got "
+            f"{codebook!r}"
+        )
+    for name, value in (
+        ("tier0_bits", tier0_bits),
+        ("tier1_bits", tier1_bits),
+        ("tier0_experts", tier0_experts),
+        ("tier1_experts", tier1_experts),
+    ):
+        check_positive_int(name, value)
+    for name, value in (("tier0_bits", tier0_bits), ("tier1_bits", tier1_bits)):
+        try:
+            resolve_format(TIER_CODEBOOK, value)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    for name, value in (("tier0_experts", tier0_experts), ("tier1_experts", tier1_experts)):
+        if value > MAX_TIER_EXPERTS:
+            raise ValueError(
+                f"{name}: a tier holds at most {MAX_TIER_EXPERTS} experts, got {value}"
+            )
     return plan_moe(
         m=m,
         top_k=top_k,

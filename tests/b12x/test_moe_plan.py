@@ -109,6 +109,7 @@ def gemm(monkeypatch):
     monkeypatch.setattr(run_mod, "compiled_moe_gemm", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(run_mod.host_kernels, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(run_mod, "LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))  # the emulated tier
     return emulated
 
 

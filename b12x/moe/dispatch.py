@@ -1,0 +1,883 @@
+"""The fused MoE's host decisions as declarative tables (design §4 "Dispatch"; R2, R12, R15).
+
+Every launch geometry :func:`b12x.moe.plan.plan_moe` and :func:`b12x.moe.gemm_op.plan_moe_gemm`
+choose comes from one of the five tables below; the planners build a case, take the chosen row's
+``value`` and nothing else re-decides it (:attr:`b12x.moe.plan.MoePlan.decisions` records every
+case, path and value). The style is :mod:`b12x.dense.dispatch`'s.
+
+Layout
+------
+* A **case** is a plain mapping of the table's fields (``fields``); an unknown field or a missing
+  required one raises ``ValueError``, a wrong type ``TypeError``, an out-of-range value
+  ``ValueError``, each naming the field. Optional fields take the documented default.
+  ``compute_dtype`` accepts ``"float16"``/``"bfloat16"`` or the ``torch.dtype``.
+* A :class:`Row` is a path: a name, a description, named :class:`Condition` s (their conjunction
+  is the row's ``predicate``; the first failed condition is the rejection reason) and the
+  row's answer ``value`` (a constant, or ``value(case)`` where noted). Rows are in priority order.
+* :meth:`DecisionTable.explain` returns an :class:`Explanation` ``(path, reasons, value)``: one
+  reason per row considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case
+  no row accepts raises ``ValueError`` with every reason (fail closed).
+* ``boundaries``: both sides of EVERY threshold as :class:`Boundary` records (the fields of
+  ``oracle.dispatch.Boundary``) with **literal** values, so moving a threshold fails the table's
+  own boundary check instead of moving along with it.
+
+The tables (:data:`TABLES`, in the order a plan consults them)
+--------------------------------------------------------------
+1. :data:`ROUTE_BLOCK` ``moe_route_block`` — M16 tiles per route block (``m_tiles``; block size
+   ``16·m_tiles``) by routes per expert ``m·top_k/E`` (compared in integers): ``pinned_m_tiles``
+   (``m_tiles`` given: 1, 2 or 4) → the pin; ``m_tiles_1`` while ``m·top_k ≤ 24·E``;
+   ``m_tiles_2`` while ``m·top_k ≤ 48·E``; ``m_tiles_4``. Fields ``m, top_k, num_experts``,
+   ``m_tiles`` (None).
+2. :data:`K_SPLIT` ``moe_k_split`` — the intra-CTA K split by K alone (never M, m_tiles or
+   routing: it fixes each output's fp32 summation order, so the MoE stays batch invariant):
+   ``k_split_4`` (``K % 512 == 0`` and ``K/4 ≥ 512``), ``k_split_2`` (``K % 256 == 0`` and
+   ``K/2 ≥ 512``), ``k_split_1``. Whole 8-row units (128 K) per group, never a slice below
+   :data:`MIN_K_SLICE` = 512 (32 K16 rows per warp). Field ``k``.
+3. :data:`GEMM_GEOMETRY` ``moe_gemm_geometry`` — ``(n_tiles, warps, depth)`` of an unpaired
+   grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
+   ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks share :data:`WIDE_CTA_WARPS` = 4 warps
+   over the groups (``W = max(1, 4 // k_split)``, 128-thread CTAs: the wide accumulators need
+   ~250 registers) at depth 2: ``wide_d3l_two_tiles`` (m_tiles 4 and the D3L decoder family,
+   4 × 4 spills) → (2, W, 2), ``wide_four_tiles`` (``N % (64·W) == 0``) → (4, W, 2),
+   ``wide_two_tiles`` → (2, W, 2). Fields ``m_tiles, n, k_split``, ``family`` (the decoder
+   family of :mod:`b12x.formats`, None = not D3L), ``compute_dtype``.
+4. :data:`PAIR_GEOMETRY` ``moe_pair_geometry`` — ``(n_tiles, warps, depth, rate_axis)`` of a QSRT
+   pair launch by phase: FC1 = N axis (one 256-column pair per CTA): ``n_axis_single`` (m_tiles
+   1) → (2, 8, 8, n), ``n_axis_wide`` → (4, 4, 2, n); FC2 = K axis: ``k_axis_single`` (m_tiles 1)
+   → (2, 4, 8, k), ``k_axis_2_four_tiles`` (m_tiles 2, ``N % 256 == 0``) → (4, 4, 2, k),
+   ``k_axis_2_two_tiles`` (m_tiles 2) → (2, 4, 2, k), ``k_axis_4`` → (2, 4, 1, k) (4 × 4 at depth
+   2 spills, and P44's two record planes at 2 × 2 depth 2). Fields ``phase, m_tiles, n``,
+   ``compute_dtype``.
+5. :data:`FC2_TILE` ``moe_fc2_tile`` — whether an FC2 launch takes the registry's wave-balanced
+   tile :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8, 2)):
+   ``wave_balanced`` when a device is known (``sm_count``, ``max_shared_mem``), the phase is
+   unpaired, the CTA is not both split and wide (``k_split > 1`` with ``m_tiles > 1``: 256·k_split
+   threads cannot keep wide accumulators), THE tile predicate :func:`b12x.dense.tiles.qualify`
+   accepts the tile for this FC2 (``K = intermediate``, ``N = hidden``, M = the packed capacity,
+   ``cta_m_blocks = m_tiles``) on that device, and the default launch has a second wave: its live
+   CTAs ``min(blocks, m·top_k) · hidden/default_n_group`` exceed ``sm_count``; else ``default``
+   (value None: keep the geometry table's answer). Simulated devices enter through the two
+   integer fields.
+
+How the compute dtype enters
+----------------------------
+It does not enter any decision: the geometry tables take ``compute_dtype`` only to say so (a
+boundary per table pins both sides to the same path); it reaches the kernel as
+``MoeGemmSpec.bf16`` (operand and epilogue type), never as a geometry.
+
+Invariants
+----------
+* ``explain`` is a pure function of the case (reads, never mutates; equal cases, equal answers).
+* Every threshold constant lives in one :class:`Condition` of one row; conditions read the
+  module constants at call time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from b12x.dense import tiles as dense_tiles
+from b12x.moe.routing import capacity_bound
+
+__all__ = [
+    "FC2_TILE",
+    "GEMM_GEOMETRY",
+    "K_SPLIT",
+    "PAIR_GEOMETRY",
+    "ROUTE_BLOCK",
+    "TABLES",
+    "TABLES_BY_NAME",
+    "Boundary",
+    "Condition",
+    "DecisionTable",
+    "Explanation",
+    "Field",
+    "GemmGeometry",
+    "PairGeometry",
+    "Row",
+]
+
+# ---------------------------------------------------------------------------- thresholds
+
+#: Route blocks are one M16 tile while an expert sees at most this many routes on average.
+M_TILES_1_MAX_ROUTES = 24
+#: ... two M16 tiles up to this many, four beyond.
+M_TILES_2_MAX_ROUTES = 48
+M_TILES = (1, 2, 4)
+#: K rows of one whole 8-row unit (every mainloop ``depth`` divides 8 K16 rows).
+K_UNIT = 128
+#: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
+MIN_K_SLICE = 512
+#: Largest planned K split (the kernel compiles 8 too; 4 already halves FC1's chain twice).
+MAX_K_SPLIT = 4
+#: K splits a geometry case may carry (the kernel's ``K_SPLITS``).
+K_SPLITS = (1, 2, 4, 8)
+#: Warps of a CTA at m_tiles ≥ 2 (all groups together): the 255-register budget per thread that
+#: the wide accumulators need holds only for 128-thread CTAs on sm_90.
+WIDE_CTA_WARPS = 4
+#: The decoder family whose 4-block CTAs take 2 tiles (4 × 4 spills 440 B on sm_90).
+D3L_FAMILY = "sqg_d3l"
+DECODER_FAMILIES = ("fp16_hash", "mul1", "sqg_t12", "sqg_d3l")
+#: Columns of one QSRT pair (two 128-channel records).
+PAIR_CHANNELS = 256
+PHASES = ("fc1", "fc2")
+PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
+COMPUTE_DTYPES = ("float16", "bfloat16")
+
+
+class GemmGeometry(NamedTuple):
+    """``(n_tiles, warps, depth)``: N16 tiles per warp, warps per K group, K16 rows in flight."""
+
+    n_tiles: int
+    warps: int
+    depth: int
+
+
+class PairGeometry(NamedTuple):
+    """A pair launch's geometry and its rate axis (``"n"``: FC1, ``"k"``: FC2)."""
+
+    n_tiles: int
+    warps: int
+    depth: int
+    rate_axis: str
+
+
+# ---------------------------------------------------------------------------- machinery
+
+_REQUIRED = object()
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One case field: ``check(value)`` normalises or raises naming the field; ``default`` is
+    used when the case omits it (required fields have none)."""
+
+    name: str
+    check: Callable[[str, Any], Any]
+    default: Any = _REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected int, got {_type_name(value)}")
+    if value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value}")
+    return value
+
+
+def _optional_positive_int(name: str, value: Any) -> int | None:
+    return None if value is None else _positive_int(name, value)
+
+
+def _int_choice(choices: tuple[int, ...], optional: bool = False):
+    def check(name: str, value: Any) -> int | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}: expected int, got {_type_name(value)}")
+        if value not in choices:
+            want = f"None or one of {choices}" if optional else f"one of {choices}"
+            raise ValueError(f"{name}: expected {want}, got {value}")
+        return value
+
+    return check
+
+
+def _str_choice(choices: tuple[str, ...], optional: bool = False):
+    def check(name: str, value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise TypeError(f"{name}: expected str, got {_type_name(value)}")
+        if value not in choices:
+            want = f"None or one of {choices}" if optional else f"one of {choices}"
+            raise ValueError(f"{name}: expected {want}, got {value!r}")
+        return value
+
+    return check
+
+
+def _compute_dtype(name: str, value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        value = str(value).removeprefix("torch.")
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a dtype name or torch.dtype, got {_type_name(value)}")
+    if value not in COMPUTE_DTYPES:
+        raise ValueError(f"{name}: expected one of {COMPUTE_DTYPES}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The fields of one table's cases; :meth:`normalize` validates a case (module docstring)."""
+
+    table: str
+    fields: tuple[Field, ...]
+
+    def normalize(self, case: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(case, Mapping):
+            raise TypeError(f"case: expected a mapping, got {_type_name(case)}")
+        known = [f.name for f in self.fields]
+        unknown = [k for k in case if k not in known]
+        if unknown:
+            raise ValueError(
+                f"case: unknown field(s) {sorted(map(str, unknown))} for table {self.table}; "
+                f"known: {known}"
+            )
+        out = {}
+        for f in self.fields:
+            if f.name in case:
+                out[f.name] = f.check(f.name, case[f.name])
+            elif f.required:
+                raise ValueError(f"{f.name}: missing from the {self.table} case (required)")
+            else:
+                out[f.name] = f.default
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One named gate of a row: ``holds(case)``; ``describe(case)`` explains a failure."""
+
+    name: str
+    holds: Callable[[Mapping[str, Any]], bool]
+    describe: Callable[[Mapping[str, Any]], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """A path: its conditions (in order) and its answer (a constant or ``value(case)``)."""
+
+    name: str
+    description: str
+    schema: Schema
+    conditions: tuple[Condition, ...]
+    value: Any
+
+    def failed(self, case: Mapping[str, Any]) -> Condition | None:
+        norm = self.schema.normalize(case)
+        for cond in self.conditions:
+            if not cond.holds(norm):
+                return cond
+        return None
+
+    def predicate(self, case: Mapping[str, Any]) -> bool:
+        return self.failed(case) is None
+
+    def answer(self, case: Mapping[str, Any]) -> Any:
+        norm = self.schema.normalize(case)
+        return self.value(norm) if callable(self.value) else self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The chosen path, one reason per row considered, and the chosen row's answer."""
+
+    path: str
+    reasons: tuple[str, ...] = ()
+    value: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
+
+    name: str
+    base: dict
+    field: str
+    below: Any
+    above: Any
+    expect_below: str
+    expect_above: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionTable:
+    """One decision: the object ``oracle.dispatch`` checks (``name``, ``paths``, ``boundaries``,
+    ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema."""
+
+    name: str
+    description: str
+    schema: Schema
+    paths: tuple[Row, ...]
+    boundaries: tuple[Boundary, ...]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.schema.fields)
+
+    def normalize_case(self, case: Mapping[str, Any]) -> dict[str, Any]:
+        return self.schema.normalize(case)
+
+    def explain(self, case: Mapping[str, Any]) -> Explanation:
+        norm = self.schema.normalize(case)
+        reasons = []
+        for row in self.paths:
+            failed = row.failed(norm)
+            if failed is None:
+                reasons.append(f"{row.name}: selected")
+                return Explanation(row.name, tuple(reasons), row.answer(norm))
+            reasons.append(f"{row.name}: {failed.describe(norm)}")
+        raise ValueError(f"case: no {self.name} row accepts it (" + "; ".join(reasons) + ")")
+
+    def decide(self, case: Mapping[str, Any]) -> Any:
+        return self.explain(case).value
+
+
+def _cond(name: str, holds, describe) -> Condition:
+    return Condition(name, holds, describe)
+
+
+def _table(name, description, fields, rows, boundaries) -> DecisionTable:
+    """Bind each ``(name, description, conditions, value)`` row to the table's schema."""
+    schema = Schema(name, tuple(fields))
+    paths = tuple(Row(r[0], r[1], schema, tuple(r[2]), r[3]) for r in rows)
+    return DecisionTable(name, description, schema, paths, tuple(boundaries))
+
+
+# ---------------------------------------------------------------------------- 1. route block
+
+
+def _routes_at_most(per_expert: int):
+    return lambda c: c["m"] * c["top_k"] <= per_expert * c["num_experts"]
+
+
+def _routes_per_expert(c) -> str:
+    return f"m·top_k/E = {c['m']}·{c['top_k']}/{c['num_experts']}"
+
+
+_UNPINNED = _cond(
+    "m_tiles_not_pinned",
+    lambda c: c["m_tiles"] is None,
+    lambda c: f"m_tiles={c['m_tiles']} is pinned",
+)
+
+_ROUTE_BLOCK_ROWS = (
+    (
+        "pinned_m_tiles",
+        "an explicit m_tiles (1, 2 or 4) wins over the routes-per-expert rule",
+        (
+            _cond(
+                "m_tiles_pinned",
+                lambda c: c["m_tiles"] is not None,
+                lambda c: "m_tiles is not pinned",
+            ),
+        ),
+        lambda c: c["m_tiles"],
+    ),
+    (
+        "m_tiles_1",
+        "one M16 tile per route block while an expert sees ≤ 24 routes on average",
+        (
+            _UNPINNED,
+            _cond(
+                "routes_per_expert<=24",
+                lambda c: _routes_at_most(M_TILES_1_MAX_ROUTES)(c),
+                lambda c: f"{_routes_per_expert(c)} > {M_TILES_1_MAX_ROUTES}",
+            ),
+        ),
+        1,
+    ),
+    (
+        "m_tiles_2",
+        "two M16 tiles while an expert sees ≤ 48 routes on average",
+        (
+            _UNPINNED,
+            _cond(
+                "routes_per_expert<=48",
+                lambda c: _routes_at_most(M_TILES_2_MAX_ROUTES)(c),
+                lambda c: f"{_routes_per_expert(c)} > {M_TILES_2_MAX_ROUTES}",
+            ),
+        ),
+        2,
+    ),
+    ("m_tiles_4", "four M16 tiles beyond 48 routes per expert", (_UNPINNED,), 4),
+)
+
+
+def _rb(**changes: Any) -> dict:
+    return {"m": 1, "top_k": 1, "num_experts": 1, "m_tiles": None, **changes}
+
+
+ROUTE_BLOCK = _table(
+    "moe_route_block",
+    "M16 tiles per route block (m_tiles; block size 16·m_tiles) by routes per expert",
+    (
+        Field("m", _positive_int, doc="planned tokens"),
+        Field("top_k", _positive_int),
+        Field("num_experts", _positive_int, doc="experts of the combined namespace"),
+        Field("m_tiles", _int_choice(M_TILES, optional=True), None, "an explicit pin"),
+    ),
+    _ROUTE_BLOCK_ROWS,
+    (
+        Boundary("m_tiles_1_max_routes", _rb(), "m", 24, 25, "m_tiles_1", "m_tiles_2"),
+        Boundary("m_tiles_2_max_routes", _rb(), "m", 48, 49, "m_tiles_2", "m_tiles_4"),
+        # GLM-like routing (E = 128, top_k = 8): 16 tokens per routes-per-expert unit
+        Boundary(
+            "m_tiles_1_glm", _rb(top_k=8, num_experts=128), "m", 384, 385, "m_tiles_1", "m_tiles_2"
+        ),
+        Boundary(
+            "m_tiles_2_glm", _rb(top_k=8, num_experts=128), "m", 768, 769, "m_tiles_2", "m_tiles_4"
+        ),
+        # a fractional average: 200 routes over 9 experts (22.2) vs over 8 (25)
+        Boundary(
+            "m_tiles_1_by_experts",
+            _rb(m=25, top_k=8),
+            "num_experts",
+            9,
+            8,
+            "m_tiles_1",
+            "m_tiles_2",
+        ),
+        Boundary(
+            "m_tiles_1_by_top_k", _rb(m=96, num_experts=8), "top_k", 2, 3, "m_tiles_1", "m_tiles_2"
+        ),
+        Boundary("pin_over_m_tiles_1", _rb(), "m_tiles", None, 4, "m_tiles_1", "pinned_m_tiles"),
+        Boundary(
+            "pin_over_m_tiles_4", _rb(m=4096), "m_tiles", None, 1, "m_tiles_4", "pinned_m_tiles"
+        ),
+        Boundary(
+            "pin_over_m_tiles_2", _rb(m=30), "m_tiles", None, 2, "m_tiles_2", "pinned_m_tiles"
+        ),
+    ),
+)
+
+# ---------------------------------------------------------------------------- 2. K split
+
+
+def _split_rows(k_split: int):
+    unit = K_UNIT * k_split
+    return (
+        _cond(
+            f"k%{unit}==0",
+            lambda c: c["k"] % (K_UNIT * k_split) == 0,
+            lambda c: (
+                f"K={c['k']} is not whole {K_UNIT}-row units per group "
+                f"(K % {K_UNIT * k_split} = {c['k'] % (K_UNIT * k_split)})"
+            ),
+        ),
+        _cond(
+            f"k/{k_split}>=512",
+            lambda c: c["k"] // k_split >= MIN_K_SLICE,
+            lambda c: f"K/{k_split} = {c['k'] // k_split} < {MIN_K_SLICE} (slice too shallow)",
+        ),
+    )
+
+
+K_SPLIT = _table(
+    "moe_k_split",
+    "intra-CTA K split of a grouped GEMM by its reduction length K alone (batch invariance)",
+    (Field("k", _positive_int, doc="reduction length (FC1: hidden, FC2: intermediate)"),),
+    (
+        ("k_split_4", "four K groups: whole units, slices ≥ 512", _split_rows(4), 4),
+        ("k_split_2", "two K groups: whole units, slices ≥ 512", _split_rows(2), 2),
+        ("k_split_1", "a single K group", (), 1),
+    ),
+    (
+        Boundary("k_split_4_min_slice", {}, "k", 1536, 2048, "k_split_2", "k_split_4"),
+        Boundary("k_split_4_whole_units", {}, "k", 2304, 2560, "k_split_2", "k_split_4"),
+        Boundary("k_split_2_min_slice", {}, "k", 768, 1024, "k_split_1", "k_split_2"),
+        Boundary("k_split_2_whole_units", {}, "k", 1152, 1280, "k_split_1", "k_split_2"),
+    ),
+)
+
+# ---------------------------------------------------------------------------- 3. GEMM geometry
+
+
+def _group_warps(c) -> int:
+    return max(1, WIDE_CTA_WARPS // c["k_split"])
+
+
+_WIDE = _cond(
+    "m_tiles>=2",
+    lambda c: c["m_tiles"] > 1,
+    lambda c: f"m_tiles={c['m_tiles']} is a single M16 block",
+)
+
+
+def _geo(**changes: Any) -> dict:
+    base = {"m_tiles": 2, "n": 3072, "k_split": 1, "family": "fp16_hash"}
+    return {**base, "compute_dtype": "float16", **changes}
+
+
+GEMM_GEOMETRY = _table(
+    "moe_gemm_geometry",
+    "(n_tiles, warps, depth) of an unpaired grouped GEMM",
+    (
+        Field("m_tiles", _int_choice(M_TILES)),
+        Field("n", _positive_int, doc="output columns of the launch"),
+        Field("k_split", _int_choice(K_SPLITS)),
+        Field("family", _str_choice(DECODER_FAMILIES, optional=True), None),
+        Field("compute_dtype", _compute_dtype, "float16", "does not enter"),
+    ),
+    (
+        (
+            "single_block",
+            "one M16 block: 4 warps × 2 tiles per group, deep loads (128·k_split threads)",
+            (
+                _cond(
+                    "m_tiles==1",
+                    lambda c: c["m_tiles"] == 1,
+                    lambda c: f"m_tiles={c['m_tiles']} != 1",
+                ),
+            ),
+            GemmGeometry(2, 4, 8),
+        ),
+        (
+            "wide_d3l_two_tiles",
+            "four M16 blocks of the D3L decoder: 2 tiles (4 × 4 spills), 128-thread CTA",
+            (
+                _cond(
+                    "m_tiles==4",
+                    lambda c: c["m_tiles"] == 4,
+                    lambda c: f"m_tiles={c['m_tiles']} != 4",
+                ),
+                _cond(
+                    "family==sqg_d3l",
+                    lambda c: c["family"] == D3L_FAMILY,
+                    lambda c: f"family={c['family']!r} != {D3L_FAMILY!r}",
+                ),
+            ),
+            lambda c: GemmGeometry(2, _group_warps(c), 2),
+        ),
+        (
+            "wide_four_tiles",
+            "wide blocks, N a multiple of 64·W: 4 tiles per warp, 128-thread CTA",
+            (
+                _WIDE,
+                _cond(
+                    "n%(64·W)==0",
+                    lambda c: c["n"] % (64 * _group_warps(c)) == 0,
+                    lambda c: f"N={c['n']} is not a multiple of 64·W = {64 * _group_warps(c)}",
+                ),
+            ),
+            lambda c: GemmGeometry(4, _group_warps(c), 2),
+        ),
+        (
+            "wide_two_tiles",
+            "wide blocks otherwise: 2 tiles per warp, 128-thread CTA",
+            (_WIDE,),
+            lambda c: GemmGeometry(2, _group_warps(c), 2),
+        ),
+    ),
+    (
+        Boundary(
+            "geometry_single_block", _geo(), "m_tiles", 1, 2, "single_block", "wide_four_tiles"
+        ),
+        Boundary("geometry_wide_n", _geo(), "n", 3072, 3200, "wide_four_tiles", "wide_two_tiles"),
+        # k_split narrows the group (W = 4 / k_split), so 64·W divides more N
+        Boundary(
+            "geometry_group_width",
+            _geo(n=3200),
+            "k_split",
+            1,
+            2,
+            "wide_two_tiles",
+            "wide_four_tiles",
+        ),
+        Boundary(
+            "geometry_d3l_family",
+            _geo(m_tiles=4),
+            "family",
+            "fp16_hash",
+            "sqg_d3l",
+            "wide_four_tiles",
+            "wide_d3l_two_tiles",
+        ),
+        Boundary(
+            "geometry_d3l_needs_four_blocks",
+            _geo(family="sqg_d3l"),
+            "m_tiles",
+            2,
+            4,
+            "wide_four_tiles",
+            "wide_d3l_two_tiles",
+        ),
+        Boundary(
+            "geometry_compute_dtype_does_not_enter",
+            _geo(),
+            "compute_dtype",
+            "float16",
+            "bfloat16",
+            "wide_four_tiles",
+            "wide_four_tiles",
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------- 4. pair geometry
+
+
+def _phase_is(phase: str) -> Condition:
+    return _cond(
+        f"phase=={phase}",
+        lambda c: c["phase"] == phase,
+        lambda c: f"phase={c['phase']!r} != {phase!r}",
+    )
+
+
+def _m_tiles_is(m_tiles: int) -> Condition:
+    return _cond(
+        f"m_tiles=={m_tiles}",
+        lambda c: c["m_tiles"] == m_tiles,
+        lambda c: f"m_tiles={c['m_tiles']} != {m_tiles}",
+    )
+
+
+def _pg(**changes: Any) -> dict:
+    return {"phase": "fc1", "m_tiles": 1, "n": 512, "compute_dtype": "float16", **changes}
+
+
+PAIR_GEOMETRY = _table(
+    "moe_pair_geometry",
+    "(n_tiles, warps, depth, rate_axis) of a QSRT pair launch by phase",
+    (
+        Field("phase", _str_choice(PHASES)),
+        Field("m_tiles", _int_choice(M_TILES)),
+        Field("n", _positive_int, doc="output columns of the launch"),
+        Field("compute_dtype", _compute_dtype, "float16", "does not enter"),
+    ),
+    (
+        (
+            "n_axis_single",
+            "FC1 records on N, one M16 block: one pair per CTA, 8 warps × 2 tiles, deep loads",
+            (_phase_is("fc1"), _m_tiles_is(1)),
+            PairGeometry(2, 8, 8, "n"),
+        ),
+        (
+            "n_axis_wide",
+            "FC1 records on N, wider blocks: one pair per CTA, 4 warps × 4 tiles",
+            (_phase_is("fc1"),),
+            PairGeometry(4, 4, 2, "n"),
+        ),
+        (
+            "k_axis_single",
+            "FC2 records on K, one M16 block: the unpaired single-block geometry",
+            (_phase_is("fc2"), _m_tiles_is(1)),
+            PairGeometry(2, 4, 8, "k"),
+        ),
+        (
+            "k_axis_2_four_tiles",
+            "FC2, two M16 blocks, N a multiple of 256: 4 warps × 4 tiles",
+            (
+                _phase_is("fc2"),
+                _m_tiles_is(2),
+                _cond(
+                    "n%256==0",
+                    lambda c: c["n"] % PAIR_CHANNELS == 0,
+                    lambda c: f"N={c['n']} is not a multiple of {PAIR_CHANNELS}",
+                ),
+            ),
+            PairGeometry(4, 4, 2, "k"),
+        ),
+        (
+            "k_axis_2_two_tiles",
+            "FC2, two M16 blocks otherwise: 4 warps × 2 tiles",
+            (_phase_is("fc2"), _m_tiles_is(2)),
+            PairGeometry(2, 4, 2, "k"),
+        ),
+        (
+            "k_axis_4",
+            "FC2, four M16 blocks: 2 tiles, one row in flight (4 × 4 and P44 2 × 2 spill)",
+            (_phase_is("fc2"),),
+            PairGeometry(2, 4, 1, "k"),
+        ),
+    ),
+    (
+        Boundary("pair_phase", _pg(), "phase", "fc1", "fc2", "n_axis_single", "k_axis_single"),
+        Boundary("pair_n_axis_wide", _pg(), "m_tiles", 1, 2, "n_axis_single", "n_axis_wide"),
+        Boundary(
+            "pair_k_axis_single",
+            _pg(phase="fc2"),
+            "m_tiles",
+            1,
+            2,
+            "k_axis_single",
+            "k_axis_2_four_tiles",
+        ),
+        Boundary(
+            "pair_k_axis_2_n",
+            _pg(phase="fc2", m_tiles=2),
+            "n",
+            512,
+            640,
+            "k_axis_2_four_tiles",
+            "k_axis_2_two_tiles",
+        ),
+        Boundary(
+            "pair_k_axis_4",
+            _pg(phase="fc2"),
+            "m_tiles",
+            2,
+            4,
+            "k_axis_2_four_tiles",
+            "k_axis_4",
+        ),
+        Boundary(
+            "pair_compute_dtype_does_not_enter",
+            _pg(),
+            "compute_dtype",
+            "float16",
+            "bfloat16",
+            "n_axis_single",
+            "n_axis_single",
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------- 5. FC2 tile
+
+
+def _fc2_device(c) -> dense_tiles.DeviceLimits:
+    return dense_tiles.DeviceLimits("device", c["sm_count"], c["max_shared_mem"], (0, 0))
+
+
+def _fc2_tile_problem(c) -> dense_tiles.TileProblem:
+    capacity = capacity_bound(c["m"], c["top_k"], c["num_experts"], 16 * c["m_tiles"])
+    return dense_tiles.TileProblem(
+        "fc2", capacity, c["intermediate"], c["hidden"], c["bits"], cta_m_blocks=c["m_tiles"]
+    )
+
+
+def _fc2_qualifies(c) -> tuple[bool, str]:
+    return dense_tiles.qualify(dense_tiles.WAVE_BALANCED_FC2, _fc2_tile_problem(c), _fc2_device(c))
+
+
+def _live_ctas(c) -> int:
+    """Live CTAs of the default FC2 launch: at most ``min(blocks, m·top_k)`` live route blocks."""
+    blocks = capacity_bound(c["m"], c["top_k"], c["num_experts"], 16 * c["m_tiles"]) // (
+        16 * c["m_tiles"]
+    )
+    return min(blocks, c["m"] * c["top_k"]) * (c["hidden"] // c["default_n_group"])
+
+
+def _wave_geometry() -> GemmGeometry:
+    warps, n_tiles = dense_tiles.kernel_geometry(dense_tiles.WAVE_BALANCED_FC2)
+    return GemmGeometry(n_tiles, warps, 2)
+
+
+def _ft(**changes: Any) -> dict:
+    """GLM-like FC2 on an H200: 64 live blocks × 40 CTAs = 2560 > 132 SMs, footprint 41216 B."""
+    base = {
+        "sm_count": 132,
+        "max_shared_mem": 232448,
+        "m": 8,
+        "top_k": 8,
+        "num_experts": 160,
+        "hidden": 5120,
+        "intermediate": 1536,
+        "bits": 3,
+        "m_tiles": 1,
+        "k_split": 2,
+        "default_n_group": 128,
+        "pair": None,
+    }
+    return {**base, **changes}
+
+
+FC2_TILE = _table(
+    "moe_fc2_tile",
+    "the wave-balanced FC2 tile (512 columns, 256 threads) by the tile predicate and the device",
+    (
+        Field("sm_count", _optional_positive_int, None, "the device's SMs (None: no device)"),
+        Field("max_shared_mem", _optional_positive_int, None, "opt-in shared memory per block"),
+        Field("m", _positive_int),
+        Field("top_k", _positive_int),
+        Field("num_experts", _positive_int),
+        Field("hidden", _positive_int, doc="FC2's N"),
+        Field("intermediate", _positive_int, doc="FC2's K"),
+        Field("bits", _positive_int),
+        Field("m_tiles", _int_choice(M_TILES)),
+        Field("k_split", _int_choice(K_SPLITS)),
+        Field("default_n_group", _positive_int, doc="columns per CTA of the default geometry"),
+        Field("pair", _str_choice(PAIR_CHOICES, optional=True), None),
+    ),
+    (
+        (
+            "wave_balanced",
+            "FC2 takes WAVE_BALANCED_FC2: qualified on the device, and a second wave to balance",
+            (
+                _cond(
+                    "device_known",
+                    lambda c: c["sm_count"] is not None and c["max_shared_mem"] is not None,
+                    lambda c: "no device (sm_count / max_shared_mem unknown)",
+                ),
+                _cond(
+                    "unpaired",
+                    lambda c: c["pair"] is None,
+                    lambda c: f"pair={c['pair']!r}: a paired FC2 keeps the pair geometry",
+                ),
+                _cond(
+                    "not_split_and_wide",
+                    lambda c: not (c["k_split"] > 1 and c["m_tiles"] > 1),
+                    lambda c: (
+                        f"k_split={c['k_split']} with m_tiles={c['m_tiles']}: 256·k_split "
+                        "threads cannot keep wide accumulators"
+                    ),
+                ),
+                _cond(
+                    "tile_qualifies",
+                    lambda c: _fc2_qualifies(c)[0],
+                    lambda c: f"qualify: {_fc2_qualifies(c)[1]}",
+                ),
+                _cond(
+                    "second_wave",
+                    lambda c: _live_ctas(c) > c["sm_count"],
+                    lambda c: f"{_live_ctas(c)} live CTAs fit one wave of {c['sm_count']} SMs",
+                ),
+            ),
+            lambda c: _wave_geometry(),
+        ),
+        ("default", "keep the geometry table's answer", (), None),
+    ),
+    (
+        Boundary("fc2_tile_device", _ft(), "sm_count", 132, None, "wave_balanced", "default"),
+        Boundary("fc2_tile_pair", _ft(), "pair", None, "P24", "wave_balanced", "default"),
+        Boundary("fc2_tile_hidden_512", _ft(), "hidden", 5120, 5248, "wave_balanced", "default"),
+        Boundary(
+            "fc2_tile_shared_memory",
+            _ft(),
+            "max_shared_mem",
+            41728,
+            41727,
+            "wave_balanced",
+            "default",
+        ),
+        Boundary(
+            "fc2_tile_second_wave_sms", _ft(), "sm_count", 2559, 2560, "wave_balanced", "default"
+        ),
+        Boundary(
+            "fc2_tile_second_wave_blocks", _ft(top_k=1), "m", 4, 3, "wave_balanced", "default"
+        ),
+        Boundary(
+            "fc2_tile_split_wide_k_split",
+            _ft(m_tiles=2),
+            "k_split",
+            1,
+            2,
+            "wave_balanced",
+            "default",
+        ),
+        Boundary("fc2_tile_split_wide_m_tiles", _ft(), "m_tiles", 1, 2, "wave_balanced", "default"),
+    ),
+)
+
+
+#: Every MoE decision table, in the order a plan consults them.
+TABLES: tuple[DecisionTable, ...] = (ROUTE_BLOCK, K_SPLIT, GEMM_GEOMETRY, PAIR_GEOMETRY, FC2_TILE)
+TABLES_BY_NAME: Mapping[str, DecisionTable] = {t.name: t for t in TABLES}

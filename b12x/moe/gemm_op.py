@@ -1,0 +1,431 @@
+"""``moe_gemm``: ONE grouped trellis GEMM of the MoE (FC1 or FC2) as its own plan / bind / run op.
+
+It is exactly the launch :func:`b12x.moe.run.run_moe` makes for one phase of a uniform stack (or
+of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the
+oracle can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces
+the weights bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
+:func:`b12x.moe.routing.pack_routes_into`, the launch is the shared body
+:func:`b12x.moe.run.launch_grouped_gemm` (unpaired) or :func:`b12x.moe.pairs.launch_paired_gemm`
+(paired), and every geometry comes from the tables of :mod:`b12x.moe.dispatch` through the same
+planner helpers as :func:`b12x.moe.plan.plan_moe` (:func:`b12x.moe.plan.plan_gemm_spec`,
+:func:`b12x.moe.plan.plan_fc2_tile`).
+
+Layout
+------
+* **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` tokens (the capacity), ``top_k``,
+  the GEMM dims ``k`` (reduction) and ``n`` (output columns), ``codebook``, ``bits``,
+  ``num_experts`` (E), ``compute_dtype``, ``phase`` (``"fc1"``: pairs on the N axis, ``"fc2"``:
+  pairs on the K axis), ``pair`` (None, a kind ``P22 / P33 / P24 / P43 / P44``, or
+  ``"dynamic"``; then ``bits`` is the base 3), ``m_tiles`` (None: the route-block table
+  decides; or a pin 1 / 2 / 4), ``device`` (None, a CUDA device or a simulated one with ``name,
+  sm_count, max_shared_mem, capability``: lets an unpaired FC2 take the wave-balanced tile,
+  exactly as ``plan_moe(device=...)``). K and N are multiples of 128; a paired FC1 needs
+  ``N % 256 == 0`` (whole pairs), a paired FC2 ``K % 256 == 0``.
+* **Inputs** (:func:`run_moe_gemm`):
+
+  - ``a``: compute dtype ``[M·top_k, K]``, routes in route order ``r = t·top_k + j`` (the live
+    ``M`` = rows of ``topk_ids``, ``1 ≤ M ≤ m``), contiguous, 16-byte aligned;
+  - ``topk_ids``: int32 or int64 ``[M, top_k]``; ids outside ``[0, E)`` are inactive routes
+    (never narrowed, never used as an index);
+  - ``payload``: int16, one expert stack in the phase's layout (:func:`moe_gemm_payload_shape`):
+
+    + **uniform** (``pair=None``, either phase): ``[E, K/16, N/16, 16·bits]``, tile
+      ``(kt, nt)`` of expert ``e`` covers ``W_e[16kt : 16kt+16, 16nt : 16nt+16]`` (the FC1
+      ``packed`` stack with ``N = 2I``, one ``proj`` projection with ``N = I``, or the FC2 stack);
+    + **FC1 pair** (records on N): ``[E, (K/16)·(N/256)·128·s]``, per expert the *prepared*
+      N-axis order ``[kt][pair][record 0 ‖ record 1]`` of ``reference.pairs.interleave_n_axis``
+      over ``N/256`` pairs: one projection of the ``proj`` layout of
+      :func:`b12x.moe.pairs.pair_payload_shape` (``hidden = K``, ``intermediate = N``), which is
+      also the ``packed`` layout when ``N = 2I``;
+    + **FC2 pair** (records on K): ``[E, (K/256)·(N/16)·128·s]`` =
+      ``pair_payload_shape("fc2", hidden=N, intermediate=K)``, per expert pair-major
+      ``[pair: record 0 plane ‖ record 1 plane]``;
+
+    ``s = b_lo + b_hi`` of the kind (6 for ``"dynamic"``: P33 and P24 spend the same bits);
+  - ``modes``: int32 ``[E]`` (0 = P33, 1 = P24), given iff ``pair == "dynamic"``.
+* **Output**: the bound ``out`` buffer, compute dtype ``[m·top_k, N]``; :func:`run_moe_gemm`
+  returns its live view ``[M·top_k, N]`` in route order: ``out[r] = round(a[r] @ W_{ids[r]})``
+  (fp32 accumulation, one rounding to the compute dtype, the weight decoded in the kernel and
+  rounded to bf16 under bf16 compute). Rows of inactive routes are **never written** (they keep
+  whatever the buffer held).
+* **Buffers** (:func:`moe_gemm_buffer_specs`): ``out`` (role output), ``expert_descriptors``
+  int32 ``[E]`` (the identity, tier 0, rewritten by every run) and the route packer's buffers
+  (:func:`b12x.moe.routing.route_buffer_specs`; ``block_expert_ids``, ``route_count`` and
+  ``packed_route_slots`` are what the kernel reads).
+* :class:`MoeGemmOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
+  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
+  Observable (:data:`OBSERVABLES`): ``out`` → the judge stage ``"gemm"``.
+
+Invariants
+----------
+* Every input is validated before anything is packed or launched (dtype, shape, device: the
+  plan must be bound to CUDA buffers, meta is refused at bind; contiguity, 16-byte alignment, id
+  dtype, a mode table only for ``"dynamic"``); the kernel is looked up before the first launch,
+  so a cold kernel under a frozen cache or capture raises with nothing launched (R5).
+* ``run`` never allocates and never synchronises with the host (the mode-table value check
+  reads it once outside capture, like ``run_moe``); it is CUDA-graph capturable.
+* The compile key is the MoE's own :class:`~b12x.kernels.moe_gemm.MoeGemmSpec`: a warm MoE
+  warms this op's kernel and vice versa.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from b12x.kernels import host as host_kernels
+from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.moe import pairs, routing
+from b12x.moe.dispatch import PHASES, ROUTE_BLOCK
+from b12x.moe.plan import (
+    Decision,
+    check_bind_device,
+    check_grid,
+    decide,
+    device_limits,
+    plan_fc2_tile,
+    plan_gemm_spec,
+)
+from b12x.moe.run import GemmContext, check_launch_device, launch_grouped_gemm
+from b12x.runtime import compile_cache
+from b12x.runtime.scratch import (
+    BufferSpec,
+    allocate_buffers,
+    check_known_names,
+    live_rows,
+    require_buffer,
+)
+from b12x.runtime.validate import (
+    HALF_DTYPES,
+    check_codebook_bits,
+    check_dtype_choice,
+    check_positive_int,
+    check_tensor,
+)
+
+__all__ = [
+    "MOE_GEMM_BUFFER_NAMES",
+    "OBSERVABLES",
+    "BoundMoeGemm",
+    "MoeGemmOp",
+    "MoeGemmPlan",
+    "MoeGemmProblem",
+    "allocate_moe_gemm_buffers",
+    "bind_moe_gemm",
+    "check_moe_gemm_inputs",
+    "moe_gemm_buffer_specs",
+    "moe_gemm_payload_shape",
+    "plan_moe_gemm",
+    "run_moe_gemm",
+]
+
+#: GEMM dims are whole 8-row K16 units / N16 groups of the grouped GEMM.
+DIM_MULTIPLE = 128
+#: plan buffer -> the judge stage it is observed as (docs/oracle_contract.md §3).
+OBSERVABLES: Mapping[str, str] = types.MappingProxyType({"out": "gemm"})
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeGemmProblem:
+    """The validated problem of one grouped GEMM (module docstring)."""
+
+    m: int
+    top_k: int
+    k: int
+    n: int
+    codebook: str
+    bits: int
+    num_experts: int
+    compute_dtype: torch.dtype
+    phase: str
+    pair: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeGemmPlan:
+    problem: MoeGemmProblem
+    routes: routing.RoutePlan
+    spec: MoeGemmSpec
+    payload_shape: tuple[int, ...]
+    buffers: tuple[BufferSpec, ...]
+    #: every table consultation behind ``routes.block_size`` and ``spec``
+    decisions: tuple[Decision, ...]
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers)
+
+    @property
+    def kernel_specs(self) -> tuple[MoeGemmSpec, ...]:
+        """The specialisation ``run`` launches (the warm-up set)."""
+        return (self.spec,)
+
+
+def moe_gemm_payload_shape(problem: MoeGemmProblem) -> tuple[int, ...]:
+    """The exact int16 payload shape of ``problem`` (module docstring, "payload")."""
+    p = problem
+    if p.pair is None:
+        return (p.num_experts, p.k // 16, p.n // 16, 16 * p.bits)
+    if p.phase == "fc2":
+        return pairs.pair_payload_shape(
+            "fc2", p.pair, num_experts=p.num_experts, hidden=p.n, intermediate=p.k,
+            w13_layout="packed",
+        )  # fmt: skip
+    proj = pairs.pair_payload_shape(
+        "fc1", p.pair, num_experts=p.num_experts, hidden=p.k, intermediate=p.n, w13_layout="proj"
+    )
+    return proj[1:]  # one projection: [E, (K/16)·(N/256)·128·s]
+
+
+def moe_gemm_buffer_specs(
+    problem: MoeGemmProblem, routes: routing.RoutePlan
+) -> tuple[BufferSpec, ...]:
+    """Every buffer ``run`` uses, exact shapes for the planned ``m`` (module docstring)."""
+    out = BufferSpec("out", (routes.routes, problem.n), problem.compute_dtype, role="output")
+    descriptors = BufferSpec("expert_descriptors", (problem.num_experts,), torch.int32)
+    return (out, descriptors, *routing.route_buffer_specs(routes))
+
+
+def _check_phase(phase: object) -> str:
+    if not isinstance(phase, str):
+        raise TypeError(f"phase: expected one of {PHASES}, got {type(phase).__name__}")
+    if phase not in PHASES:
+        raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
+    return phase
+
+
+def _check_dims(*, k: int, n: int, phase: str, pair: str | None) -> None:
+    for name, value in (("k", k), ("n", n)):
+        if value % DIM_MULTIPLE:
+            raise ValueError(f"{name}: {name.upper()}={value} must be a multiple of {DIM_MULTIPLE}")
+    if pair is not None:
+        name, value = ("n", n) if phase == "fc1" else ("k", k)
+        if value % pairs.PAIR_CHANNELS:
+            raise ValueError(
+                f"{name}: a {phase} pair layout needs whole {pairs.PAIR_CHANNELS}-channel pairs "
+                f"on its rate axis, got {name.upper()}={value}"
+            )
+
+
+def plan_moe_gemm(
+    *,
+    m: int,
+    top_k: int,
+    k: int,
+    n: int,
+    codebook: str,
+    bits: int,
+    num_experts: int,
+    compute_dtype: torch.dtype,
+    phase: str,
+    pair: str | None = None,
+    m_tiles: int | None = None,
+    device: Any = None,
+) -> MoeGemmPlan:
+    """Plan one grouped GEMM of ``m`` tokens × ``top_k`` routes (module docstring). Every argument
+    is validated here; route block, K split, geometry (unpaired or pair) and, for an unpaired FC2
+    with a ``device``, the wave-balanced tile come from :mod:`b12x.moe.dispatch`."""
+    for name, value in (
+        ("m", m),
+        ("top_k", top_k),
+        ("k", k),
+        ("n", n),
+        ("num_experts", num_experts),
+    ):
+        check_positive_int(name, value)
+    check_codebook_bits(codebook, bits)
+    check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
+    phase = _check_phase(phase)
+    pair = pairs.check_pair_choice("pair", pair)
+    if pair is not None:
+        if bits != pairs.PAIR_BASE_BITS:
+            raise ValueError(
+                f"bits: pair layouts compile on the trellis_bits = {pairs.PAIR_BASE_BITS} base "
+                f"(spec §4.2), got {bits}"
+            )
+        pairs.check_pair_codebook("pair", codebook, pair)
+    _check_dims(k=k, n=n, phase=phase, pair=pair)
+    if top_k > num_experts:
+        raise ValueError(f"top_k: {top_k} exceeds the number of experts {num_experts}")
+    limits = None if device is None else device_limits(device)
+    problem = MoeGemmProblem(
+        m, top_k, k, n, codebook, bits, num_experts, compute_dtype, phase, pair
+    )
+    decisions: list[Decision] = []
+    route_case = {"m": m, "top_k": top_k, "num_experts": num_experts, "m_tiles": m_tiles}
+    m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
+    routes = routing.plan_routes(m=m, top_k=top_k, num_experts=num_experts, block_size=16 * m_tiles)
+    check_grid(routes, m)
+    spec = plan_gemm_spec(
+        decisions=decisions, role=phase, codebook=codebook, bits=bits,
+        compute_dtype=compute_dtype, m_tiles=m_tiles, phase=phase, choice=pair, k=k, n=n,
+    )  # fmt: skip
+    if phase == "fc2":
+        spec = plan_fc2_tile(
+            spec, decisions=decisions, role=phase, limits=limits, m=m, top_k=top_k,
+            num_experts=num_experts, hidden=n, intermediate=k,
+        )  # fmt: skip
+    return MoeGemmPlan(
+        problem, routes, spec, moe_gemm_payload_shape(problem),
+        moe_gemm_buffer_specs(problem, routes), tuple(decisions),
+    )  # fmt: skip
+
+
+def allocate_moe_gemm_buffers(
+    plan: MoeGemmPlan, device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
+    if not isinstance(plan, MoeGemmPlan):
+        raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
+    return allocate_buffers(plan.buffers, device)
+
+
+#: Every buffer name a plan can use.
+MOE_GEMM_BUFFER_NAMES = ("out", "expert_descriptors", *routing.ROUTE_BUFFER_NAMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundMoeGemm:
+    """A plan and the caller's buffers, kept by identity."""
+
+    plan: MoeGemmPlan
+    buffers: Mapping[str, torch.Tensor]
+    device: torch.device
+
+
+def bind_moe_gemm(plan: MoeGemmPlan, **buffers: torch.Tensor | None) -> BoundMoeGemm:
+    """Check every planned buffer (exact shape / dtype / device / contiguity / alignment; a meta
+    ``out`` is refused), keep them by identity."""
+    if not isinstance(plan, MoeGemmPlan):
+        raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
+    check_known_names(MOE_GEMM_BUFFER_NAMES, buffers)
+    device = check_bind_device("out", buffers.get("out"))
+    kept = {}
+    for spec in plan.buffers:
+        kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
+    return BoundMoeGemm(plan, types.MappingProxyType(kept), kept["out"].device)
+
+
+def check_moe_gemm_inputs(
+    bound: BoundMoeGemm,
+    *,
+    a: torch.Tensor,
+    topk_ids: torch.Tensor,
+    payload: torch.Tensor,
+    modes: torch.Tensor | None,
+) -> int:
+    """Validate the inputs against the bound plan (module docstring); return the live M."""
+    if not isinstance(bound, BoundMoeGemm):
+        raise TypeError(f"bound: expected BoundMoeGemm, got {type(bound).__name__}")
+    p, dev = bound.plan.problem, bound.device
+    routing.check_route_ids(topk_ids, top_k=p.top_k, device=dev)
+    m = topk_ids.shape[0]
+    if not 1 <= m <= p.m:
+        raise ValueError(f"topk_ids: live M={m} must be in [1, planned M={p.m}]")
+    check_tensor("a", a, dtypes=(p.compute_dtype,), shape=(m * p.top_k, p.k), device=dev)
+    shape = bound.plan.payload_shape
+    check_tensor("payload", payload, dtypes=(torch.int16,), shape=shape, device=dev)
+    if p.pair == pairs.DYNAMIC:
+        pairs.check_pair_modes("modes", modes, p.num_experts, dev)
+    elif modes is not None:
+        raise ValueError(
+            f"modes: only a dynamic pair layout takes a mode table, this plan has pair={p.pair!r}"
+        )
+    return m
+
+
+def resolve_kernels(bound: BoundMoeGemm) -> str:
+    """Look the planned kernel up before anything is launched (R5); returns the arch."""
+    arch = host_kernels.device_arch(bound.device)
+    compiled_moe_gemm(bound.plan.spec, arch)
+    return arch
+
+
+def run_moe_gemm(
+    bound: BoundMoeGemm,
+    *,
+    a: torch.Tensor,
+    topk_ids: torch.Tensor,
+    payload: torch.Tensor,
+    modes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pack the routes and launch the planned grouped GEMM; returns the live ``out`` rows
+    ``[M·top_k, N]`` (route order; inactive routes' rows unwritten). Allocation-free."""
+    check_moe_gemm_inputs(bound, a=a, topk_ids=topk_ids, payload=payload, modes=modes)
+    check_launch_device("bound", bound.device, op="run_moe_gemm")
+    arch = resolve_kernels(bound)
+    plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
+    descriptors = buf["expert_descriptors"]
+    torch.arange(p.num_experts, out=descriptors)  # identity: every expert is tier 0, local e
+    live = routing.pack_routes_into(plan.routes, topk_ids, buf)
+    out = live_rows(buf, "out", live.routes)
+    ctx = GemmContext(
+        arch=arch,
+        block_expert_ids=live_rows(buf, "block_expert_ids", live.num_blocks),
+        route_count=buf["route_count"],
+        route_rows=routing.packed_route_indices(live, buf),
+        descriptors=descriptors,
+    )
+    if p.pair is None:
+        launch_grouped_gemm(
+            spec=plan.spec, codebook=p.codebook, ctx=ctx, tier=0, a=a, payload=payload,
+            num_payload_experts=p.num_experts, out=out, expert_base=0, out_col=0,
+        )  # fmt: skip
+    else:
+        pairs.launch_paired_gemm(
+            spec=plan.spec, codebook=p.codebook, ctx=ctx, a=a, payload=payload,
+            num_payload_experts=p.num_experts, modes=modes, out=out, n=p.n, expert_base=0,
+            out_col=0,
+        )  # fmt: skip
+    return out
+
+
+class MoeGemmOp:
+    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+
+    ``plan(problem)`` takes :func:`plan_moe_gemm`'s keywords (``device`` defaults to the one
+    given here, which may be a simulated device: it only plans); ``bind(plan, buffers)`` reads the
+    plan's buffer names; ``run(bound, inputs)`` reads ``a``, ``topk_ids``, ``payload`` and
+    ``modes`` (absent = None) and ignores other entries (a composed step shares one mapping)."""
+
+    name = "moe_gemm"
+
+    def __init__(self, device: Any = None):
+        self.device = device
+
+    def plan(self, problem: Mapping[str, Any]) -> MoeGemmPlan:
+        if not isinstance(problem, Mapping):
+            raise TypeError(f"problem: expected a mapping, got {type(problem).__name__}")
+        keywords = dict(problem)
+        if self.device is not None:
+            keywords.setdefault("device", self.device)
+        return plan_moe_gemm(**keywords)
+
+    def bind(self, plan: MoeGemmPlan, buffers: Mapping[str, torch.Tensor]) -> BoundMoeGemm:
+        if not isinstance(plan, MoeGemmPlan):
+            raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
+        return bind_moe_gemm(plan, **{name: buffers.get(name) for name in plan.buffer_names})
+
+    def run(self, bound: BoundMoeGemm, inputs: Mapping[str, Any]) -> None:
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"inputs: expected a mapping, got {type(inputs).__name__}")
+        run_moe_gemm(
+            bound,
+            a=inputs.get("a"),
+            topk_ids=inputs.get("topk_ids"),
+            payload=inputs.get("payload"),
+            modes=inputs.get("modes"),
+        )
+
+    def freeze(self) -> Any:
+        return compile_cache.frozen()
+
+    def compile_unwarmed(self, plan: MoeGemmPlan) -> None:
+        """Ask for a specialisation no warm-up builds (2 warps); must raise when frozen."""
+        spec = plan.spec
+        never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
+        compiled_moe_gemm(never, host_kernels.device_arch(torch.device("cuda")))
