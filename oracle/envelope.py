@@ -51,7 +51,9 @@ narrow enough for one wrong weight to leave it. Measured on CPU emulations of ev
 above (tests/oracle/test_planted_faults.py), the worst error stays below 0.45·u·P·⌈K/16⌉ (the
 tensor-core truncation dominates from K = 1024), a factor > 4 inside ``r`` at every K from 128
 to 8192, on zero-mean, shifted and all-positive data; 3456 judged emulated GEMMs (12 seeds,
-4 data kinds, 9 orders, K 128..4096, fp16 and bf16) gave no false alarm.
+4 data kinds, 9 orders, K 128..4096, fp16 and bf16) gave no false alarm, nor did 80 real
+cuBLAS tensor-core GEMMs on an H100 (fp16 and bf16, K 128..16384, M 1 and 64, zero-mean and
+all-positive data, reduced-precision reductions allowed or not; worst bias 0.03 ulp).
 
 An operand whose stage was not observed (a :class:`Bound`, below) adds ``Σ sound·|b|`` to the
 worst-case radius and to ``P`` (every partial sum moves by at most that much), and

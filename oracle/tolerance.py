@@ -624,12 +624,14 @@ def _expert_source(experts: Any, topk_ids: torch.Tensor, fn: str):
 class _RouteStages:
     """Route-order ``[R, F]`` legitimate sets of the observed MoE stages, filled per expert."""
 
-    def __init__(self, routes: int, device: torch.device) -> None:
-        self.routes, self.device = routes, device
+    def __init__(self, routes: int, device: torch.device, wanted) -> None:
+        self.routes, self.device, self.wanted = routes, device, set(wanted)
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
         self.dtypes: dict[str, torch.dtype] = {}
 
     def put(self, stage: env.StageSet, index: torch.Tensor) -> None:
+        if stage.name not in self.wanted:
+            return  # only observed stages are judged per element (memory stays bounded)
         fields = ("lo", "hi", "centre", "rad", "sys")
         if stage.name not in self.parts:
             width = stage.lo.shape[1]
@@ -691,6 +693,11 @@ def judge_moe(
     topk_weights = _float_tensor(topk_weights, "topk_weights", fn)
     _check_shape(topk_weights, tuple(topk_ids.shape), "topk_weights", fn)
     ids, num_experts, source, forward = _expert_source(experts, topk_ids, fn)
+    stack_device = getattr(getattr(experts, "tier0", experts), "w13", None)
+    if isinstance(stack_device, torch.Tensor) and stack_device.device != x.device:
+        raise ValueError(
+            f"{fn}: experts must be on x's device {x.device}, got {stack_device.device}"
+        )
     obs = _observed(observed, MOE_STAGES, fn)
     top_k = topk_ids.shape[1]
     routes = m * top_k
@@ -710,7 +717,7 @@ def judge_moe(
     active = (flat_ids >= 0) & (flat_ids < num_experts)
     weights32 = topk_weights.reshape(-1).to(torch.float32).to(torch.float64)
     weights32 = torch.where(active, weights32, torch.zeros_like(weights32))  # NaN never leaks
-    sets = _RouteStages(routes, device)
+    sets = _RouteStages(routes, device, obs)
     fields = ("centre", "sound", "det", "var", "sys")
     terms = {f: torch.zeros(routes, h, dtype=torch.float64, device=device) for f in fields}
     fc2_sys, route_svh = torch.zeros_like(terms["sys"]), torch.zeros_like(terms["sys"])
