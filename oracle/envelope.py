@@ -350,7 +350,7 @@ class Bound:
         )
 
 
-def sum_bounds(terms: Bound, dim: int, count: torch.Tensor) -> Bound:
+def sum_bounds(terms: Bound, *, dim: int, count: torch.Tensor) -> Bound:
     """``fl32`` sum from +0 over ``dim`` of ``count`` (per output) nonzero terms: recursive
     summation errs by at most ``count · u · Σ|term|``. Terms of different routes are independent
     (their directed parts add in quadrature)."""

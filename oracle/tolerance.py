@@ -830,7 +830,7 @@ def _moe_reduce(terms: env.Bound, active, m, top_k, out_dtype) -> env.StageSet:
     h = terms.centre.shape[1]
     count = active.reshape(m, top_k).sum(dim=1, keepdim=True).to(torch.float64)
     per_route = env.Bound(*(t.reshape(m, top_k, h) for t in dataclasses.astuple(terms)))
-    bound = env.sum_bounds(per_route, 1, count)
+    bound = env.sum_bounds(per_route, dim=1, count=count)
     return env.stage_set("output", bound, out_dtype)
 
 

@@ -152,7 +152,7 @@ def faithful_input_rotation(x: torch.Tensor, suh: torch.Tensor) -> torch.Tensor:
 
 
 def faithful_gemm_compute(
-    rotated_f16: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype
+    rotated_f16: torch.Tensor, weight: torch.Tensor, *, compute_dtype: torch.dtype
 ) -> torch.Tensor:
     """Steps 4-5 up to the compute-dtype store: operands in ``compute_dtype``, fp32 accumulation,
     result rounded to the compute dtype (``gemm_output``, the ``gemm`` stage)."""
@@ -166,7 +166,7 @@ def faithful_gemm(
 ) -> torch.Tensor:
     """Steps 4-5: operands in ``compute_dtype``, fp32 accumulation, result rounded to the compute
     dtype and then to fp16 (``gemm_output`` / ``gemm_output_f16``)."""
-    return faithful_gemm_compute(rotated_f16, weight, compute_dtype).to(torch.float16)
+    return faithful_gemm_compute(rotated_f16, weight, compute_dtype=compute_dtype).to(torch.float16)
 
 
 def faithful_output_rotation(

@@ -323,7 +323,7 @@ def _expert_exact(rows: torch.Tensor, weights, rot: ExpertRotations, shared_inpu
 
 
 def faithful_rotate_input(
-    x16: torch.Tensor, suh: torch.Tensor, compute_dtype: torch.dtype
+    x16: torch.Tensor, suh: torch.Tensor, *, compute_dtype: torch.dtype
 ) -> torch.Tensor:
     """Faithful steps 2-3 for routed rows: ``cd(fp16(H128_fp32(fp16(x16 * suh))))``.
 
@@ -334,7 +334,7 @@ def faithful_rotate_input(
     return rotated_f16.to(compute_dtype)
 
 
-def faithful_expert_gemm(a: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype):
+def faithful_expert_gemm(a: torch.Tensor, weight: torch.Tensor, *, compute_dtype: torch.dtype):
     """Faithful steps 4 / 6: ``cd(a @ cd(weight))`` with fp32 accumulation (torch's order).
 
     ``a`` holds compute-dtype values (any float dtype), ``weight`` the decoded fp16 matrix.
@@ -345,7 +345,11 @@ def faithful_expert_gemm(a: torch.Tensor, weight: torch.Tensor, compute_dtype: t
 
 
 def faithful_activate(
-    gate_raw: torch.Tensor, up_raw: torch.Tensor, rot: ExpertRotations, compute_dtype: torch.dtype
+    gate_raw: torch.Tensor,
+    up_raw: torch.Tensor,
+    rot: ExpertRotations,
+    *,
+    compute_dtype: torch.dtype,
 ) -> torch.Tensor:
     """Faithful step 5 (the intermediate boundary) from the stored FC1 halves ``[R, I]``:
     ``cd(H128_fp32(silu(H128_fp32(gate) * gate_svh) * (H128_fp32(up) * up_svh) * down_suh))``,
@@ -367,6 +371,7 @@ def faithful_expert_stages(
     rows: torch.Tensor,
     weights,
     rot: ExpertRotations,
+    *,
     shared_input: bool,
     compute_dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
@@ -377,12 +382,13 @@ def faithful_expert_stages(
     Wq_down)`` fp16; ``shared_input``: the packed layout's single input rotation."""
     gate_w, up_w, down_w = weights
     x16 = rows.to(torch.float16)
-    a_gate = faithful_rotate_input(x16, rot.gate_suh, compute_dtype)
-    a_up = a_gate if shared_input else faithful_rotate_input(x16, rot.up_suh, compute_dtype)
-    gate_raw = faithful_expert_gemm(a_gate, gate_w, compute_dtype)
-    up_raw = faithful_expert_gemm(a_up, up_w, compute_dtype)
-    a2 = faithful_activate(gate_raw, up_raw, rot, compute_dtype)
-    y_raw = faithful_expert_gemm(a2, down_w, compute_dtype)
+    cd = compute_dtype
+    a_gate = faithful_rotate_input(x16, rot.gate_suh, compute_dtype=cd)
+    a_up = a_gate if shared_input else faithful_rotate_input(x16, rot.up_suh, compute_dtype=cd)
+    gate_raw = faithful_expert_gemm(a_gate, gate_w, compute_dtype=cd)
+    up_raw = faithful_expert_gemm(a_up, up_w, compute_dtype=cd)
+    a2 = faithful_activate(gate_raw, up_raw, rot, compute_dtype=cd)
+    y_raw = faithful_expert_gemm(a2, down_w, compute_dtype=cd)
     return {
         "rotated_gate": a_gate,
         "rotated_up": a_up,
@@ -400,7 +406,10 @@ def _expert_faithful(
     shared_input: bool,
     compute_dtype: torch.dtype,
 ):
-    return faithful_expert_stages(rows, weights, rot, shared_input, compute_dtype)["term"]
+    stages = faithful_expert_stages(
+        rows, weights, rot, shared_input=shared_input, compute_dtype=compute_dtype
+    )
+    return stages["term"]
 
 
 def route_outputs_from_source(
@@ -471,7 +480,9 @@ def route_stages_from_source(
         routes = packed.packed_route_indices[start : start + counts[expert]].to(torch.int64)
         rows = x.index_select(0, routes // top_k)
         weights, rotations, shared_input = source(expert)
-        result = faithful_expert_stages(rows, weights, rotations, shared_input, compute_dtype)
+        result = faithful_expert_stages(
+            rows, weights, rotations, shared_input=shared_input, compute_dtype=compute_dtype
+        )
         for name, value in result.items():
             if name not in stages:
                 stages[name] = torch.zeros(

@@ -409,7 +409,7 @@ def test_linear_one_wrong_weight_trials(dtype_name, least_unobserved):
         bad = weight.clone()
         bad[k0, n0] = value if value != weight[k0, n0] else 0
         rotated = ref_linear.faithful_input_rotation(x, suh)
-        gemm = ref_linear.faithful_gemm_compute(rotated, bad, cd)
+        gemm = ref_linear.faithful_gemm_compute(rotated, bad, compute_dtype=cd)
         y = ref_linear.faithful_output_rotation(gemm.to(F16), svh, bias).to(x.dtype)
         for seen, observed in (("none", {}), ("gemm", {"gemm": gemm})):
             verdict = judge_linear(
@@ -485,15 +485,17 @@ def moe_kernel(x, experts, weights, ids, cd, *, order="tensor_core", fault=None)
             down_w[40, 17] = down_w[41, 99] if down_w[41, 99] != down_w[40, 17] else 0
         rot = experts.expert_rotations(e)
         x16 = x.index_select(0, index // top_k).to(F16)
-        a_gate = ref_moe.faithful_rotate_input(x16, rot.gate_suh, cd)
+        a_gate = ref_moe.faithful_rotate_input(x16, rot.gate_suh, compute_dtype=cd)
         shared = experts.w13_layout == "packed"
-        a_up = a_gate if shared else ref_moe.faithful_rotate_input(x16, rot.up_suh, cd)
+        a_up = (
+            a_gate if shared else ref_moe.faithful_rotate_input(x16, rot.up_suh, compute_dtype=cd)
+        )
         gate = kernel_gemm(a_gate, gate_w, cd, order=order)
         up = kernel_gemm(a_up, up_w, cd, order=order)
         fc1 = torch.cat([gate, up], dim=1)
         if fault == "fc1:tile_x1.01" and e == 2:
             fc1 = scaled(fc1, slice(0, 16), slice(16, 32))
-        a2 = ref_moe.faithful_activate(fc1[:, :I], fc1[:, I:], rot, cd)
+        a2 = ref_moe.faithful_activate(fc1[:, :I], fc1[:, I:], rot, compute_dtype=cd)
         epilogue = "toward_zero" if fault == "fc2:round_toward_zero" else "nearest"
         drop = (2, 3) if fault == "fc2:k16_dropped" and e == 2 else None
         fc2 = kernel_gemm(a2, down_w, cd, order=order, epilogue=epilogue, drop_k16=drop)

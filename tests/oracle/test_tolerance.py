@@ -529,7 +529,7 @@ def test_judge_linear_stages_and_the_faithful_reference(dtype):
     w = layer.decode()
     y = linear.forward(x, layer, precision="faithful", compute_dtype=dtype)
     rotated = linear.faithful_input_rotation(x, layer.suh)
-    gemm = linear.faithful_gemm_compute(rotated, w, dtype)
+    gemm = linear.faithful_gemm_compute(rotated, w, compute_dtype=dtype)
     kwargs = {"x": x, "weight": w, "suh": layer.suh, "svh": layer.svh, "compute_dtype": dtype}
     verdict = judge_linear(y, **kwargs)
     stages = verdict.details["stages"]
