@@ -20,6 +20,20 @@ Layout
   ``nan_count``         NaNs in y;  ``inf_count``: ±Infs in y
   ====================  =======================================================================
 
+  The bound that was applied (filled by the judges of :mod:`oracle.tolerance`, ``None`` where a
+  gate did not run), reported pass or fail so drift is visible before it fails:
+
+  ==============================  =============================================================
+  ``coarse_bound``                the rel-L2 bound of the row block closest to failing
+  ``coarse_ratio``                max over row blocks of rel-L2 / its bound (fails above 1)
+  ``envelope_checked``            elements judged against a legitimate set (all stages)
+  ``envelope_violations``         elements outside their set (all stages)
+  ``envelope_worst_ratio``        max ``|y - centre| / (widest legitimate distance)`` (≤ 1 legit)
+  ``envelope_worst_excess_ulp``   the farthest element outside its set, in ulps
+  ``bias_mean_ulp``               the bias statistic closest to its bound (signed, ulps)
+  ``bias_bound_ulp``              that statistic's bound (allowance + noise, ulps)
+  ==============================  =============================================================
+
   Relative errors against a zero reference are 0 when the other side is zero too, else inf.
 * :func:`row_block_rel_l2` (rel-L2 per block of rows, the unit the tolerance gates on) and
   :func:`tile_errors` (RMS error per tile / RMS of the whole reference: the per-tile error map).
@@ -34,6 +48,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "BOUND_FIELDS",
     "Metrics",
     "as_rows",
     "compute_metrics",
@@ -139,6 +154,18 @@ def tile_errors(y: torch.Tensor, ref: torch.Tensor, tile: int = 16) -> torch.Ten
     return rms_err / ref_rms
 
 
+BOUND_FIELDS = (
+    "coarse_bound",
+    "coarse_ratio",
+    "envelope_checked",
+    "envelope_violations",
+    "envelope_worst_ratio",
+    "envelope_worst_excess_ulp",
+    "bias_mean_ulp",
+    "bias_bound_ulp",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Metrics:
     """Every number reported for a case (see the module docstring for definitions)."""
@@ -154,6 +181,22 @@ class Metrics:
     inf_count: int
     numel: int
     shape: tuple[int, ...]
+    coarse_bound: float | None = None
+    coarse_ratio: float | None = None
+    envelope_checked: int | None = None
+    envelope_violations: int | None = None
+    envelope_worst_ratio: float | None = None
+    envelope_worst_excess_ulp: float | None = None
+    bias_mean_ulp: float | None = None
+    bias_bound_ulp: float | None = None
+
+    def with_bounds(self, **bounds: Any) -> Metrics:
+        """A copy with the applied bounds filled in (only the bound fields may change)."""
+        allowed = set(BOUND_FIELDS)
+        unknown = set(bounds) - allowed
+        if unknown:
+            raise ValueError(f"Metrics.with_bounds: unknown fields {sorted(unknown)}")
+        return dataclasses.replace(self, **bounds)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (non-finite floats stay floats; report.py encodes them)."""

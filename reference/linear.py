@@ -151,14 +151,22 @@ def faithful_input_rotation(x: torch.Tensor, suh: torch.Tensor) -> torch.Tensor:
     return apply_blockwise_faithful(_round_product_f16(x.to(torch.float16), suh)).to(torch.float16)
 
 
+def faithful_gemm_compute(
+    rotated_f16: torch.Tensor, weight: torch.Tensor, *, compute_dtype: torch.dtype
+) -> torch.Tensor:
+    """Steps 4-5 up to the compute-dtype store: operands in ``compute_dtype``, fp32 accumulation,
+    result rounded to the compute dtype (``gemm_output``, the ``gemm`` stage)."""
+    a = rotated_f16.to(compute_dtype).to(torch.float32)
+    b = weight.to(compute_dtype).to(torch.float32)
+    return (a @ b).to(compute_dtype)
+
+
 def faithful_gemm(
     rotated_f16: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype
 ) -> torch.Tensor:
     """Steps 4-5: operands in ``compute_dtype``, fp32 accumulation, result rounded to the compute
     dtype and then to fp16 (``gemm_output`` / ``gemm_output_f16``)."""
-    a = rotated_f16.to(compute_dtype).to(torch.float32)
-    b = weight.to(compute_dtype).to(torch.float32)
-    return (a @ b).to(compute_dtype).to(torch.float16)
+    return faithful_gemm_compute(rotated_f16, weight, compute_dtype=compute_dtype).to(torch.float16)
 
 
 def faithful_output_rotation(

@@ -322,6 +322,83 @@ def _expert_exact(rows: torch.Tensor, weights, rot: ExpertRotations, shared_inpu
     return apply_blockwise(a2 @ down_w) * rot.down_svh.to(f64)
 
 
+def faithful_rotate_input(
+    x16: torch.Tensor, suh: torch.Tensor, *, compute_dtype: torch.dtype
+) -> torch.Tensor:
+    """Faithful steps 2-3 for routed rows: ``cd(fp16(H128_fp32(fp16(x16 * suh))))``.
+
+    ``x16`` fp16 ``[R, H]`` (the token rows of the routes), ``suh`` fp16 ``[H]``. Returns the
+    rotated operand in ``compute_dtype`` (the ``rotated_gate`` / ``rotated_up`` stage).
+    """
+    rotated_f16 = apply_blockwise_faithful(_fp16_product(x16, suh)).to(torch.float16)
+    return rotated_f16.to(compute_dtype)
+
+
+def faithful_expert_gemm(a: torch.Tensor, weight: torch.Tensor, *, compute_dtype: torch.dtype):
+    """Faithful steps 4 / 6: ``cd(a @ cd(weight))`` with fp32 accumulation (torch's order).
+
+    ``a`` holds compute-dtype values (any float dtype), ``weight`` the decoded fp16 matrix.
+    Returns ``compute_dtype`` (the ``fc1`` halves / the ``fc2`` stage).
+    """
+    f32 = torch.float32
+    return (a.to(f32) @ weight.to(compute_dtype).to(f32)).to(compute_dtype)
+
+
+def faithful_activate(
+    gate_raw: torch.Tensor,
+    up_raw: torch.Tensor,
+    rot: ExpertRotations,
+    *,
+    compute_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Faithful step 5 (the intermediate boundary) from the stored FC1 halves ``[R, I]``:
+    ``cd(H128_fp32(silu(H128_fp32(gate) * gate_svh) * (H128_fp32(up) * up_svh) * down_suh))``,
+    every operation in fp32 (the ``activated`` stage, ``compute_dtype``)."""
+    f32 = torch.float32
+    g = apply_blockwise_faithful(gate_raw) * rot.gate_svh.to(f32)
+    u = apply_blockwise_faithful(up_raw) * rot.up_svh.to(f32)
+    a = F.silu(g) * u * rot.down_suh.to(f32)
+    return apply_blockwise_faithful(a).to(compute_dtype)
+
+
+def faithful_route_term(y_raw: torch.Tensor, down_svh: torch.Tensor) -> torch.Tensor:
+    """Faithful step 7's per-route term before the router weight: ``H128_fp32(y_raw) * down_svh``
+    in fp32 (``y_raw`` the stored FC2 output, ``down_svh`` fp16 ``[H]``)."""
+    return apply_blockwise_faithful(y_raw) * down_svh.to(torch.float32)
+
+
+def faithful_expert_stages(
+    rows: torch.Tensor,
+    weights,
+    rot: ExpertRotations,
+    *,
+    shared_input: bool,
+    compute_dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Every stored stage of one expert's routes (``rows`` the routes' token rows ``[R, H]``):
+    ``rotated_gate``, ``rotated_up`` (``[R, H]``), ``fc1`` (``[R, 2I]``, gate | up), ``activated``
+    (``[R, I]``), ``fc2`` (``[R, H]``), all ``compute_dtype``; ``term`` fp32 ``[R, H]`` (the
+    unweighted route output :func:`faithful_route_term`). ``weights`` = ``(Wq_gate, Wq_up,
+    Wq_down)`` fp16; ``shared_input``: the packed layout's single input rotation."""
+    gate_w, up_w, down_w = weights
+    x16 = rows.to(torch.float16)
+    cd = compute_dtype
+    a_gate = faithful_rotate_input(x16, rot.gate_suh, compute_dtype=cd)
+    a_up = a_gate if shared_input else faithful_rotate_input(x16, rot.up_suh, compute_dtype=cd)
+    gate_raw = faithful_expert_gemm(a_gate, gate_w, compute_dtype=cd)
+    up_raw = faithful_expert_gemm(a_up, up_w, compute_dtype=cd)
+    a2 = faithful_activate(gate_raw, up_raw, rot, compute_dtype=cd)
+    y_raw = faithful_expert_gemm(a2, down_w, compute_dtype=cd)
+    return {
+        "rotated_gate": a_gate,
+        "rotated_up": a_up,
+        "fc1": torch.cat([gate_raw, up_raw], dim=1),
+        "activated": a2,
+        "fc2": y_raw,
+        "term": faithful_route_term(y_raw, rot.down_svh),
+    }
+
+
 def _expert_faithful(
     rows: torch.Tensor,
     weights,
@@ -329,26 +406,10 @@ def _expert_faithful(
     shared_input: bool,
     compute_dtype: torch.dtype,
 ):
-    f32 = torch.float32
-    gate_w, up_w, down_w = (w.to(compute_dtype).to(f32) for w in weights)
-    x16 = rows.to(torch.float16)
-
-    def rotate_input(suh: torch.Tensor) -> torch.Tensor:
-        rotated_f16 = apply_blockwise_faithful(_fp16_product(x16, suh)).to(torch.float16)
-        return rotated_f16.to(compute_dtype).to(f32)
-
-    def gemm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # fp32 accumulate, store elem
-        return (a @ w).to(compute_dtype)
-
-    a_gate = rotate_input(rot.gate_suh)
-    a_up = a_gate if shared_input else rotate_input(rot.up_suh)
-    gate_raw, up_raw = gemm(a_gate, gate_w), gemm(a_up, up_w)
-    g = apply_blockwise_faithful(gate_raw) * rot.gate_svh.to(f32)
-    u = apply_blockwise_faithful(up_raw) * rot.up_svh.to(f32)
-    a = F.silu(g) * u * rot.down_suh.to(f32)
-    a2 = apply_blockwise_faithful(a).to(compute_dtype).to(f32)
-    y_raw = gemm(a2, down_w)
-    return apply_blockwise_faithful(y_raw) * rot.down_svh.to(f32)
+    stages = faithful_expert_stages(
+        rows, weights, rot, shared_input=shared_input, compute_dtype=compute_dtype
+    )
+    return stages["term"]
 
 
 def route_outputs_from_source(
@@ -386,6 +447,74 @@ def route_outputs_from_source(
     active = torch.zeros(m * top_k, dtype=torch.bool, device=x.device)
     active[packed.packed_route_indices[: packed.packed_route_count].to(torch.int64)] = True
     return outputs.reshape(m, top_k, x.shape[1]), active.reshape(m, top_k)
+
+
+ROUTE_STAGES = ("rotated_gate", "rotated_up", "fc1", "activated", "fc2", "term")
+"""The stored stages of :func:`faithful_expert_stages`, in chain order."""
+
+
+def route_stages_from_source(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    source: ExpertSource,
+    *,
+    compute_dtype: torch.dtype,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Every faithful stage of every route, in route order ``r = t * top_k + j``.
+
+    Returns ``(stages, active [M * top_k])`` where ``stages[name]`` is ``[M * top_k, F]``
+    (:data:`ROUTE_STAGES`; compute dtype, ``term`` fp32) with zero rows for inactive routes.
+    Arguments as :func:`route_outputs_from_source` (pre-validated). The stages are the values
+    :func:`route_outputs_from_source` computes on its faithful path, exposed for the oracle.
+    """
+    m, top_k = topk_ids.shape
+    routes_total = m * top_k
+    stages: dict[str, torch.Tensor] = {}
+    packed = pack_routes(topk_ids, num_experts, block_size=1)
+    offsets, counts = packed.expert_offsets.tolist(), packed.expert_counts.tolist()
+    for expert in range(num_experts):
+        if counts[expert] == 0:
+            continue
+        start = offsets[expert]
+        routes = packed.packed_route_indices[start : start + counts[expert]].to(torch.int64)
+        rows = x.index_select(0, routes // top_k)
+        weights, rotations, shared_input = source(expert)
+        result = faithful_expert_stages(
+            rows, weights, rotations, shared_input=shared_input, compute_dtype=compute_dtype
+        )
+        for name, value in result.items():
+            if name not in stages:
+                stages[name] = torch.zeros(
+                    routes_total, value.shape[1], dtype=value.dtype, device=x.device
+                )
+            stages[name].index_copy_(0, routes, value)
+    active = torch.zeros(routes_total, dtype=torch.bool, device=x.device)
+    active[packed.packed_route_indices[: packed.packed_route_count].to(torch.int64)] = True
+    return stages, active
+
+
+def stack_route_stages(
+    x: torch.Tensor,
+    experts,
+    topk_ids: torch.Tensor,
+    *,
+    compute_dtype: torch.dtype = torch.float16,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`route_stages_from_source` of any stack accepted by :func:`stack_route_outputs`.
+
+    Stages no route reached are absent from the dict (an all-inactive batch returns ``{}``)."""
+    validate_moe_inputs(
+        x, experts.hidden_size, None, topk_ids, "faithful", compute_dtype, experts.w13.device
+    )
+    shared = experts.w13_layout == "packed"
+
+    def source(expert: int):
+        return experts.decode_expert(expert), experts.expert_rotations(expert), shared
+
+    return route_stages_from_source(
+        x, topk_ids, experts.num_experts, source, compute_dtype=compute_dtype
+    )
 
 
 def stack_route_outputs(

@@ -9,7 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle.metrics import compute_metrics, rel_l2, row_block_rel_l2, row_cosines, tile_errors
+from oracle.metrics import (
+    BOUND_FIELDS,
+    compute_metrics,
+    rel_l2,
+    row_block_rel_l2,
+    row_cosines,
+    tile_errors,
+)
 
 
 def test_scaled_output_has_rel_l2_epsilon():
@@ -118,6 +125,7 @@ def test_to_dict_has_every_metric():
         "inf_count",
         "numel",
         "shape",
+        *BOUND_FIELDS,
     }
     assert d["shape"] == [2, 2] and d["ratio"] == 0.0
 
@@ -163,3 +171,16 @@ def test_metric_identities(shape, noise, scale, seed):
     assert (blocks**2 * energy).sum().item() / energy.sum().item() == pytest.approx(
         m.rel_l2**2, rel=1e-9
     )
+
+
+def test_applied_bounds_are_reported_and_default_to_none():
+    m = compute_metrics(torch.ones(2, 2), torch.ones(2, 2))
+    d = m.to_dict()
+    assert set(BOUND_FIELDS) <= set(d)
+    assert all(d[name] is None for name in BOUND_FIELDS)
+    bounded = m.with_bounds(coarse_bound=2e-3, coarse_ratio=0.5, envelope_violations=0)
+    assert (bounded.coarse_bound, bounded.coarse_ratio) == (2e-3, 0.5)
+    assert bounded.envelope_violations == 0 and bounded.rel_l2 == m.rel_l2
+    assert bounded.to_dict()["coarse_bound"] == 2e-3
+    with pytest.raises(ValueError, match="unknown fields"):
+        m.with_bounds(rel_l2=0.0)
