@@ -35,7 +35,8 @@ def test_default_job_on_cpu_writes_the_schema_and_skips_gpu_with_reason(tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU checks skipped (3)" in proc.stdout and "no CUDA device" in proc.stdout
     data = json.loads(out.read_text())
-    assert set(data) == {"checks", "summary", "environment"}
+    assert set(data) == {"schema", "checks", "summary", "environment"}
+    assert data["schema"] == "oracle.report/2"
     for check in data["checks"]:
         assert set(check) == {"name", "tier", "status", "reason", "metrics"}
         assert check["tier"] in ("cpu", "gpu") and check["status"] in ("pass", "fail", "skip")
