@@ -66,9 +66,10 @@ def test_every_fingerprint_table_has_a_reference_builder():
     assert set(builders()) == set(tables)  # no table is silently skipped
 
 
-def test_unknown_family_is_a_usage_error():
-    with pytest.raises(SystemExit, match="unknown families"):
-        main(["--only", "layout,nonsense"])
+def test_unknown_family_is_a_usage_error(capsys):
+    assert main(["--only", "layout,nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown families ['nonsense']" in err
 
 
 def test_grid_lists_exactly_the_filtered_cases(capsys):
@@ -146,10 +147,11 @@ def test_contracts_delegates_its_arguments(monkeypatch):
     assert seen == [["--json", "x.json"]]
 
 
-def test_replay_of_a_non_grid_case_is_a_plain_skip(tmp_path, capsys):
+def test_replay_of_a_non_grid_case_is_refused_not_green(tmp_path, capsys):
+    """Nothing can be re-judged, so it must not exit 0 (it used to be a lone skip, exit 0)."""
     path = save_case({"case_id": "not_a_grid_case"}, {"y": torch.zeros(2)}, tmp_path)
-    assert main(["replay", str(path), "-q"]) == 0
-    assert "0 passed, 0 failed, 1 skipped" in capsys.readouterr().out
+    assert main(["replay", str(path), "-q"]) == 2
+    assert "not a replayable grid case" in capsys.readouterr().err
 
 
 def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, capsys):
