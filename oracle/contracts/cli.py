@@ -10,6 +10,8 @@ Layout
 
 Invariants
 ----------
+* The JSON report (``--json``) carries ``schema`` = :data:`SCHEMA` (``oracle.contracts/1``) ahead
+  of :meth:`~.check.ContractReport.to_json`'s keys; fields in ``docs/json_schemas.md``.
 * Exit status 1 when there is any violation, 0 otherwise; 2 for bad usage (argparse).
 * Defaults: the root is the installed ``b12x`` package; when the root *is* b12x, the lock and
   slots default to ``fixtures/abi_lock.json`` and ``fixtures/pinned_slots.json``. For any other
@@ -28,6 +30,9 @@ from pathlib import Path
 from .check import DEFAULT_LOCK_PATH, DEFAULT_SLOTS_PATH, check_package, default_root
 from .index import build_index
 from .lock import update_lock
+
+#: The JSON report's schema tag (docs/json_schemas.md).
+SCHEMA = "oracle.contracts/1"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(
+            json.dumps({"schema": SCHEMA, **report.to_json()}, indent=2) + "\n", encoding="utf-8"
+        )
     return 0 if report.ok else 1
 
 

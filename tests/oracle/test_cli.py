@@ -173,3 +173,55 @@ def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, ca
     assert f"replay: python -m oracle replay {saved}" in result.reason
     assert main(["replay", str(saved), "-q", "--tier", "cpu"]) == 1
     assert "first at index (0, 0)" in capsys.readouterr().out
+
+
+# --- scripts/gpu_tier.sh: a failing or timed-out phase fails the session ---------------------
+
+
+def _gpu_tier(tmp_path, shim: str, **switches):
+    """Run gpu_tier.sh with a fake ``python3`` (``shim`` is its bash body) and only the phases
+    switched on in ``switches``; returns (exit code, stdout)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text("#!/usr/bin/env bash\n" + shim + "\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.update(TESTS="0", GRID="0", BENCH="0", MOE_BENCH="0", SANITIZE="0", MUTATE="0")
+    env.update({k: str(v) for k, v in switches.items()}, OUT=str(tmp_path / "out"))
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_tier.sh")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode, proc.stdout
+
+
+def _row(out: str, phase: str) -> list[str]:
+    return next(line.split() for line in out.splitlines() if line.startswith(phase + " "))
+
+
+def test_gpu_tier_exits_0_only_when_every_phase_passes(tmp_path):
+    code, out = _gpu_tier(tmp_path, "exit 0", TESTS=1, GRID=1)
+    assert code == 0, out
+    assert _row(out, "gpu_tests")[:3] == ["gpu_tests", "ok", "0"]
+    assert _row(out, "oracle_grid")[:3] == ["oracle_grid", "ok", "0"]
+    assert _row(out, "mutate_gpu")[:2] == ["mutate_gpu", "skipped"]
+
+
+def test_gpu_tier_fails_and_names_a_failing_phase(tmp_path):
+    shim = 'case "$*" in *oracle*) exit 3 ;; *) exit 0 ;; esac'
+    code, out = _gpu_tier(tmp_path, shim, TESTS=1, GRID=1)
+    assert code == 1, out
+    assert _row(out, "oracle_grid")[:3] == ["oracle_grid", "FAILED", "3"]
+    assert _row(out, "gpu_tests")[:2] == ["gpu_tests", "ok"]
+    assert "1 phase(s) failed or timed out" in out
+
+
+def test_gpu_tier_fails_and_names_a_timed_out_phase(tmp_path):
+    code, out = _gpu_tier(tmp_path, "sleep 30", GRID=1, GRID_S=1)
+    assert code == 1, out
+    assert _row(out, "oracle_grid")[:4] == ["oracle_grid", "TIMED", "OUT", "124"]
