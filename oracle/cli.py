@@ -706,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if args.command == "contracts":
+    if args.command == "contracts":  # the delegates print their own one-line refusals
         from oracle.contracts.cli import main as contracts_main
 
         rest = argv[argv.index("contracts") + 1 :]

@@ -387,6 +387,9 @@ def grid_case_layout(case: Any) -> dict[str, tuple[tuple[int, ...], tuple[str, .
     if v.op == "decode":
         out["y"] = ((case.k, case.n), ("float16",))
         return out
+    if v.op == "moe":  # make_inputs draws the payload only; the output is [M, hidden]
+        out["y"] = ((case.m, case.k), ("float16", "float32"))
+        return out
     out["x"] = ((case.m, case.k), (dtype,))
     if v.rotation == "full":
         out["suh"] = ((case.k,), ("float16",))

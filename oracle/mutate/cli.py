@@ -62,10 +62,17 @@ _STYLE = {
 }
 
 
+class _Refused(Exception):
+    """A usage error; :func:`main` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's hook: one line instead of usage + message
+        raise _Refused(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m oracle mutate", description=__doc__.split("\n\n")[0]
-    )
+    parser = _Parser(prog="python -m oracle mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--only", metavar="IDS", help="comma-separated mutant ids")
@@ -232,6 +239,15 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the gate (module docstring); a usage error is one line on stderr and exit 2."""
+    try:
+        return _main(argv)
+    except _Refused as exc:
+        print(f"python -m oracle mutate: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.from_json:

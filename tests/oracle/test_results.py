@@ -236,7 +236,9 @@ def test_grid_case_layout_matches_the_grid_runner():
         ("dense", "none", "fp16"),
         ("dense", "none", "bf16"),
     }
-    for case in picked[::7]:
+    picked += cases(tier="cpu", filter="op=moe,codebook=mcg,m=9")[:3]
+    picked += cases(tier="cpu", filter="pair_kind=P24,op=dense,m=9")[:3]
+    for case in picked[::7] + picked[-6:]:
         layout = grid_case_layout(case)
         inputs = make_inputs(case)
         assert set(layout) == {*inputs, "y"}, case.case_id
