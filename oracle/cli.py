@@ -38,8 +38,11 @@ contradictions such as ``bits=9``, ids that are not grid points, selections that
 or that contain no case the oracle can run on a GPU), tiles, ``--only`` families, report files
 (:class:`oracle.report.ReportFileError`), saved cases (:class:`oracle.results.CaseFileError`), and
 the device: ``--tier gpu`` or ``--require-gpu`` without CUDA. A refusal prints ONE line,
-``python -m oracle <command>: error: <why>``, to stderr and exits 2; :func:`main` is the one place
-that turns these errors into that line (never a traceback).
+``python -m oracle <command>: error: <why>``, to stderr and exits 2 (never a traceback):
+:func:`refuse` is the one place that does so, for argparse errors (the parser's ``error`` hook)
+and for every refusal error a command raises (:func:`main` catches them). It raises
+:class:`Refused`, a ``SystemExit`` with code 2 whose ``str`` is the message, so in-process
+callers see the same exit code as the shell.
 
 Exit codes: 0 every check passed (skips never fail); 1 a check failed; 2 refused (usage,
 selection, file or device); 130 interrupted (``mutate``).
@@ -51,9 +54,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = ["Refused", "UsageError", "build_parser", "main", "refuse"]
 
 ARCH_NOTE = "sm_80, sm_90, sm_120"
 
@@ -62,11 +65,29 @@ class UsageError(Exception):
     """A refusal of the command line (one-line message); :func:`main` prints it and exits 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is a :class:`UsageError` (one line), not usage + message."""
+class Refused(SystemExit):
+    """Exit code 2 after a one-line refusal was printed; ``str()`` is the message."""
 
-    def error(self, message: str) -> Any:  # noqa: D401 - argparse's hook
-        raise UsageError(f"{message} (see {self.prog} --help)")
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def refuse(prog: str, message: str) -> NoReturn:
+    """Print ``<prog>: error: <message>`` as ONE line on stderr and raise :class:`Refused`."""
+    line = " ".join(str(message).split())
+    print(f"{prog}: error: {line}", file=sys.stderr)
+    raise Refused(line)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (:func:`refuse`), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:  # argparse's hook
+        refuse(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -379,7 +400,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from oracle import sharding
 
         if args.gpus is not None:
-            return _finish(sharding.run_multi_gpu_cli(args), args)
+            try:
+                report = sharding.run_multi_gpu_cli(args)
+            except SystemExit as exc:  # sharding's refusals ("no CUDA device", ...): one line
+                if not isinstance(exc.code, str):
+                    raise
+                raise UsageError(exc.code.removeprefix("python -m oracle run: ")) from None
+            return _finish(report, args)
         return _finish(sharding.run_shard(_context(args, tier=tier, cuda=cuda), args.shard), args)
     with contextlib.ExitStack() as stack:
         ctx = _context(args, _progress_factory(args, stack), tier=tier, cuda=cuda)
@@ -690,17 +717,15 @@ def _command_name(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns its exit code (module docstring). Every refusal is printed as
-    one line on stderr with exit code 2 — this is the one place that does so."""
+    """Run one command and return its exit code (module docstring). A refusal is printed as
+    one line on stderr and raises :class:`Refused` (``SystemExit`` with code 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
     except Exception as exc:
         if not isinstance(exc, _refusal_types()):
             raise
-        message = " ".join(str(exc).split())
-        print(f"python -m oracle{_command_name(argv)}: error: {message}", file=sys.stderr)
-        return 2
+        refuse(f"python -m oracle{_command_name(argv)}", str(exc))
 
 
 def _main(argv: list[str]) -> int:

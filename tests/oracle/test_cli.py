@@ -68,7 +68,9 @@ def test_every_fingerprint_table_has_a_reference_builder():
 
 
 def test_unknown_family_is_a_usage_error(capsys):
-    assert main(["--only", "layout,nonsense"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["--only", "layout,nonsense"])
+    assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown families ['nonsense']" in err
 
@@ -151,7 +153,9 @@ def test_contracts_delegates_its_arguments(monkeypatch):
 def test_replay_of_a_non_grid_case_is_refused_not_green(tmp_path, capsys):
     """Nothing can be re-judged, so it must not exit 0 (it used to be a lone skip, exit 0)."""
     path = save_case({"case_id": "not_a_grid_case"}, {"y": torch.zeros(2)}, tmp_path)
-    assert main(["replay", str(path), "-q"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["replay", str(path), "-q"])
+    assert info.value.code == 2
     assert "not a replayable grid case" in capsys.readouterr().err
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import oracle.checks
-from oracle.cli import main
+from oracle.cli import Refused, main
 from oracle.grids import cases
 from oracle.report import CheckResult, Report
 from oracle.results import save_case
@@ -232,6 +232,14 @@ REFUSALS = [
 ]
 
 
+def run_cli(argv) -> int:
+    """``main(argv)``'s exit code, whether returned or raised (a refusal raises SystemExit(2))."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
 def _expand(argv, tmp_path):
     out = []
     for word in argv:
@@ -245,7 +253,7 @@ def _expand(argv, tmp_path):
 
 @pytest.mark.parametrize(("argv", "needle"), REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
 def test_refusal_is_exit_2_with_one_line(argv, needle, tmp_path, capsys):
-    code = main(_expand(argv, tmp_path))
+    code = run_cli(_expand(argv, tmp_path))
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
     assert out == "", out
@@ -256,11 +264,26 @@ def test_refusal_is_exit_2_with_one_line(argv, needle, tmp_path, capsys):
 
 def test_refused_png_when_matplotlib_is_missing(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
-    code = main(["report", make_file("report", tmp_path), "--png", str(tmp_path / "png")])
+    code = run_cli(["report", make_file("report", tmp_path), "--png", str(tmp_path / "png")])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "matplotlib is not installed" in err
     assert not (tmp_path / "png").exists()
+
+
+def test_a_refusal_is_a_system_exit_2_carrying_the_message(capsys):
+    with pytest.raises(Refused) as info:
+        main(["grid", "--filter", "codebook=MCG"])
+    assert isinstance(info.value, SystemExit) and info.value.code == 2
+    assert "unknown codebook 'MCG'" in str(info.value)
+    assert capsys.readouterr().err.strip().endswith(str(info.value))
+
+
+def test_gpus_without_devices_is_a_one_line_refusal(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert run_cli(["run", "--gpus", "all"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA device" in err, err
 
 
 def test_valid_counterparts_are_not_refused(tmp_path, capsys):
