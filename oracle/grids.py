@@ -333,6 +333,12 @@ def cases(
         raise ValueError(f"cases: tier must be 'cpu' or 'gpu', got {tier!r}")
     if max_cases is not None:
         _check_count(max_cases, "cases: max_cases", allow_zero=True)
+    if isinstance(base_seed, bool) or not isinstance(base_seed, int) or base_seed < 0:
+        raise ValueError(f"cases: base_seed must be a non-negative int, got {base_seed!r}")
+    if variants is not None and (
+        not isinstance(variants, tuple | list) or not all(isinstance(v, Variant) for v in variants)
+    ):
+        raise TypeError("cases: variants must be a tuple of Variant (or None for the registry)")
     predicate = parse_filter(filter) if isinstance(filter, str) else filter
     if predicate is not None and not callable(predicate):
         raise TypeError(

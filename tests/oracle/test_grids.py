@@ -105,6 +105,16 @@ def test_case_validation():
         G.cases(tier="tpu")
     with pytest.raises(ValueError, match="op"):
         G.cases(op="gemm")
+    for bad in (-1, 1.5, "7", True):
+        with pytest.raises(ValueError, match="base_seed"):
+            G.cases(op="dense", base_seed=bad)
+    with pytest.raises(TypeError, match="variants"):
+        G.cases(variants=("dense/mcg/k6/fp16",))
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="max_cases"):
+            G.cases(op="dense", max_cases=bad)
+    with pytest.raises(TypeError, match="filter"):
+        G.cases(filter=3)
 
 
 def test_filter_grammar():
