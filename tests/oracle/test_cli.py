@@ -412,3 +412,14 @@ def test_max_cases_is_a_stratified_sample_in_runs_and_shards():
     assert {c.variant.op for c in runnable} == {"decode", "dense"}
     selection = sharding.select_cases(filter="m<=129", max_cases=400)
     assert list(selection.runnable) == runnable
+
+
+def test_contracts_json_carries_its_schema(tmp_path, capsys):
+    from oracle.contracts.cli import SCHEMA
+
+    out = tmp_path / "contracts.json"
+    assert main(["contracts", "--json", str(out)]) in (0, 1)
+    data = json.loads(out.read_text())
+    assert data["schema"] == SCHEMA == "oracle.contracts/1"
+    assert {"root", "ok", "counts", "by_rule", "violations", "infos"} <= set(data)
+    capsys.readouterr()
