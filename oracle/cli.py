@@ -5,25 +5,47 @@ Commands
 * (none) — the default job: :data:`oracle.checks.FAMILIES` in order. On CPU: fingerprints,
   layout, contracts, dispatch/tiles, kernel compile checks, and one ``skip`` line per GPU check
   family saying why; on a GPU also the differential grid, decode exactness and graph protocol.
-* ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases for the GPU families;
-  ``--tile TILE`` qualifies one tile on the simulated devices (pin vs the one predicate) and
-  compiles the kernel specializations its registry maps it to for every arch (on a GPU it then
-  runs the grid and graph families; on CPU it says they were skipped);
-  ``--compile-all`` / ``--compile-budget S`` widen the compile family.
-  ``--gpus N|all`` shards the grid over N GPUs (one pinned subprocess each, heavy cases in a
-  serial phase) and merges one report; ``--shard I/N|serial`` runs one slice (oracle.sharding).
-* ``grid`` — list case ids for ``--filter`` / ``--op`` and the tier.
+* ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases for the GPU families
+  (``--max-cases N`` takes a stratified sample, :func:`oracle.grids.stratified_sample`);
+  ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile on the simulated devices (pin vs
+  the one predicate), compiles the kernel specialisations the tile registry maps it to for
+  sm_80/sm_90/sm_120 (registers, spill bytes, MMA present; ``--codebook``/``--bits`` narrow
+  them) and, on a GPU, runs the grid cases pinned to it. A tile that qualifies for no (problem,
+  device) point, maps to no specialisation, or fails to compile FAILS the run; nothing about a
+  tile ever passes without compiling. ``--compile-all`` / ``--compile-budget S`` widen the
+  compile family. ``--gpus N|all`` shards the grid over N GPUs (one pinned subprocess each,
+  heavy cases in a serial phase) and merges one report; ``--shard I/N|serial`` runs one slice.
+* ``grid`` — list case ids for ``--filter`` / ``--op`` and the tier (``--tier`` picks which grid
+  is listed; listing runs nothing, so it needs no device).
 * ``contracts`` — delegates its arguments to :func:`oracle.contracts.cli.main`.
-* ``mutate`` — the mutation gate; delegates to :func:`oracle.mutate.cli.main`
-  (``[--tier cpu|gpu|all] [--json FILE] [--only ID,...]``).
-* ``replay PATH`` — load a saved case (no pickle), recompute its references, rerun the kernel
-  when CUDA is present, print the verdict.
-* ``report JSON`` — print the JSON report as a table; ``--png DIR`` writes error-vs-shape plots
-  per variant; ``--tile-map CASE`` writes the per-tile error map of one saved case.
+* ``mutate`` — the mutation gate; delegates to :func:`oracle.mutate.cli.main`.
+* ``replay PATH`` — load a saved grid case (no pickle), check it agrees with its id
+  (:func:`oracle.results.check_grid_case`), recompute its references, rerun the kernel when CUDA
+  is present, print the verdict.
+* ``report JSON`` — print a JSON report (:data:`oracle.report.READABLE_SCHEMAS`) as a table;
+  ``--png DIR`` writes error-vs-shape plots per variant (or refuses, saying why: matplotlib
+  missing, nothing plottable); ``--tile-map CASE`` writes the per-tile error map of a saved case.
 
 Common options (before or after the command): ``--json FILE``, ``--results DIR`` (default
-``./results``), ``--tier cpu|gpu|auto``, ``-q``. Exit code: 1 when any check failed, else 0
-(skips never fail); 2 for a usage error (argparse).
+``./results``), ``--tier cpu|gpu|auto`` (default auto: gpu when CUDA is present),
+``--require-gpu`` (refuse to run without CUDA), ``-q``.
+
+Refusals (validated before anything runs)
+-----------------------------------------
+Every selection and input file is checked first: filters and case ids
+(:func:`oracle.grids.select_cases`: unknown keys, values outside the registry's vocabulary,
+contradictions such as ``bits=9``, ids that are not grid points, selections that match nothing
+or that contain no case the oracle can run on a GPU), tiles, ``--only`` families, report files
+(:class:`oracle.report.ReportFileError`), saved cases (:class:`oracle.results.CaseFileError`), and
+the device: ``--tier gpu`` or ``--require-gpu`` without CUDA. A refusal prints ONE line,
+``python -m oracle <command>: error: <why>``, to stderr and exits 2 (never a traceback):
+:func:`refuse` is the one place that does so, for argparse errors (the parser's ``error`` hook)
+and for every refusal error a command raises (:func:`main` catches them). It raises
+:class:`Refused`, a ``SystemExit`` with code 2 whose ``str`` is the message, so in-process
+callers see the same exit code as the shell.
+
+Exit codes: 0 every check passed (skips never fail); 1 a check failed; 2 refused (usage,
+selection, file or device); 130 interrupted (``mutate``).
 """
 
 from __future__ import annotations
@@ -32,9 +54,40 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["build_parser", "main"]
+__all__ = ["Refused", "UsageError", "build_parser", "main", "refuse"]
+
+ARCH_NOTE = "sm_80, sm_90, sm_120"
+
+
+class UsageError(Exception):
+    """A refusal of the command line (one-line message); :func:`main` prints it and exits 2."""
+
+
+class Refused(SystemExit):
+    """Exit code 2 after a one-line refusal was printed; ``str()`` is the message."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def refuse(prog: str, message: str) -> NoReturn:
+    """Print ``<prog>: error: <message>`` as ONE line on stderr and raise :class:`Refused`."""
+    line = " ".join(str(message).split())
+    print(f"{prog}: error: {line}", file=sys.stderr)
+    raise Refused(line)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (:func:`refuse`), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:  # argparse's hook
+        refuse(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -52,7 +105,14 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--tier",
         choices=("cpu", "gpu", "auto"),
         default=default("auto"),
-        help="cpu: CPU checks only; gpu: also GPU checks; auto: gpu when CUDA is present",
+        help="cpu: CPU checks only; gpu: also GPU checks (refused without CUDA); "
+        "auto (default): gpu when CUDA is present",
+    )
+    parser.add_argument(
+        "--require-gpu",
+        action="store_true",
+        default=default(False),
+        help="refuse to run (exit 2) when no CUDA device is visible",
     )
     parser.add_argument(
         "-q",
@@ -63,8 +123,28 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (>= 0), got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected finite seconds >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m oracle", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m oracle", description=__doc__.split("\n\n")[0])
     _add_common(parser, suppress=False)
     parser.add_argument(
         "--only",
@@ -76,12 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
     run.add_argument("--filter", help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
     run.add_argument("--case", help="one case id (see `grid`)")
-    run.add_argument("--tile", help="qualify and compile one tile, e.g. 32x512x256")
-    run.add_argument("--max-cases", type=int, default=None, help="cap the number of grid cases")
+    run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: KxNxT")
+    run.add_argument("--codebook", help="with --tile: compile only this codebook's kernels")
+    run.add_argument("--bits", type=_positive_int, help="with --tile: only this bit rate")
+    run.add_argument(
+        "--max-cases",
+        type=_positive_int,
+        default=None,
+        help="a stratified sample of N grid cases (every variant, M and dtype first)",
+    )
     run.add_argument("--compile-all", action="store_true", help="compile every specialization")
     run.add_argument(
         "--compile-budget",
-        type=float,
+        type=_budget,
         default=None,
         metavar="S",
         help="compile time budget in seconds (0: none)",
@@ -124,12 +211,45 @@ def _shard_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _console(quiet: bool) -> Any:
-    from rich.console import Console
+# --- device -----------------------------------------------------------------------------------
 
-    return (
-        Console(stderr=False, quiet=False, highlight=False, soft_wrap=False) if not quiet else None
-    )
+
+def _no_cuda_reason() -> str:
+    """Why torch sees no CUDA device, in a few words."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    import os
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return "CUDA_VISIBLE_DEVICES is empty"
+    return "torch.cuda.is_available() is False (no driver or device)"
+
+
+def _resolve_tier(args: argparse.Namespace) -> tuple[str, bool]:
+    """``(tier, cuda)`` for a command that runs checks; refuses ``--tier gpu`` or
+    ``--require-gpu`` on a machine without CUDA, and ``--require-gpu`` with ``--tier cpu``."""
+    from oracle.checks import cuda_available
+
+    if args.require_gpu and args.tier == "cpu":
+        raise UsageError("--require-gpu contradicts --tier cpu")
+    cuda = cuda_available()
+    if (args.tier == "gpu" or args.require_gpu) and not cuda:
+        flag = "--tier gpu" if args.tier == "gpu" else "--require-gpu"
+        raise UsageError(f"{flag}: no CUDA device is visible ({_no_cuda_reason()})")
+    tier = args.tier if args.tier != "auto" else ("gpu" if cuda else "cpu")
+    return tier, cuda
+
+
+def _no_device_flags(args: argparse.Namespace, command: str) -> None:
+    if args.require_gpu:
+        raise UsageError(f"--require-gpu does not apply to `{command}` (it runs no GPU check)")
+
+
+# --- output -----------------------------------------------------------------------------------
 
 
 def _progress_factory(args: argparse.Namespace, stack: Any) -> Any:
@@ -155,11 +275,9 @@ def _progress_factory(args: argparse.Namespace, stack: Any) -> Any:
     return factory
 
 
-def _context(args: argparse.Namespace, progress: Any = None) -> Any:
-    from oracle.checks import CheckContext, cuda_available
+def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda: bool) -> Any:
+    from oracle.checks import CheckContext
 
-    cuda = cuda_available()
-    tier = args.tier if args.tier != "auto" else ("gpu" if cuda else "cpu")
     ctx = CheckContext(
         tier=tier,
         cuda=cuda,
@@ -200,8 +318,14 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
             f"{' …' if len(gpu_skips) > 6 else ''} — {'; '.join(reasons)}"
         )
     if args.json:
-        print(f"JSON report: {report.to_json(args.json)}")
+        try:
+            print(f"JSON report: {report.to_json(args.json)}")
+        except OSError as exc:
+            raise UsageError(f"--json: cannot write {args.json}: {exc.strerror or exc}") from None
     return report.exit_code()
+
+
+# --- the default job ----------------------------------------------------------------------------
 
 
 def _cmd_default(args: argparse.Namespace) -> int:
@@ -211,52 +335,84 @@ def _cmd_default(args: argparse.Namespace) -> int:
     from oracle.report import Report
 
     families = FAMILIES
-    if args.only:
+    if args.only is not None:
         families = tuple(f.strip() for f in args.only.split(",") if f.strip())
         unknown = [f for f in families if f not in FAMILIES]
-        if unknown:
-            raise SystemExit(
-                f"python -m oracle: --only: unknown families {unknown}; known: {FAMILIES}"
+        if unknown or not families:
+            raise UsageError(
+                f"--only: unknown families {unknown or [args.only]}; known: {', '.join(FAMILIES)}"
             )
+    tier, cuda = _resolve_tier(args)
     with contextlib.ExitStack() as stack:
-        ctx = _context(args, _progress_factory(args, stack))
+        ctx = _context(args, _progress_factory(args, stack), tier=tier, cuda=cuda)
         report = Report(run(ctx, families))
     return _finish(report, args)
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+
+def _validate_run_selection(args: argparse.Namespace) -> None:
+    """Validate ``--filter``/``--case``/``--max-cases`` against the grid, and require at least one
+    case the oracle can run on a GPU (else nothing would ever be judged)."""
+    from oracle.grids import select_cases, stratified_cover_size
+
+    if not (args.filter or args.case):
+        return
+    selected = select_cases(filter=args.filter, case=args.case, tier="gpu")
+    from oracle.checks.gpu import select_grid
+
+    runnable, notes = select_grid(case=args.case, filter=args.filter, max_cases=None)
+    if not runnable:
+        why = "; ".join(n.reason for n in notes if n.status == "skip") or "no runner"
+        raise UsageError(
+            f"the selection matches {len(selected)} grid case(s), none of which the oracle can "
+            f"run on a GPU ({why})"
+        )
+    if args.max_cases is not None:
+        cover = stratified_cover_size(runnable)
+        if args.max_cases < cover:
+            print(
+                f"note: --max-cases {args.max_cases} is below the {cover} cases needed to visit "
+                "every variant, M and compute dtype of the selection once",
+                file=sys.stderr,
+            )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from oracle.checks import compile as compile_checks
-    from oracle.checks import gpu, run_family
-    from oracle.checks.dispatch_tiles import qualify_tile, tile_specializations
+    from oracle.checks import run_family
     from oracle.report import Report
 
     if args.case and args.filter:
-        raise SystemExit("python -m oracle run: use --case or --filter, not both")
-    if args.shard is not None or args.gpus is not None:  # multi-GPU sharding (oracle.sharding)
+        raise UsageError("use --case or --filter, not both")
+    if (args.codebook is not None or args.bits is not None) and not args.tile:
+        raise UsageError("--codebook and --bits narrow a --tile run; give --tile KxNxT")
+    if sum((args.shard is not None, args.gpus is not None, bool(args.tile))) > 1:
+        raise UsageError("--shard, --gpus and --tile exclude each other")
+    if args.tile:
+        tile = _parse_tile(args.tile)
+        _validate_narrowing(args)
+    tier, cuda = _resolve_tier(args)
+    _validate_run_selection(args)
+    if args.shard is not None or args.gpus is not None:
         from oracle import sharding
 
-        if args.tile or (args.shard is not None and args.gpus is not None):
-            raise SystemExit("python -m oracle run: --shard, --gpus and --tile exclude each other")
         if args.gpus is not None:
-            return _finish(sharding.run_multi_gpu_cli(args), args)
-        return _finish(sharding.run_shard(_context(args), args.shard), args)
+            try:
+                report = sharding.run_multi_gpu_cli(args)
+            except SystemExit as exc:  # sharding's refusals ("no CUDA device", ...): one line
+                if not isinstance(exc.code, str):
+                    raise
+                raise UsageError(exc.code.removeprefix("python -m oracle run: ")) from None
+            return _finish(report, args)
+        return _finish(sharding.run_shard(_context(args, tier=tier, cuda=cuda), args.shard), args)
     with contextlib.ExitStack() as stack:
-        ctx = _context(args, _progress_factory(args, stack))
+        ctx = _context(args, _progress_factory(args, stack), tier=tier, cuda=cuda)
         report = Report()
         if args.tile:
-            report.extend(qualify_tile(args.tile))
-            specs, why = tile_specializations(args.tile)
-            if specs is None:
-                report.add(name=f"compile.tile_{args.tile}", tier="cpu", status="skip", reason=why)
-            else:
-                report.extend(compile_checks.run(ctx, specs=specs, budget_s=0))
-            if ctx.cuda and ctx.tier == "gpu":
-                report.extend(gpu.run(ctx))
-            else:
-                why = "no CUDA device" if not ctx.cuda else "tier cpu selected (--tier)"
-                report.extend([_skip(f"{n}.tile_{args.tile}", why) for n in gpu.FAMILY_NAMES])
+            report.extend(_tile_checks(args, ctx, tile))
         else:
             if args.compile_all or args.compile_budget is not None:
                 report.extend(run_family("compile", ctx))
@@ -264,49 +420,270 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _finish(report, args)
 
 
-def _skip(name: str, reason: str) -> Any:
+def _gpu_skips(ctx: Any, suffix: str = "") -> list[Any]:
+    from oracle.checks import gpu
     from oracle.report import CheckResult
 
-    return CheckResult(name, "gpu", "skip", reason)
+    why = "no CUDA device" if not ctx.cuda else "tier cpu selected (--tier)"
+    return [CheckResult(f"{n}{suffix}", "gpu", "skip", why) for n in gpu.FAMILY_NAMES]
+
+
+# --- run --tile -----------------------------------------------------------------------------------
+
+
+def _parse_tile(text: str) -> tuple[int, int, int]:
+    """``KxNxT`` → three positive ints; anything else is a usage error (exit 2)."""
+    from oracle.checks.dispatch_tiles import parse_tile
+
+    try:
+        spec = parse_tile(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if len(spec) != 3 or min(spec) < 1:
+        raise UsageError(
+            f"--tile: expected three positive integers tile_k x tile_n x cta_threads, e.g. "
+            f"64x256x256, got {text!r}"
+        )
+    return spec  # type: ignore[return-value]
+
+
+def _validate_narrowing(args: argparse.Namespace) -> None:
+    from oracle.variants import CODEBOOK_BITS
+
+    if args.codebook is not None and args.codebook not in CODEBOOK_BITS:
+        raise UsageError(
+            f"--codebook: unknown codebook {args.codebook!r}; known: {', '.join(CODEBOOK_BITS)}"
+        )
+    if args.bits is not None:
+        legal = (
+            CODEBOOK_BITS[args.codebook]
+            if args.codebook is not None
+            else tuple(sorted({b for bits in CODEBOOK_BITS.values() for b in bits}))
+        )
+        if args.bits not in legal:
+            whose = f"codebook {args.codebook}" if args.codebook else "any codebook"
+            raise UsageError(
+                f"--bits: {args.bits} is not legal for {whose}; legal: {', '.join(map(str, legal))}"
+            )
+
+
+def _tile_registries() -> tuple[list[Any], str]:
+    from oracle.checks.dispatch_tiles import declared
+
+    registries, why = declared("tile_registries")
+    return (registries or []), why
+
+
+def tile_qualification(text: str, registries: list[Any] | None = None) -> list[Any]:
+    """``tile.*`` results of pinning ``text`` on every declared problem and simulated device
+    (:func:`oracle.checks.dispatch_tiles.qualify_tile`), made strict: a tile that no registry
+    recognises, that is not a declared entry, or that qualifies at no (problem, device) point
+    is a ``fail``, never a pass or a skip."""
+    from oracle.checks.dispatch_tiles import qualify_tile
+    from oracle.report import CheckResult
+
+    if registries is None:
+        registries, why = _tile_registries()
+        if not registries:
+            return [CheckResult(f"tile.{text}", "cpu", "fail", f"no tile registry: {why}")]
+    out = []
+    recognised = False
+    for result in qualify_tile(text, registries):
+        if result.status == "skip":  # "not a tile of this registry"
+            continue
+        recognised = True
+        accepted = result.metrics.get("accepted")
+        if result.status == "pass" and not accepted:
+            rejected = result.metrics.get("rejected") or []
+            first = f"; e.g. {rejected[0]}" if rejected else ""
+            result = CheckResult(
+                result.name,
+                "cpu",
+                "fail",
+                f"qualifies for no (problem, device) point{first}",
+                result.metrics,
+            )
+        out.append(result)
+    if not recognised:
+        names = ", ".join(getattr(r, "name", "?") for r in registries)
+        out.append(
+            CheckResult(f"tile.{text}", "cpu", "fail", f"no tile registry ({names}) reads it")
+        )
+    return out
+
+
+#: The hook a tile registry declares so that ``run --tile`` can compile what a tile runs.
+SPECIALIZATIONS_HOOK = "specializations"
+
+
+def tile_specializations(
+    text: str,
+    *,
+    codebook: str | None = None,
+    bits: int | None = None,
+    registries: list[Any] | None = None,
+) -> tuple[list[Any], str]:
+    """``(specs, "")`` the registries map tile ``text`` to, narrowed to ``codebook``/``bits``
+    (specs without a codebook — reductions, rotations — are kept), or ``([], reason)``.
+
+    Hook (optional on each registry): ``registry.specializations(tile) -> Iterable[spec]``, every
+    kernel specialisation (``b12x.kernels.specs.KernelSpec``) a launch with ``tile`` compiles."""
+    from oracle.checks.dispatch_tiles import parse_tile
+
+    spec = parse_tile(text)
+    if registries is None:
+        registries, why = _tile_registries()
+        if not registries:
+            return [], f"no tile registry: {why}"
+    found: list[Any] = []
+    hooks = []
+    for registry in registries:
+        hook = getattr(registry, SPECIALIZATIONS_HOOK, None)
+        if not callable(hook):
+            continue
+        hooks.append(registry.name)
+        try:
+            tile = registry.deserialize(spec)
+        except Exception:  # noqa: BLE001 - not this registry's tile
+            continue
+        if tile in registry.entries:
+            found.extend(hook(tile))
+    if not hooks:
+        names = ", ".join(getattr(r, "name", "?") for r in registries)
+        return [], (
+            f"maps to no specialisation: no tile registry ({names}) declares "
+            f"{SPECIALIZATIONS_HOOK}(tile) -> Iterable[KernelSpec]"
+        )
+    if not found:
+        return [], f"maps to no specialisation in {', '.join(hooks)}"
+    narrowed = [
+        s
+        for s in found
+        if (codebook is None or getattr(s, "codebook", None) in (None, codebook))
+        and (bits is None or getattr(s, "bits", None) in (None, bits))
+    ]
+    if not any(getattr(s, "codebook", None) is not None for s in narrowed) and (
+        codebook is not None or bits is not None
+    ):
+        return [], f"has no specialisation for codebook={codebook} bits={bits}"
+    return list(dict.fromkeys(narrowed)), ""
+
+
+def _compile_line(metrics: dict[str, Any]) -> str:
+    parts = []
+    for arch, summary in metrics.items():
+        if not isinstance(summary, dict) or "error" in summary:
+            continue
+        mma = "mma" if summary.get("has_mma") else "no mma"
+        parts.append(
+            f"{arch}: {summary.get('registers')} regs, {summary.get('spill_bytes')} B spill, {mma}"
+        )
+    return "; ".join(parts)
+
+
+def _tile_checks(args: argparse.Namespace, ctx: Any, tile: tuple[int, int, int]) -> list[Any]:
+    """qualify (strict) → compile its specialisations on CPU (strict) → on a GPU, the grid
+    cases pinned to the tile (needs ``oracle.checks.gpu.select_grid(..., tile=)``)."""
+    import inspect
+
+    from oracle.checks import compile as compile_checks
+    from oracle.checks import gpu, run_family
+    from oracle.report import CheckResult
+
+    text = args.tile
+    label = "x".join(map(str, tile))
+    try:
+        out = tile_qualification(text)
+        specs, why = tile_specializations(text, codebook=args.codebook, bits=args.bits)
+        compiled = compile_checks.run(ctx, specs=specs, budget_s=0) if specs else []
+    except Exception as exc:  # noqa: BLE001 - a crash is the tile's failure, shown in the report
+        why = f"crashed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return [
+            CheckResult(f"tile.{label}", "cpu", "fail", why),
+            *_gpu_skips(ctx, f".tile_{label}"),
+        ]
+    if not specs:
+        out.append(CheckResult(f"compile.tile_{label}", "cpu", "fail", f"tile {label} {why}"))
+    else:
+        for result in compiled:
+            if result.status == "skip":
+                result = CheckResult(
+                    result.name, "cpu", "fail", f"not compiled: {result.reason}", result.metrics
+                )
+            elif result.status == "pass":
+                result = CheckResult(
+                    result.name, "cpu", "pass", _compile_line(result.metrics), result.metrics
+                )
+            out.append(result)
+    if not (ctx.cuda and ctx.tier == "gpu"):
+        return out + _gpu_skips(ctx, f".tile_{label}")
+    if "tile" not in inspect.signature(gpu.select_grid).parameters:
+        why = (
+            "oracle.checks.gpu cannot pin a tile yet: needs select_grid(..., tile=) and a kernel "
+            "runner that honours CheckContext.tile"
+        )
+        return [*out, CheckResult(f"gpu.tile_{label}", "gpu", "fail", why)]
+    return out + run_family("gpu", ctx)
+
+
+# --- grid, replay, report -------------------------------------------------------------------------
 
 
 def _cmd_grid(args: argparse.Namespace) -> int:
-    from oracle.grids import cases
+    from oracle.grids import select_cases
 
-    ctx_tier = args.tier if args.tier != "auto" else "gpu"
-    found = cases(op=args.op, filter=args.filter, tier=ctx_tier)
+    _no_device_flags(args, "grid")
+    tier = args.tier if args.tier != "auto" else "gpu"
+    found = select_cases(op=args.op, filter=args.filter, tier=tier)
     for case in found:
         print(case.case_id)
-    print(f"{len(found)} case(s) (tier {ctx_tier})", file=sys.stderr)
+    print(f"{len(found)} case(s) (tier {tier})", file=sys.stderr)
     return 0
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from oracle.checks import cuda_available
     from oracle.checks.gpu import replay_saved
     from oracle.report import Report
+    from oracle.results import check_grid_case, load_case
 
-    cuda = cuda_available() and args.tier != "cpu"
-    result, _ = replay_saved(args.path, cuda=cuda)
+    case = check_grid_case(load_case(args.path))
+    tier, cuda = _resolve_tier(args)
+    result, _ = replay_saved(args.path, cuda=cuda and tier == "gpu")
+    if result.status == "skip":
+        raise UsageError(f"cannot re-judge {case.case_id}: {result.reason}")
     return _finish(Report([result]), args)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from oracle.report import Report, plot_error_vs_shape, plot_tile_error_map
+    from oracle.report import Report, plot_error_vs_shape, plot_points, plot_tile_error_map
 
+    _no_device_flags(args, "report")
     report = Report.from_json(args.report_json)
+    tile_case = None
+    if args.tile_map:
+        from oracle.results import check_grid_case, load_case
+
+        loaded = load_case(args.tile_map)
+        tile_case = (check_grid_case(loaded), loaded)
+    if args.png or args.tile_map:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--png/--tile-map: matplotlib is not installed") from None
+    if args.png and not plot_points(report):
+        raise UsageError(
+            f"--png: nothing plottable in {args.report_json}: no check carries a numeric rel_l2 "
+            "with a variant and M, K, N (in its metrics or a case id in its name)"
+        )
     if not args.quiet:
         report.print_table()
     if args.png:
         for path in plot_error_vs_shape(report, args.png):
             print(f"wrote {path}")
-    if args.tile_map:
+    if tile_case is not None:
         from oracle.checks.gpu import references
-        from oracle.grids import parse_case_id
-        from oracle.results import load_case
 
-        loaded = load_case(args.tile_map)
-        case = parse_case_id(loaded.meta["case_id"])
+        case, loaded = tile_case
         exact, _ = references(case, {k: t for k, t in loaded.tensors.items() if k != "y"})
         out_dir = Path(args.png or args.results)
         png = plot_tile_error_map(loaded.tensors["y"], exact, out_dir / f"{case.case_id}_tiles.png")
@@ -314,11 +691,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+# --- entry ----------------------------------------------------------------------------------------
+
+
+def _refusal_types() -> tuple[type[BaseException], ...]:
+    """The error types that mean "refused" (exit 2); their modules are imported lazily, so an
+    error can only be one of them when its module is loaded."""
+    types: list[type[BaseException]] = [UsageError]
+    for module, name in (
+        ("oracle.grids", "SelectionError"),
+        ("oracle.report", "ReportFileError"),
+        ("oracle.results", "CaseFileError"),
+    ):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            types.append(getattr(loaded, name))
+    return tuple(types)
+
+
+def _command_name(argv: Sequence[str]) -> str:
+    for word in argv:
+        if word in ("run", "grid", "replay", "report", "contracts", "mutate"):
+            return f" {word}"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code (module docstring). A refusal is printed as
+    one line on stderr and raises :class:`Refused` (``SystemExit`` with code 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except Exception as exc:
+        if not isinstance(exc, _refusal_types()):
+            raise
+        refuse(f"python -m oracle{_command_name(argv)}", str(exc))
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if args.command == "contracts":
+    if args.command == "contracts":  # the delegates print their own one-line refusals
         from oracle.contracts.cli import main as contracts_main
 
         rest = argv[argv.index("contracts") + 1 :]
@@ -331,6 +744,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return mutate_main(argv[argv.index("mutate") + 1 :])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is not None and args.only is not None:
+        raise UsageError(f"--only selects families of the default job, not of `{args.command}`")
     handlers = {
         None: _cmd_default,
         "run": _cmd_run,

@@ -36,18 +36,59 @@ Filter grammar (:func:`parse_filter`)
   and ``!=``, alternatives separated by ``|`` (``codebook=mcg|sqg_e4m3``).
 
 All clauses must hold (AND). Example: ``"codebook=mcg,bits=6,m<=128,pair_kind=none"``.
-An unknown field or a malformed clause raises ValueError naming it.
+
+Validation (:class:`SelectionError`, a ``ValueError`` whose message is ONE line)
+--------------------------------------------------------------------------------
+:func:`parse_filter` refuses, naming the clause and listing what is known:
+
+* an unknown field, a malformed clause, a missing value, an operator the field cannot take, a
+  number that is not an integer;
+* a value outside the registry's vocabulary for a categorical field (``op codebook pair_kind
+  rate_axis tier_layout rotation compute_dtype``). Values are case-sensitive (``codebook=MCG`` is
+  refused; the vocabulary is ``mcg``); ``none`` is accepted only where a field can be None;
+* with ``=`` (and ``!=``) a number that no registered variant / grid point has (``bits=9``,
+  ``m=3``), a ``name`` that is no registered variant, an ``id`` that is no grid case;
+* clauses on variant fields that no registered variant satisfies together
+  (``codebook=sqg_e4m3,bits=6``): the message says which values the field takes with the others.
+
+:func:`select_cases` (what the CLI calls) additionally refuses a selection that matches no case
+of the tier's grid, ``--case`` together with ``--filter``, and a bad ``max_cases``.
+
+Case ids (:func:`resolve_case_id`)
+----------------------------------
+A ``--case`` id must be a *generated grid point*: it parses, names a registered variant, its
+(M, K, N[, experts, top_k]) is a point :func:`cases` generates for that variant, and its seed is
+the grid's seed for that point (base seed 0). Hand-made ids for other shapes or seeds are refused:
+every id the CLI accepts is one that ``python -m oracle grid`` lists, so a run, a saved case and
+a replay always name the same inputs. (:func:`parse_case_id` stays the plain inverse of
+:attr:`Case.case_id`, for files and reports.)
+
+Stratified sampling (:func:`stratified_sample`, used by ``cases(max_cases=N)``)
+--------------------------------------------------------------------------------
+A deterministic sample of ``N`` cases (a pure function of the cases and ``seed``; the result
+keeps the input order). Before filling, it takes a *cover*, in this priority order: both compute
+dtypes of every op present, every (op, M) present, every variant present. Each cover pick
+prefers a variant with the fewest picks so far, so a cover has at most one case per variant when
+there are at least as many variants as (op, dtype) and (op, M) strata. Then it fills
+round-robin over the variants, each variant's queue alternating over its Ms (and, within one M,
+over its shapes). Guarantee: when ``N >= stratified_cover_size(cases)``, every variant, every
+(op, M) and every (op, compute dtype) of ``cases`` is in the sample, and the per-variant counts
+of variants that still had cases left differ by at most one beyond their cover picks; below
+that size the sample is a prefix of the cover (dtypes, then Ms, then variants).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from oracle.variants import OPS, Variant, all_variants
+from oracle.variants import OPS, REGISTRY, Variant, all_variants
 
 __all__ = [
     "CROSS_M",
@@ -58,13 +99,26 @@ __all__ = [
     "MOE_TOP_K",
     "Case",
     "CaseFilter",
+    "FILTER_KEYS",
+    "SelectionError",
     "ShapeBucket",
     "cases",
+    "filter_vocabulary",
     "is_heavy",
     "parse_case_id",
     "parse_filter",
+    "resolve_case_id",
+    "select_cases",
     "shape_illegal_reason",
+    "stratified_cover_size",
+    "stratified_sample",
 ]
+
+
+class SelectionError(ValueError):
+    """A selection that cannot select what it says (filter, case id, sample size, tile): the
+    message is one line that names the offending input and lists the known keys or values."""
+
 
 M_BUCKETS: tuple[int, ...] = (1, 2, 8, 9, 15, 16, 17, 63, 64, 127, 128, 129, 256, 1024, 4096)
 CROSS_M: tuple[int, ...] = (1, 17, 129)  # Ms at which every (K, N) / MoE bucket is visited
@@ -168,8 +222,15 @@ def parse_case_id(case_id: str) -> Case:
         raise TypeError(f"parse_case_id: case_id must be a str, got {type(case_id).__name__}")
     match = _CASE_ID.match(case_id)
     if match is None:
-        raise ValueError(f"parse_case_id: cannot parse case_id {case_id!r}")
-    variant = Variant.from_name(match["variant"].replace("-", "/"))
+        raise SelectionError(
+            f"parse_case_id: cannot parse case_id {case_id!r}: expected "
+            "<variant>_m<M>_k<K>_n<N>[_e<experts>_t<top_k>]_s<seed>, e.g. "
+            "dense-mcg-k6-fp16_m17_k128_n384_s7 (list ids with `python -m oracle grid`)"
+        )
+    try:
+        variant = Variant.from_name(match["variant"].replace("-", "/"))
+    except ValueError as exc:
+        raise SelectionError(f"parse_case_id: case_id {case_id!r}: {exc}") from None
     k, n = int(match["k"]), int(match["n"])
     experts = int(match["e"]) if match["e"] else None
     top_k = int(match["t"]) if match["t"] else None
@@ -261,15 +322,23 @@ def cases(
     base_seed: int = 0,
     variants: tuple[Variant, ...] | None = None,
 ) -> list[Case]:
-    """Grid cases for ``op`` (or every op), filtered, for ``tier`` ("cpu" or "gpu")."""
+    """Grid cases for ``op`` (or every op), filtered, for ``tier`` ("cpu" or "gpu").
+
+    ``max_cases`` takes a :func:`stratified_sample` (seeded with ``base_seed``) of the filtered
+    cases, never a prefix: every variant, (op, M) and compute dtype stays represented when
+    ``max_cases`` allows it (module docstring)."""
     if op is not None and op not in OPS:
         raise ValueError(f"cases: op must be one of {OPS} or None, got {op!r}")
     if tier not in ("cpu", "gpu"):
         raise ValueError(f"cases: tier must be 'cpu' or 'gpu', got {tier!r}")
-    if max_cases is not None and (
-        isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 0
+    if max_cases is not None:
+        _check_count(max_cases, "cases: max_cases", allow_zero=True)
+    if isinstance(base_seed, bool) or not isinstance(base_seed, int) or base_seed < 0:
+        raise ValueError(f"cases: base_seed must be a non-negative int, got {base_seed!r}")
+    if variants is not None and (
+        not isinstance(variants, tuple | list) or not all(isinstance(v, Variant) for v in variants)
     ):
-        raise ValueError(f"cases: max_cases must be a non-negative int or None, got {max_cases!r}")
+        raise TypeError("cases: variants must be a tuple of Variant (or None for the registry)")
     predicate = parse_filter(filter) if isinstance(filter, str) else filter
     if predicate is not None and not callable(predicate):
         raise TypeError(
@@ -286,9 +355,18 @@ def cases(
             if predicate is not None and not predicate(case):
                 continue
             out.append(case)
-            if max_cases is not None and len(out) >= max_cases:
-                return out
+    if max_cases is not None:
+        return stratified_sample(out, max_cases, seed=base_seed)
     return out
+
+
+def _check_count(value: Any, name: str, *, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SelectionError(f"{name} must be an int, got {value!r}")
+    if value < (0 if allow_zero else 1):
+        low = "a non-negative" if allow_zero else "a positive"
+        raise SelectionError(f"{name} must be {low} int, got {value}")
+    return value
 
 
 # --- filter grammar --------------------------------------------------------------------------
@@ -306,35 +384,137 @@ _VARIANT_FIELDS = (
 _CASE_FIELDS = ("m", "k", "n", "experts", "top_k", "seed", "heavy")
 _ALIASES = {"dtype": "compute_dtype", "id": "case_id", "name": "name"}
 _NUMERIC = {"bits", "m", "k", "n", "experts", "top_k", "seed"}
+_CATEGORICAL = ("op", "codebook", "pair_kind", "rate_axis", "tier_layout", "rotation")
+_CATEGORICAL += ("compute_dtype",)
+_NULLABLE = {"pair_kind", "rate_axis", "tier_layout", "experts", "top_k"}
 _CLAUSE = re.compile(r"^\s*([A-Za-z_]+)\s*(==|!=|<=|>=|=|<|>|~)\s*(.*?)\s*$")
+_INTEGER = re.compile(r"^[+-]?\d+$")
+_HEAVY_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+#: Every key a filter clause may name (``dtype`` is an alias of ``compute_dtype``, ``id`` the
+#: case id, ``name`` the variant name).
+FILTER_KEYS: tuple[str, ...] = (*_VARIANT_FIELDS, "dtype", *_CASE_FIELDS, "name", "id")
 
 
-def _field_value(case: Case, field: str) -> Any:
+def _show(value: Any) -> str:
+    return (
+        "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
+def _listing(values: Iterable[Any], limit: int = 24) -> str:
+    shown = [_show(v) for v in values]
+    more = f", … ({len(shown) - limit} more)" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more
+
+
+def _field_value(case: Any, field: str) -> Any:
+    """A field of a Case, or of a Variant (variant fields and ``name`` only)."""
+    variant = case if isinstance(case, Variant) else case.variant
     if field in _VARIANT_FIELDS:
-        return getattr(case.variant, field)
+        return getattr(variant, field)
     if field == "name":
-        return case.variant.name
+        return variant.name
     if field == "case_id":
         return case.case_id
     return getattr(case, field)
 
 
-def _parse_value(field: str, text: str) -> Any:
-    low = text.lower()
-    if low == "none":
-        return None
+def _ordered(values: Iterable[Any]) -> tuple[Any, ...]:
+    """Distinct values, None first, then numbers ascending or strings in first-seen order."""
+    distinct = list(dict.fromkeys(values))
+    rest = [v for v in distinct if v is not None]
+    if all(isinstance(v, int) for v in rest):
+        rest.sort()
+    return ((None,) if None in distinct else ()) + tuple(rest)
+
+
+@functools.cache
+def filter_vocabulary() -> dict[str, tuple[Any, ...]]:
+    """The values each variant field takes in the registry (None shown as ``none`` in messages),
+    and ``heavy``; categorical clauses must use these values, spelled exactly."""
+    vocab = {f: _ordered(getattr(v, f) for v in REGISTRY) for f in _VARIANT_FIELDS}
+    vocab["heavy"] = (False, True)
+    return vocab
+
+
+@functools.cache
+def _grid_domain(tier: str = "gpu") -> dict[str, tuple[Any, ...]]:
+    """The values the case fields take in the generated grid of ``tier``."""
+    pool = cases(tier=tier)
+    return {f: _ordered(getattr(c, f) for c in pool) for f in ("m", "k", "n", "experts", "top_k")}
+
+
+@functools.cache
+def _variant_names() -> tuple[str, ...]:
+    return tuple(v.name for v in REGISTRY)
+
+
+def _parse_value(field: str, text: str, clause: str) -> Any:
+    if text == "none":
+        if field in _NULLABLE:
+            return None
+        raise SelectionError(
+            f"parse_filter: {clause!r}: {field} is never none"
+            + (
+                f"; known values: {_listing(filter_vocabulary()[field])}"
+                if field in _CATEGORICAL
+                else ""
+            )
+        )
     if field == "heavy":
-        if low in ("true", "1", "yes"):
-            return True
-        if low in ("false", "0", "no"):
-            return False
-        raise ValueError(f"parse_filter: heavy takes true/false, got {text!r}")
+        if text in _HEAVY_WORDS:
+            return _HEAVY_WORDS[text]
+        raise SelectionError(f"parse_filter: {clause!r}: heavy takes true/false, got {text!r}")
     if field in _NUMERIC:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"parse_filter: {field} needs an integer, got {text!r}") from None
+        if not _INTEGER.match(text):
+            raise SelectionError(
+                f"parse_filter: {clause!r}: {field} needs an integer, got {text!r}"
+            )
+        return int(text)
+    if field in _CATEGORICAL:
+        known = filter_vocabulary()[field]
+        if text not in known:
+            hint = [v for v in known if isinstance(v, str) and v.lower() == text.lower()]
+            did = f" (did you mean {hint[0]!r}? values are case-sensitive)" if hint else ""
+            raise SelectionError(
+                f"parse_filter: {clause!r}: unknown {field} {text!r}{did}; "
+                f"known values: {_listing(known)}"
+            )
     return text
+
+
+def _check_in_domain(field: str, values: tuple[Any, ...], clause: str) -> None:
+    """``=``/``!=`` values of numeric, ``name`` and ``id`` fields must exist in the registry or
+    the GPU grid (``seed`` is free)."""
+    if field == "bits":
+        known = filter_vocabulary()["bits"]
+        where = "no registered variant has"
+    elif field in ("m", "k", "n", "experts", "top_k"):
+        known = _grid_domain("gpu")[field]
+        where = "no grid case has"
+    elif field == "name":
+        for value in values:
+            if value not in _variant_names():
+                close = difflib.get_close_matches(str(value), _variant_names(), n=3)
+                hint = f"; close: {', '.join(close)}" if close else ""
+                raise SelectionError(
+                    f"parse_filter: {clause!r}: no registered variant is named {value!r}{hint} "
+                    "(list them with `python -m oracle grid`)"
+                )
+        return
+    elif field == "case_id":
+        for value in values:
+            resolve_case_id(value)
+        return
+    else:
+        return
+    for value in values:
+        if value not in known:
+            raise SelectionError(
+                f"parse_filter: {clause!r}: {where} {field}={_show(value)}; "
+                f"known values: {_listing(known)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,15 +522,17 @@ class Clause:
     field: str
     op: str
     values: tuple[Any, ...]
+    text: str = ""
 
-    def __call__(self, case: Case) -> bool:
+    def __call__(self, case: Any) -> bool:
+        """Does ``case`` (a Case, or a Variant for variant fields) satisfy this clause?"""
         got = _field_value(case, self.field)
         if self.op == "=":
             return got in self.values
         if self.op == "!=":
             return got not in self.values
         if self.op == "~":
-            return got is not None and self.values[0] in got
+            return got is not None and self.values[0] in str(got)
         if got is None:
             return False
         want = self.values[0]
@@ -367,32 +549,266 @@ class CaseFilter:
     def __call__(self, case: Case) -> bool:
         return all(clause(case) for clause in self.clauses)
 
+    @property
+    def variant_clauses(self) -> tuple[Clause, ...]:
+        """The clauses a Variant alone decides (variant fields and ``name``)."""
+        return tuple(c for c in self.clauses if c.field in (*_VARIANT_FIELDS, "name"))
+
+
+def _diagnose(clauses: Sequence[Clause], population: Sequence[Any], what: str) -> str:
+    """Why no member of ``population`` satisfies every clause: the last clause whose removal
+    leaves a match, with the values its field takes under the other clauses."""
+    for i in reversed(range(len(clauses))):
+        others = [c for j, c in enumerate(clauses) if j != i]
+        pool = [p for p in population if all(c(p) for c in others)]
+        if pool:
+            clause = clauses[i]
+            values = _ordered(_field_value(p, clause.field) for p in pool)
+            context = f" with {','.join(c.text for c in others)}" if others else ""
+            return (
+                f"no {what} has {clause.text}{context}; "
+                f"there {clause.field} takes {_listing(values)}"
+            )
+    return f"no {what} satisfies {','.join(c.text for c in clauses)}"
+
 
 def parse_filter(text: str) -> CaseFilter:
-    """Parse a filter string (grammar in the module docstring); empty text matches everything."""
+    """Parse and validate a filter string (grammar and rules in the module docstring); empty
+    text matches everything. Raises :class:`SelectionError` (one line) on anything it refuses."""
     if not isinstance(text, str):
         raise TypeError(f"parse_filter: text must be a str, got {type(text).__name__}")
     clauses = []
     for raw in (part for part in text.split(",") if part.strip()):
+        clause_text = raw.strip()
         match = _CLAUSE.match(raw)
         if match is None:
-            raise ValueError(f"parse_filter: malformed clause {raw.strip()!r} in {text!r}")
+            raise SelectionError(
+                f"parse_filter: malformed clause {clause_text!r} in {text!r}: expected "
+                "<key><op><value> with op one of = == != < <= > >= ~ "
+                f"(keys: {', '.join(FILTER_KEYS)})"
+            )
         name, op, value_text = match.groups()
         field = _ALIASES.get(name, name)
         if field not in (*_VARIANT_FIELDS, *_CASE_FIELDS, "name", "case_id"):
-            raise ValueError(f"parse_filter: unknown field {name!r} in {text!r}")
+            raise SelectionError(
+                f"parse_filter: unknown field (key) {name!r} in {text!r}; "
+                f"known keys: {', '.join(FILTER_KEYS)}"
+            )
         op = "=" if op == "==" else op
         if not value_text:
-            raise ValueError(f"parse_filter: clause {raw.strip()!r} has no value")
+            raise SelectionError(f"parse_filter: clause {clause_text!r} has no value")
         if op in ("<", "<=", ">", ">=") and field not in _NUMERIC:
-            raise ValueError(f"parse_filter: {op} needs a numeric field, not {name!r}")
+            raise SelectionError(
+                f"parse_filter: {op} needs a numeric field ({', '.join(sorted(_NUMERIC))}), "
+                f"not {name!r}"
+            )
         if op == "~":
             if field in _NUMERIC or field == "heavy":
-                raise ValueError(f"parse_filter: ~ needs a string field, not {name!r}")
+                raise SelectionError(
+                    f"parse_filter: ~ needs a string field (op, codebook, pair_kind, rate_axis, "
+                    f"tier_layout, rotation, dtype, name, id), not {name!r}"
+                )
+            if field in _CATEGORICAL:
+                known = [v for v in filter_vocabulary()[field] if v is not None]
+                if not any(value_text in v for v in known):
+                    raise SelectionError(
+                        f"parse_filter: {clause_text!r}: no {field} contains {value_text!r}; "
+                        f"known values: {_listing(known)}"
+                    )
             values: tuple[Any, ...] = (value_text,)
         elif op in ("=", "!="):
-            values = tuple(_parse_value(field, v.strip()) for v in value_text.split("|"))
+            parts = [v.strip() for v in value_text.split("|")]
+            if not all(parts):
+                raise SelectionError(f"parse_filter: clause {clause_text!r} has an empty value")
+            values = tuple(_parse_value(field, v, clause_text) for v in parts)
+            _check_in_domain(field, values, clause_text)
         else:
-            values = (_parse_value(field, value_text),)
-        clauses.append(Clause(field, op, values))
-    return CaseFilter(text, tuple(clauses))
+            values = (_parse_value(field, value_text, clause_text),)
+        clauses.append(Clause(field, op, values, clause_text))
+    result = CaseFilter(text, tuple(clauses))
+    variant_clauses = result.variant_clauses
+    if variant_clauses and not any(all(c(v) for c in variant_clauses) for v in REGISTRY):
+        why = _diagnose(variant_clauses, REGISTRY, "registered variant")
+        raise SelectionError(f"parse_filter: {text!r} contradicts the registry: {why}")
+    return result
+
+
+# --- validated selections ------------------------------------------------------------------
+
+
+def resolve_case_id(case_id: Any, *, tier: str = "gpu") -> Case:
+    """The grid :class:`Case` a ``--case`` id names (rules in the module docstring); raises
+    :class:`SelectionError` for an id that does not parse, names no registered variant, or is
+    not a generated point (shape or seed) of the ``tier`` grid."""
+    if not isinstance(case_id, str) or not case_id.strip():
+        raise SelectionError(f"case id: expected a non-empty string, got {case_id!r}")
+    if tier not in ("cpu", "gpu"):
+        raise SelectionError(f"case id: tier must be 'cpu' or 'gpu', got {tier!r}")
+    parsed = parse_case_id(case_id.strip())
+    variant = parsed.variant
+    if variant not in REGISTRY:
+        why = variant.illegal_reason or "not registered"
+        raise SelectionError(
+            f"case id {case_id!r}: variant {variant.name} is not registered ({why})"
+        )
+    points = list(_variant_cases(variant, 0))
+    shape = (parsed.m, parsed.k, parsed.n, parsed.experts, parsed.top_k)
+    found = next((c for c in points if (c.m, c.k, c.n, c.experts, c.top_k) == shape), None)
+    if found is None:
+        ms = _ordered(c.m for c in points)
+        shapes = _ordered(
+            f"{c.k}x{c.n}" + (f"/e{c.experts}t{c.top_k}" if c.experts is not None else "")
+            for c in points
+        )
+        raise SelectionError(
+            f"case id {case_id!r} is not a grid point of {variant.name}: M takes "
+            f"{_listing(ms)}; KxN[/experts,top_k] takes {_listing(shapes, 12)}"
+        )
+    if found.seed != parsed.seed:
+        raise SelectionError(
+            f"case id {case_id!r}: seed s{parsed.seed} is not the grid's seed for that point "
+            f"(the grid case is {found.case_id})"
+        )
+    if tier == "cpu" and not _fits_cpu(found):
+        raise SelectionError(
+            f"case id {case_id!r} is not in the cpu tier (heavy, M > {CPU_MAX_M}, "
+            f"K·N > 2^22 or experts > {CPU_MAX_EXPERTS}); use --tier gpu"
+        )
+    return found
+
+
+def select_cases(
+    *,
+    filter: str | None = None,  # noqa: A002 - the documented name
+    case: str | None = None,
+    op: str | None = None,
+    tier: str = "gpu",
+    max_cases: int | None = None,
+) -> list[Case]:
+    """The validated selection of ``--filter`` / ``--case`` (at most one) for ``tier``.
+
+    Raises :class:`SelectionError` (one line) for everything :func:`parse_filter` and
+    :func:`resolve_case_id` refuse, for an unknown op or tier, a ``max_cases`` that is not a
+    positive int, and a selection that matches no case of the tier's grid (the message says
+    which clause empties it). ``max_cases`` applies :func:`stratified_sample`."""
+    if case and filter:
+        raise SelectionError("use --case or --filter, not both")
+    if op is not None and op not in OPS:
+        raise SelectionError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    if tier not in ("cpu", "gpu"):
+        raise SelectionError(f"unknown tier {tier!r}; known: cpu, gpu")
+    if max_cases is not None:
+        _check_count(max_cases, "--max-cases")
+    if case:
+        found = resolve_case_id(case, tier=tier)
+        if op is not None and found.variant.op != op:
+            raise SelectionError(f"case id {case!r} is a {found.variant.op} case, not {op}")
+        return [found]
+    predicate = parse_filter(filter) if filter else None
+    selected = cases(op=op, filter=predicate, tier=tier)
+    if not selected:
+        population = cases(op=op, tier=tier)
+        scope = f"{tier}-tier grid case" + (f" of op {op}" if op else "")
+        why = _diagnose(predicate.clauses, population, scope) if predicate else f"no {scope}"
+        raise SelectionError(f"filter {filter!r} matches nothing: {why}")
+    if max_cases is not None:
+        selected = stratified_sample(selected, max_cases)
+    return selected
+
+
+# --- stratified sampling ------------------------------------------------------------------
+
+
+def _rank(seed: int, identity: str) -> int:
+    return zlib.crc32(f"{seed}:{identity}".encode())
+
+
+def _stratified_order(pool: Sequence[Case], seed: int) -> tuple[list[int], int]:
+    """Indices of ``pool`` in sampling order (cover, then round-robin fill) and the cover size."""
+    variants = list(dict.fromkeys(c.variant for c in pool))
+    variant_rank = {v: _rank(seed, v.name) for v in variants}
+    case_rank = [_rank(seed, c.case_id) for c in pool]
+    by_variant: dict[Variant, list[int]] = defaultdict(list)
+    for i, c in enumerate(pool):
+        by_variant[c.variant].append(i)
+    picked: list[int] = []
+    taken: set[int] = set()
+    per_variant: Counter = Counter()
+    per_op_m: Counter = Counter()
+
+    def take(i: int) -> None:
+        picked.append(i)
+        taken.add(i)
+        per_variant[pool[i].variant] += 1
+        per_op_m[(pool[i].variant.op, pool[i].m)] += 1
+
+    def best(candidates: Iterable[int]) -> int:
+        return min(
+            candidates,
+            key=lambda i: (
+                per_variant[pool[i].variant],
+                per_op_m[(pool[i].variant.op, pool[i].m)],
+                variant_rank[pool[i].variant],
+                case_rank[i],
+            ),
+        )
+
+    strata: list[dict[Any, list[int]]] = [defaultdict(list), defaultdict(list)]
+    for i, c in enumerate(pool):
+        strata[0][(c.variant.op, c.variant.compute_dtype)].append(i)
+        strata[1][(c.variant.op, c.m)].append(i)
+    for groups in strata:  # both dtypes of every op, then every (op, M)
+        for members in groups.values():
+            if not any(i in taken for i in members):
+                take(best(members))
+    for v in sorted(variants, key=variant_rank.__getitem__):  # then every variant
+        if not per_variant[v]:
+            take(best(by_variant[v]))
+    cover = len(picked)
+    queues: dict[Variant, list[int]] = {}
+    for v in variants:  # each variant's queue alternates over its Ms, shapes within one M
+        by_m: dict[int, list[int]] = defaultdict(list)
+        for i in sorted(by_variant[v], key=case_rank.__getitem__):
+            if i not in taken:
+                by_m[pool[i].m].append(i)
+        have = Counter(pool[i].m for i in by_variant[v] if i in taken)  # cover's Ms go last
+        lanes = [
+            by_m[m]
+            for m in sorted(by_m, key=lambda m, v=v: (have[m], _rank(seed, f"{v.name}|{m}")))
+        ]
+        queue = []
+        for depth in range(max((len(lane) for lane in lanes), default=0)):
+            queue += [lane[depth] for lane in lanes if depth < len(lane)]
+        queues[v] = queue[::-1]  # pop() from the end
+    order = sorted(variants, key=variant_rank.__getitem__)
+    while len(picked) < len(pool):  # round-robin fill
+        for v in order:
+            if queues[v]:
+                take(queues[v].pop())
+    return picked, cover
+
+
+def stratified_cover_size(cases: Sequence[Case], *, seed: int = 0) -> int:
+    """How many cases the cover of :func:`stratified_sample` needs: the smallest ``max_cases``
+    at which its guarantee (every variant, (op, M) and (op, dtype) present) holds."""
+    return _stratified_order(list(cases), seed)[1]
+
+
+def stratified_sample(cases: Sequence[Case], max_cases: int, *, seed: int = 0) -> list[Case]:
+    """A deterministic stratified sample of at most ``max_cases`` of ``cases``, in input order.
+
+    Guarantee (module docstring): when ``max_cases >= stratified_cover_size(cases)``, every
+    variant, every (op, M) and both compute dtypes of every op present in ``cases`` appear; the
+    rest is filled round-robin across variants, spreading each variant over its Ms and shapes.
+    Same input and ``seed`` → same sample."""
+    pool = list(cases)
+    for i, c in enumerate(pool):
+        if not isinstance(c, Case):
+            raise TypeError(f"stratified_sample: cases[{i}] must be a Case, got {type(c).__name__}")
+    _check_count(max_cases, "stratified_sample: max_cases", allow_zero=True)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"stratified_sample: seed must be an int, got {seed!r}")
+    if max_cases >= len(pool):
+        return pool
+    order, _ = _stratified_order(pool, seed)
+    return [pool[i] for i in sorted(order[:max_cases])]

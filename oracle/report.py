@@ -1,8 +1,10 @@
 """Check results, the JSON report, the rich table and the PNG plots.
 
-JSON schema (exactly these top-level keys)::
+JSON schema ``oracle.report/2`` (exactly these top-level keys; fields, meaning and version
+history in ``docs/json_schemas.md``)::
 
-    {"checks": [{"name": str, "tier": "cpu"|"gpu", "status": "pass"|"fail"|"skip",
+    {"schema": "oracle.report/2",
+     "checks": [{"name": str, "tier": "cpu"|"gpu", "status": "pass"|"fail"|"skip",
                  "reason": str, "metrics": {...}}, ...],
      "summary": {"total": int, "pass": int, "fail": int, "skip": int, "ok": bool,
                  "by_tier": {"cpu": {"pass", "fail", "skip"}, "gpu": {...}}},
@@ -10,6 +12,12 @@ JSON schema (exactly these top-level keys)::
 
 Metric values that are not finite are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
 (strict JSON) and read back as floats by :meth:`Report.from_json`.
+
+Reading is strict (:class:`ReportFileError`, a ``ValueError`` with a one-line message): an
+unreadable or non-JSON file, a schema other than :data:`READABLE_SCHEMAS` (a report without a
+``schema`` key is the pre-versioning layout ``oracle.report/1``), unknown or missing keys, wrong
+types, a check :class:`CheckResult` refuses, and a ``summary`` that disagrees with the checks
+(a report whose summary says ``ok`` while a check failed is corrupt, never green).
 
 Plots (matplotlib, the Agg canvas, no pyplot global state):
 
@@ -36,11 +44,16 @@ from typing import Any
 from oracle.results import device_name, git_sha, jsonable, versions
 
 __all__ = [
+    "KNOWN_SCHEMAS",
+    "READABLE_SCHEMAS",
+    "REPORT_SCHEMA",
     "STATUSES",
     "TIERS",
     "CheckResult",
     "Report",
+    "ReportFileError",
     "plot_error_vs_shape",
+    "plot_points",
     "plot_tile_error_map",
 ]
 
@@ -48,6 +61,25 @@ TIERS = ("cpu", "gpu")
 STATUSES = ("pass", "fail", "skip")
 KEY_METRICS = ("rel_l2", "faithful_rel_l2", "ratio", "worst_row_cosine", "sqnr_db")
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+#: What :meth:`Report.to_dict` writes (docs/json_schemas.md).
+REPORT_SCHEMA = "oracle.report/2"
+#: What :meth:`Report.from_dict` reads (``/1``: the same layout without the ``schema`` key).
+READABLE_SCHEMAS = ("oracle.report/1", REPORT_SCHEMA)
+#: Every schema family the oracle writes, with the command that reads it (docs/json_schemas.md).
+KNOWN_SCHEMAS = {
+    "oracle.report": "python -m oracle report FILE",
+    "oracle.coverage": "the coverage job (reserved name)",
+    "oracle.contracts": "python -m oracle contracts (its --json output)",
+    "oracle.mutate": "python -m oracle mutate --from-json FILE",
+    "oracle.case": "python -m oracle replay FILE",
+}
+_CHECK_KEYS = ("name", "tier", "status", "reason", "metrics")
+_TOP_KEYS = {"schema", "checks", "summary", "environment"}
+
+
+class ReportFileError(ValueError):
+    """A file that is not a readable oracle report; the message is one line."""
 
 
 @dataclasses.dataclass
@@ -152,6 +184,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "schema": REPORT_SCHEMA,
             "checks": [check.to_dict() for check in self.checks],
             "summary": self.summary(),
             "environment": jsonable(self.environment()),
@@ -165,28 +198,57 @@ class Report:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        if not isinstance(data, Mapping) or "checks" not in data:
-            raise ValueError("Report.from_dict: expected a mapping with a 'checks' list")
-        checks = []
-        for i, raw in enumerate(data["checks"]):
-            missing = {"name", "tier", "status"} - set(raw)
-            if missing:
-                raise ValueError(f"Report.from_dict: check {i} lacks {sorted(missing)}")
-            checks.append(
-                CheckResult(
-                    name=raw["name"],
-                    tier=raw["tier"],
-                    status=raw["status"],
-                    reason=raw.get("reason", ""),
-                    metrics=_decode_floats(raw.get("metrics", {})),
-                )
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "report") -> Report:
+        """Validate and load a report dict (rules in the module docstring); raises
+        :class:`ReportFileError` naming ``source`` and the first defect."""
+        if not isinstance(data, Mapping):
+            raise ReportFileError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema", READABLE_SCHEMAS[0])
+        if schema not in READABLE_SCHEMAS:
+            family = str(schema).split("/")[0]
+            if family in KNOWN_SCHEMAS and family != "oracle.report":
+                hint = f"it is read by {KNOWN_SCHEMAS[family]}"
+            else:
+                hint = f"this oracle reads {', '.join(READABLE_SCHEMAS)}"
+            raise ReportFileError(f"{source}: unknown report schema {schema!r}; {hint}")
+        unknown = sorted(set(data) - _TOP_KEYS)
+        if unknown:
+            raise ReportFileError(
+                f"{source}: unknown top-level keys {unknown}; known: {sorted(_TOP_KEYS)}"
             )
-        return cls(checks, environment=data.get("environment"))
+        raw_checks = data.get("checks")
+        if not isinstance(raw_checks, list):
+            raise ReportFileError(f"{source}: 'checks' must be a list, got {raw_checks!r:.60}")
+        checks = [_check_from_dict(raw, i, source) for i, raw in enumerate(raw_checks)]
+        environment = data.get("environment")
+        if environment is not None and not isinstance(environment, Mapping):
+            raise ReportFileError(f"{source}: 'environment' must be an object")
+        report = cls(checks, environment=dict(environment) if environment is not None else None)
+        summary = data.get("summary")
+        if summary is not None:
+            if not isinstance(summary, Mapping):
+                raise ReportFileError(f"{source}: 'summary' must be an object")
+            actual = report.summary()
+            for key in ("total", "pass", "fail", "skip", "ok"):
+                if key in summary and summary[key] != actual[key]:
+                    raise ReportFileError(
+                        f"{source}: summary.{key} = {summary[key]!r} disagrees with the checks "
+                        f"({actual[key]!r}): the file is corrupt"
+                    )
+        return report
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a report file; :class:`ReportFileError` (one line) for anything unreadable."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportFileError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ReportFileError(f"{path} is not JSON ({exc})") from None
+        return cls.from_dict(data, source=str(path))
 
     def print_table(
         self, console: Any = None, *, max_reason: int = 80, show_passing: bool = True
@@ -225,6 +287,28 @@ class Report:
         )
 
 
+def _check_from_dict(raw: Any, i: int, source: str) -> CheckResult:
+    where = f"{source}: checks[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ReportFileError(f"{where} must be an object, got {type(raw).__name__}")
+    missing = [k for k in ("name", "tier", "status") if k not in raw]
+    if missing:
+        raise ReportFileError(f"{where} lacks {missing}")
+    unknown = sorted(set(raw) - set(_CHECK_KEYS))
+    if unknown:
+        raise ReportFileError(f"{where}: unknown keys {unknown}; known: {list(_CHECK_KEYS)}")
+    try:
+        return CheckResult(
+            name=raw["name"],
+            tier=raw["tier"],
+            status=raw["status"],
+            reason=raw.get("reason", ""),
+            metrics=_decode_floats(raw.get("metrics", {})),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ReportFileError(f"{where}: {exc}") from None
+
+
 def _format_metrics(metrics: Mapping[str, Any]) -> str:
     parts = []
     for key in KEY_METRICS:
@@ -237,7 +321,9 @@ def _format_metrics(metrics: Mapping[str, Any]) -> str:
 # --- plots -------------------------------------------------------------------------------------
 
 
-def _plot_points(report: Report) -> dict[str, list[dict[str, float]]]:
+def plot_points(report: Report) -> dict[str, list[dict[str, float]]]:
+    """variant name -> the points :func:`plot_error_vs_shape` draws (empty: nothing plottable:
+    no check carries a numeric ``rel_l2`` and a variant and shape, in metrics or a case id)."""
     from oracle.grids import parse_case_id
 
     points: dict[str, list[dict[str, float]]] = defaultdict(list)
@@ -277,7 +363,7 @@ def plot_error_vs_shape(report_or_json: Report | str | Path, out_dir: str | Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for variant, pts in sorted(_plot_points(report).items()):
+    for variant, pts in sorted(plot_points(report).items()):
         fig = Figure(figsize=(10, 4), layout="constrained")
         for ax, x_key, x_label in zip(fig.subplots(1, 2), ("m", "kn"), ("M", "K·N"), strict=True):
             xs = [p[x_key] for p in pts]

@@ -13,6 +13,15 @@ Layout of a saved case ``<results_dir>/<case_id>.{safetensors,json}``
   plus ``tensors`` (name -> shape, stride, dtype, device), ``versions`` (python, torch, numpy,
   cutlass), ``git_sha``, ``device``, ``saved_at`` and ``replay`` (the exact command).
   Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON).
+* The sidecar carries ``schema`` = :data:`CASE_SCHEMA` (``docs/json_schemas.md``); a sidecar
+  without one is the pre-versioning layout, read the same way.
+* :func:`load_case` refuses (:class:`CaseFileError`, a ``ValueError`` with a one-line message)
+  an unreadable or non-JSON sidecar, another schema, missing keys or wrong types, a tensor file
+  that is missing, corrupt, or disagrees with the sidecar (dtype, a span too short for the
+  recorded shape and strides, tensors the sidecar does not list). :func:`check_grid_case` then
+  ties a saved grid case to its id: the id must be a grid point, the ``case``/``variant`` meta
+  must name the same case, and the tensors must have exactly the names, shapes and dtypes the
+  grid runner saves for it (:func:`grid_case_layout`), so an edited id cannot replay other data.
 * torch is imported lazily (inside the functions that handle tensors), so reports and the
   contracts job can use :func:`jsonable`, :func:`versions` and :func:`git_sha` without it.
 * Nothing here pickles: safetensors and json only (``load_case`` never calls ``torch.load``).
@@ -37,7 +46,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CASE_SCHEMA",
+    "CaseFileError",
     "LoadedCase",
+    "check_grid_case",
+    "grid_case_layout",
     "case_meta",
     "device_name",
     "git_sha",
@@ -49,7 +62,15 @@ __all__ = [
     "versions",
 ]
 
+#: The sidecar's schema tag (docs/json_schemas.md).
+CASE_SCHEMA = "oracle.case/1"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class CaseFileError(ValueError):
+    """A saved case that cannot be loaded or replayed as what it claims; one-line message."""
+
+
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -221,6 +242,7 @@ def save_case(
     json_path = out_dir / f"{case_id}.json"
     save_file({name: _span_tensor(t) for name, t in tensors.items()}, str(tensor_path))
     meta.update(
+        schema=CASE_SCHEMA,
         tensors=layout,
         tensor_file=tensor_path.name,
         versions=versions(),
@@ -251,37 +273,181 @@ class LoadedCase:
         return parse_case_id(case_id) if isinstance(case_id, str) else None
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def _dtype_from_name(name: Any, where: str) -> torch.dtype:
     import torch
 
-    dtype = getattr(torch, name, None)
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"load_case: unknown dtype {name!r} in the sidecar")
+        raise CaseFileError(f"{where}: unknown dtype {name!r} in the sidecar")
     return dtype
+
+
+def _int_list(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise CaseFileError(f"{where} must be a list of non-negative ints, got {value!r}")
+    return value
+
+
+def _read_sidecar(json_path: Path) -> dict[str, Any]:
+    try:
+        text = json_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaseFileError(f"cannot read {json_path}: {type(exc).__name__}: {exc}") from None
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaseFileError(f"{json_path} is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise CaseFileError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
+    schema = meta.get("schema", CASE_SCHEMA)
+    if schema != CASE_SCHEMA:
+        hint = {
+            "oracle.report": "a check report: render it with `python -m oracle report`",
+            "oracle.mutate": "a mutation report: `python -m oracle mutate --from-json`",
+        }.get(str(schema).split("/")[0], "not a saved case")
+        raise CaseFileError(f"{json_path}: schema {schema!r} is {hint} (want {CASE_SCHEMA!r})")
+    return meta
 
 
 def load_case(path: str | Path) -> LoadedCase:
     """Load a case saved by :func:`save_case`; ``path`` may be the .json, the .safetensors, or
-    the path without suffix. Tensors are rebuilt with their recorded shapes and strides."""
+    the path without suffix. Tensors are rebuilt with their recorded shapes and strides.
+    Raises :class:`CaseFileError` for anything that is not such a case (module docstring)."""
     import torch  # noqa: F401 - safetensors.torch needs it; kept explicit
     from safetensors.torch import load_file
 
+    if not isinstance(path, str | Path) or not str(path):
+        raise CaseFileError(f"case path: expected a file path, got {path!r}")
     base = Path(path)
     if base.suffix in (".json", ".safetensors"):
         base = base.with_suffix("")
     json_path = base.with_name(base.name + ".json")
     if not json_path.is_file():
-        raise ValueError(f"load_case: no sidecar {json_path} for path {str(path)!r}")
-    meta = json.loads(json_path.read_text())
-    tensor_path = json_path.with_name(meta.get("tensor_file", base.name + ".safetensors"))
-    spans = load_file(str(tensor_path))
+        raise CaseFileError(f"no saved case at {str(path)!r}: no sidecar {json_path}")
+    meta = _read_sidecar(json_path)
+    case_id = meta.get("case_id")
+    if not isinstance(case_id, str) or not _SAFE_ID.match(case_id):
+        raise CaseFileError(
+            f"{json_path}: 'case_id' must be a filename-safe string, got {case_id!r}"
+        )
+    layout = meta.get("tensors")
+    if not isinstance(layout, dict) or not layout:
+        raise CaseFileError(f"{json_path}: 'tensors' must be a non-empty object of name -> layout")
+    tensor_file = meta.get("tensor_file", base.name + ".safetensors")
+    if not isinstance(tensor_file, str) or Path(tensor_file).name != tensor_file:
+        raise CaseFileError(f"{json_path}: 'tensor_file' must be a file name, got {tensor_file!r}")
+    tensor_path = json_path.with_name(tensor_file)
+    if not tensor_path.is_file():
+        raise CaseFileError(f"{json_path}: tensor file {tensor_path} is missing")
+    try:
+        spans = load_file(str(tensor_path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise CaseFileError(
+            f"{tensor_path}: corrupt tensor file ({type(exc).__name__}: {message})"
+        ) from None
+    extra = sorted(set(spans) - set(layout))
+    if extra:
+        raise CaseFileError(f"{tensor_path} holds tensors the sidecar does not list: {extra}")
     tensors: dict[str, torch.Tensor] = {}
-    for name, info in meta.get("tensors", {}).items():
+    for name, info in layout.items():
+        where = f"{json_path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise CaseFileError(f"{where}: layout must be an object, got {info!r}")
         if name not in spans:
-            raise ValueError(f"load_case: tensor {name!r} missing from {tensor_path}")
+            raise CaseFileError(f"{where} is missing from {tensor_path}")
+        shape = _int_list(info.get("shape"), f"{where}: shape")
+        stride = _int_list(info.get("stride"), f"{where}: stride")
+        if len(shape) != len(stride):
+            raise CaseFileError(f"{where}: shape {shape} and stride {stride} differ in length")
+        dtype = _dtype_from_name(info.get("dtype"), where)
         span = spans[name]
-        dtype = _dtype_from_name(info["dtype"])
         if span.dtype != dtype:
-            raise ValueError(f"load_case: tensor {name!r} is {span.dtype}, sidecar says {dtype}")
-        tensors[name] = span.as_strided(tuple(info["shape"]), tuple(info["stride"]), 0)
+            raise CaseFileError(f"{where} is {span.dtype} in the file, the sidecar says {dtype}")
+        need = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+        if span.dim() != 1 or span.numel() < need:
+            raise CaseFileError(
+                f"{where}: the file holds {span.numel()} elements, shape {shape} with stride "
+                f"{stride} needs {need}"
+            )
+        tensors[name] = span.as_strided(tuple(shape), tuple(stride), 0)
     return LoadedCase(meta=meta, tensors=tensors, path=json_path)
+
+
+def grid_case_layout(case: Any) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """name -> (shape, accepted dtype names) of the tensors the GPU grid runner saves for
+    ``case`` (:func:`oracle.checks.gpu.make_inputs` plus the kernel output ``y``)."""
+    v = case.variant
+    dtype = "bfloat16" if v.compute_dtype == "bf16" else "float16"
+    out: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+        "trellis": ((case.k // 16, case.n // 16, 16 * v.bits), ("int16",)),
+    }
+    if v.op == "decode":
+        out["y"] = ((case.k, case.n), ("float16",))
+        return out
+    if v.op == "moe":  # make_inputs draws the payload only; the output is [M, hidden]
+        out["y"] = ((case.m, case.k), ("float16", "float32"))
+        return out
+    out["x"] = ((case.m, case.k), (dtype,))
+    if v.rotation == "full":
+        out["suh"] = ((case.k,), ("float16",))
+        out["svh"] = ((case.n,), ("float16",))
+    out["y"] = ((case.m, case.n), ("float16", "bfloat16", "float32"))
+    return out
+
+
+def check_grid_case(loaded: LoadedCase) -> Any:
+    """The grid :class:`~oracle.grids.Case` a loaded file was saved for, after checking that
+    the file agrees with it (module docstring); :class:`CaseFileError` otherwise."""
+    from oracle.grids import SelectionError, resolve_case_id
+
+    where = str(loaded.path)
+    case_id = loaded.meta["case_id"]
+    try:
+        case = resolve_case_id(case_id)
+    except SelectionError as exc:
+        test = loaded.meta.get("test")
+        how = f"; it was saved by test {test} (rerun that with pytest)" if test else ""
+        raise CaseFileError(f"{where}: not a replayable grid case: {exc}{how}") from None
+    described = loaded.meta.get("case")
+    if described is not None:
+        if not isinstance(described, dict):
+            raise CaseFileError(f"{where}: 'case' must be an object, got {described!r}")
+        if described.get("case_id", case_id) != case_id:
+            raise CaseFileError(
+                f"{where}: case_id {case_id!r} disagrees with case.case_id "
+                f"{described.get('case_id')!r}"
+            )
+        for field in ("m", "k", "n", "experts", "top_k", "seed"):
+            if field in described and described[field] != getattr(case, field):
+                raise CaseFileError(
+                    f"{where}: case.{field} = {described[field]!r} disagrees with the id's "
+                    f"{getattr(case, field)!r}"
+                )
+        name = (described.get("variant") or {}).get("name", case.variant.name)
+        if name != case.variant.name:
+            raise CaseFileError(
+                f"{where}: case.variant {name!r} disagrees with the id's {case.variant.name!r}"
+            )
+    variant = loaded.meta.get("variant", case.variant.name)
+    if variant != case.variant.name:
+        raise CaseFileError(
+            f"{where}: variant {variant!r} disagrees with the id's {case.variant.name!r}"
+        )
+    want = grid_case_layout(case)
+    if set(loaded.tensors) != set(want):
+        raise CaseFileError(
+            f"{where}: tensors {sorted(loaded.tensors)} are not the {sorted(want)} that a "
+            f"{case.variant.name} grid case saves"
+        )
+    for name, (shape, dtypes) in want.items():
+        got = loaded.tensors[name]
+        got_dtype = str(got.dtype).removeprefix("torch.")
+        if tuple(got.shape) != shape or got_dtype not in dtypes:
+            raise CaseFileError(
+                f"{where}: tensor {name!r} is {got_dtype}{list(got.shape)}, case id {case_id} "
+                f"needs {'/'.join(dtypes)}{list(shape)}"
+            )
+    return case

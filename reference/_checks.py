@@ -86,8 +86,13 @@ def check_bits(bits: object, name: str = "bits", *, low: int = 1, high: int = 8)
 
 
 def check_symbol_range(symbols: torch.Tensor, bits: int, name: str) -> torch.Tensor:
-    """Require every entry of an integer tensor to lie in ``[0, 2**bits)``."""
-    if symbols.numel() and (bool((symbols < 0).any()) or bool((symbols >= (1 << bits)).any())):
+    """Require every entry of an integer tensor to lie in ``[0, 2**bits)``.
+
+    The comparison runs in int64: compared with a Python int, torch casts the scalar to the
+    tensor's dtype, so ``int8 >= 128`` (and ``uint8 >= 256``) would wrap and refuse every
+    valid symbol."""
+    wide = symbols.to(torch.int64)
+    if wide.numel() and (bool((wide < 0).any()) or bool((wide >= (1 << bits)).any())):
         raise ValueError(f"{name}: expected {bits}-bit symbols in [0, {1 << bits}), found others")
     return symbols
 

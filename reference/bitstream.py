@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from reference._checks import (
+    INTEGER_DTYPES,
     check_bits,
     check_dtype,
     check_integer_tensor,
@@ -81,16 +82,17 @@ def pack_symbols(symbols: torch.Tensor, bits: int) -> torch.Tensor:
 def stream_words(payload: torch.Tensor) -> torch.Tensor:
     """Undo SWAP16: ``int16[..., 16·b]`` -> the stream words as int64 u16 values, in order."""
     payload = _check_payload(payload)
-    lead = payload.shape[:-1]
+    lead, width = payload.shape[:-1], payload.shape[-1]
     words = payload.to(torch.int64) & STATE_MASK
-    return words.reshape(*lead, -1, 2).flip(-1).reshape(*lead, payload.shape[-1])
+    # explicit sizes (never -1): a batch with a zero-size leading dimension stays reshapeable
+    return words.reshape(*lead, width // 2, 2).flip(-1).reshape(*lead, width)
 
 
 def ring_u32(payload: torch.Tensor) -> torch.Tensor:
     """The payload as its ring of ``8·b`` u32 words (int64): word i = stream bits [32i, 32i+32)."""
     stream16 = stream_words(payload)
     lead = stream16.shape[:-1]
-    pairs = stream16.reshape(*lead, -1, 2)
+    pairs = stream16.reshape(*lead, stream16.shape[-1] // 2, 2)
     return (pairs[..., 0] << 16) | pairs[..., 1]
 
 
@@ -111,11 +113,30 @@ def unpack_symbols(payload: torch.Tensor, bits: int) -> torch.Tensor:
     return (stream_bits << weights).sum(dim=-1)
 
 
+def _check_steps(t: object, device: torch.device) -> torch.Tensor:
+    """``t`` as an int64 tensor of step indices in 0..255 (an int or an integer tensor only)."""
+    if isinstance(t, torch.Tensor):
+        if t.dtype not in INTEGER_DTYPES:
+            raise TypeError(f"t: expected an integer tensor of step indices, got dtype {t.dtype}")
+        steps = t.to(device=device, dtype=torch.int64)
+    elif isinstance(t, int) and not isinstance(t, bool):
+        steps = torch.tensor(t, dtype=torch.int64, device=device)
+    else:
+        raise TypeError(
+            f"t: expected an int or an integer tensor of step indices, got {type(t).__name__}"
+        )
+    if steps.numel() and (bool((steps < 0).any()) or bool((steps >= STEPS_PER_TILE).any())):
+        low, high = int(steps.min()), int(steps.max())
+        raise ValueError(f"t: expected step indices in 0..255, got values in {low}..{high}")
+    return steps
+
+
 def window_state(ring: torch.Tensor, t: torch.Tensor | int, bits: int) -> torch.Tensor:
     """The §1.4 window rule, literally, for every step index in ``t``.
 
     ``ring`` is ``int64[..., 8·b]`` u32 words (see :func:`ring_u32`); ``t`` is an int or an
-    integer tensor of step indices in 0..255. Returns int64 states of shape
+    integer tensor of step indices in 0..255 (a float, a bool, a list or a float tensor is a
+    ``TypeError``: a fractional step is never truncated). Returns int64 states of shape
     ``ring.shape[:-1] + t.shape``::
 
         b1 = (t + 257)·b ; b0 = b1 − 16 ; j0 = b0 >> 5 ; j1 = (b1 − 1) >> 5
@@ -125,9 +146,7 @@ def window_state(ring: torch.Tensor, t: torch.Tensor | int, bits: int) -> torch.
     bits = check_bits(bits)
     ring = check_integer_tensor(ring, "ring")
     check_last_dim(ring, 8 * bits, "ring")
-    steps = torch.as_tensor(t, dtype=torch.int64, device=ring.device)
-    if steps.numel() and (bool((steps < 0).any()) or bool((steps >= STEPS_PER_TILE).any())):
-        raise ValueError("t: expected step indices in 0..255")
+    steps = _check_steps(t, ring.device)
     ring_words = 8 * bits
     b1 = (steps + 257) * bits
     b0 = b1 - 16

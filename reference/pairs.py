@@ -117,7 +117,10 @@ def _check_codebook(codebook: object, kinds: tuple[str, ...]) -> str:
 
 
 def record_length(bits: int, orth: int) -> int:
-    """int16 words of one record: ``(orth/16) * 8 tiles * 16*bits``."""
+    """int16 words of one record: ``(orth/16) * 8 tiles * 16*bits``. ``bits`` is a bit rate
+    1..8 (a record pair's summed rate stays within it), ``orth`` a positive multiple of 128."""
+    bits = _checks.check_bits(bits)
+    orth = _check_orth(orth)
     return (orth // 16) * RECORD_TILES * 16 * bits
 
 

@@ -55,6 +55,15 @@ def _check_positive_int(value: object, name: str) -> int:
     return value
 
 
+def _check_num_experts(value: object) -> int:
+    """A positive expert count that int32 route ids can compare with: torch casts a Python int
+    to the ids' dtype, so ``int32_ids < 2**31`` wraps and would mark every route inactive."""
+    value = _check_positive_int(value, "num_experts")
+    if value > INT32_MAX:
+        raise ValueError(f"num_experts: expected at most {INT32_MAX} (2**31 - 1), got {value}")
+    return value
+
+
 def check_route_ids(ids: object, name: str = "topk_ids") -> torch.Tensor:
     """Require an int32/int64 ``[M, top_k]`` tensor of expert ids (float ids are a TypeError)."""
     ids = check_dtype(ids, ROUTE_ID_DTYPES, name)
@@ -101,7 +110,7 @@ def active_mask(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     ids such as ``2**31`` or ``2**32`` are inactive, never wrapped onto a valid expert.
     """
     ids = check_dtype(ids, ROUTE_ID_DTYPES, "ids")
-    num_experts = _check_positive_int(num_experts, "num_experts")
+    num_experts = _check_num_experts(num_experts)
     return (ids >= 0) & (ids < num_experts)
 
 
@@ -153,7 +162,7 @@ def pack_routes(topk_ids: torch.Tensor, num_experts: int, block_size: int) -> Pa
     the exact layout and the sentinel.
     """
     topk_ids = check_route_ids(topk_ids, "topk_ids")
-    num_experts = _check_positive_int(num_experts, "num_experts")
+    num_experts = _check_num_experts(num_experts)
     block_size = _check_positive_int(block_size, "block_size")
     m, top_k = topk_ids.shape
     device = topk_ids.device

@@ -77,12 +77,12 @@ def tiles_to_matrix(values: torch.Tensor) -> torch.Tensor:
 
 def matrix_to_tiles(matrix: torch.Tensor) -> torch.Tensor:
     """``[..., K, N]`` (K, N multiples of 16) -> per-step values ``[..., K/16, N/16, 256]``."""
-    matrix = check_tensor(matrix, "W")
-    check_min_ndim(matrix, 2, "W")
+    matrix = check_tensor(matrix, "matrix (W)")
+    check_min_ndim(matrix, 2, "matrix (W)")
     *lead, k_dim, n_dim = matrix.shape
     if k_dim == 0 or n_dim == 0 or k_dim % TILE or n_dim % TILE:
         raise ValueError(
-            f"W: expected K and N to be positive multiples of {TILE}, got shape "
+            f"matrix (W): expected K and N to be positive multiples of {TILE}, got shape "
             f"{tuple(matrix.shape)}"
         )
     k_tiles, n_tiles = k_dim // TILE, n_dim // TILE

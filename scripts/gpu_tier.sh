@@ -4,6 +4,8 @@
 # GPU-tier mutation gate. Every log lands under $OUT (the device tool's output dir) and every
 # phase adds "phase <name>: rc=<rc> <wall>s of <budget>s" plus a few result lines to
 # $OUT/summary.txt. Phases are independent: one failing or timing out never stops the next.
+# At the end a table lists every phase (ok / FAILED rc=N / TIMED OUT / skipped) and the script
+# exits 1 when any phase failed or timed out, 0 only when every phase that ran passed.
 #   usage (device tool, carry [".device"]):  source .device/env.sh && bash scripts/gpu_tier.sh
 # Budgets (seconds; each phase is cut at its budget; the defaults add up to 570 s, inside the
 # device's 600 s per call):
@@ -20,17 +22,32 @@ summary="$OUT/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 total_start=$SECONDS
 
-# phase NAME BUDGET LOG CMD...: run CMD under `timeout BUDGET` with stdout+stderr in LOG, then
-# record its exit status and wall time (rc 124: cut at the budget).
+# Per phase, for the final table: name, verdict, rc, wall seconds, budget.
+PHASES=(); VERDICTS=(); RCS=(); WALLS=(); BUDGETS=()
+
+# phase NAME BUDGET LOG CMD...: run CMD under `timeout BUDGET` (SIGTERM at the budget, SIGKILL
+# 10 s later) with stdout+stderr in LOG, then record its exit status and wall time (rc 124 or
+# 137: cut at the budget). Always returns 0, so the next phase runs.
 phase() {
-  local name="$1" budget="$2" log="$3" start=$SECONDS rc
+  local name="$1" budget="$2" log="$3" start=$SECONDS rc verdict
   shift 3
-  timeout "$budget" "$@" > "$log" 2>&1
+  timeout -k 10 "$budget" "$@" > "$log" 2>&1
   rc=$?
   local note=""
-  [ "$rc" = 124 ] && note=" (timed out)"
+  case "$rc" in
+    0) verdict="ok" ;;
+    124|137) verdict="TIMED OUT"; note=" (timed out)" ;;
+    *) verdict="FAILED" ;;
+  esac
   echo "phase $name: rc=$rc $((SECONDS - start))s of ${budget}s$note" | tee -a "$summary"
+  PHASES+=("$name"); VERDICTS+=("$verdict"); RCS+=("$rc")
+  WALLS+=("$((SECONDS - start))"); BUDGETS+=("$budget")
   return 0
+}
+
+# skipped NAME: a phase switched off (shown in the table, never a failure).
+skipped() {
+  PHASES+=("$1"); VERDICTS+=("skipped"); RCS+=("-"); WALLS+=("-"); BUDGETS+=("-")
 }
 
 if [ "${TESTS:-1}" = 1 ]; then
@@ -40,6 +57,8 @@ if [ "${TESTS:-1}" = 1 ]; then
     -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE
   tail -n 40 "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$summary"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -n 60 | tee -a "$summary"
+else
+  skipped gpu_tests
 fi
 
 if [ "${GRID:-1}" = 1 ]; then
@@ -47,12 +66,16 @@ if [ "${GRID:-1}" = 1 ]; then
     python3 -m oracle run --tier gpu --filter "${GRID_FILTER:-m<=129}" \
     --max-cases "${GRID_CASES:-400}" -q --json "$OUT/oracle_grid.json" --results "$OUT/cases"
   tail -n 5 "$OUT/oracle_grid.log" | tee -a "$summary"
+else
+  skipped oracle_grid
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   phase dense_bench "$BENCH_S" "$OUT/dense_bench.log" \
     python3 benchmarks/dense_trellis.py ${DENSE_ARGS:-} --json "$OUT/dense_bench.json"
   tail -n 45 "$OUT/dense_bench.log" | tee -a "$summary"
+else
+  skipped dense_bench
 fi
 
 if [ "${MOE_BENCH:-1}" = 1 ]; then
@@ -60,6 +83,8 @@ if [ "${MOE_BENCH:-1}" = 1 ]; then
   phase moe_bench "$MOE_BENCH_S" "$OUT/moe_bench.log" \
     python3 benchmarks/moe_trellis.py --m "${MOE_M:-1,8,64,512,4096}" --json "$OUT/moe_bench.json"
   grep -E "^(HBM|M=)|Error|error" "$OUT/moe_bench.log" | tail -n 12 | tee -a "$summary"
+else
+  skipped moe_bench
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then
@@ -68,12 +93,35 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     env OUT="$OUT" TOOLS="${SANITIZE_TOOLS:-memcheck racecheck}" \
     TOOL_S="$((SANITIZE_S > 10 ? SANITIZE_S - 5 : SANITIZE_S))" bash scripts/sanitize.sh
   grep -vE "^sanitize: /" "$OUT/sanitize.log" | tail -n 12 | tee -a "$summary"
+else
+  skipped sanitize
 fi
 
 if [ "${MUTATE:-1}" = 1 ]; then
   phase mutate_gpu "$MUTATE_S" "$OUT/mutate_gpu.log" \
     python3 -m oracle mutate --tier gpu --json "$OUT/mutate_gpu.json" -q
   tail -n 15 "$OUT/mutate_gpu.log" | tee -a "$summary"
+else
+  skipped mutate_gpu
 fi
 
 echo "gpu tier: $((SECONDS - total_start))s in all" | tee -a "$summary"
+
+# The summary table, and the exit status: non-zero when any phase failed or timed out.
+failed=0
+{
+  printf '%-12s %-10s %5s %7s %7s\n' phase verdict rc wall_s budget
+  for i in "${!PHASES[@]}"; do
+    printf '%-12s %-10s %5s %7s %7s\n' "${PHASES[$i]}" "${VERDICTS[$i]}" "${RCS[$i]}" \
+      "${WALLS[$i]}" "${BUDGETS[$i]}"
+  done
+} | tee -a "$summary"
+for i in "${!PHASES[@]}"; do
+  case "${VERDICTS[$i]}" in FAILED|"TIMED OUT") failed=$((failed + 1)) ;; esac
+done
+if [ "$failed" -gt 0 ]; then
+  echo "gpu tier: FAILED ($failed phase(s) failed or timed out)" | tee -a "$summary"
+  exit 1
+fi
+echo "gpu tier: every phase that ran passed" | tee -a "$summary"
+exit 0

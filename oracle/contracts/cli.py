@@ -10,7 +10,11 @@ Layout
 
 Invariants
 ----------
-* Exit status 1 when there is any violation, 0 otherwise; 2 for bad usage (argparse).
+* The JSON report (``--json``) carries ``schema`` = :data:`SCHEMA` (``oracle.contracts/1``) ahead
+  of :meth:`~.check.ContractReport.to_json`'s keys; fields in ``docs/json_schemas.md``.
+* Exit status 1 when there is any violation, 0 otherwise; 2 for bad usage or an input the
+  checker refuses (a root that is not a directory, an unreadable lock or slots file), printed as
+  ONE line ``python -m oracle contracts: error: ...`` on stderr, never a traceback.
 * Defaults: the root is the installed ``b12x`` package; when the root *is* b12x, the lock and
   slots default to ``fixtures/abi_lock.json`` and ``fixtures/pinned_slots.json``. For any other
   root only an explicit ``--lock``/``--slots`` is used (another package has its own lock).
@@ -29,9 +33,21 @@ from .check import DEFAULT_LOCK_PATH, DEFAULT_SLOTS_PATH, check_package, default
 from .index import build_index
 from .lock import update_lock
 
+#: The JSON report's schema tag (docs/json_schemas.md).
+SCHEMA = "oracle.contracts/1"
+
+
+class _Refused(Exception):
+    """A usage error or refused input; :func:`main` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's hook: one line instead of usage + message
+        raise _Refused(f"{message} (see {self.prog} --help)")
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m oracle contracts",
         description="Static ABI contract checker: binds every call into the package by name.",
     )
@@ -63,7 +79,16 @@ def _display_path(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the checker; return 1 on any violation, 0 otherwise."""
+    """Run the checker; return 1 on any violation, 0 otherwise, 2 when refused (one line)."""
+    try:
+        return _main(argv)
+    except (_Refused, ValueError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"python -m oracle contracts: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     root = (args.root or default_root()).resolve()
     is_b12x = root == default_root()
@@ -73,13 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         slots = DEFAULT_SLOTS_PATH
     if args.no_lock:
         if args.update_lock:
-            print("contracts: --update-lock and --no-lock contradict each other", file=sys.stderr)
-            return 2
+            raise _Refused("--update-lock and --no-lock contradict each other")
         lock = None
     if args.update_lock:
         if lock is None:
-            print("contracts: --update-lock needs --lock FILE for this root", file=sys.stderr)
-            return 2
+            raise _Refused("--update-lock needs --lock FILE for this root")
         version, changed = update_lock(build_index(root), lock)
         state = "bumped" if changed else "unchanged"
         print(f"contracts: wrote {_display_path(str(lock))}: abi_version {version} ({state})")
@@ -102,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(
+            json.dumps({"schema": SCHEMA, **report.to_json()}, indent=2) + "\n", encoding="utf-8"
+        )
     return 0 if report.ok else 1
 
 

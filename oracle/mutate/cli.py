@@ -15,22 +15,42 @@ Layout
   baseline failures and the not-applicable mutants with their reasons. The JSON report
   (``--json``) holds every result (with its time), the per-tier summary and those lists.
 
+JSON report: schema ``oracle.mutate/1`` (:data:`SCHEMA`; fields in ``docs/json_schemas.md``).
+``--from-json`` refuses (exit 2, one line) a file that is unreadable, not JSON, of another
+schema or missing keys; a file without ``schema`` is the pre-versioning layout, read the same.
+
+``--tier gpu`` without a CUDA device is refused (exit 2) when mutants would run: every GPU
+mutant would be "not-applicable" and the gate would pass without running one (``--list`` and
+``--tier all`` still work; the latter checks that the GPU rewrites apply).
+
+Interruption: Ctrl-C (SIGINT) or SIGTERM stops the run within seconds: every kill command's
+process group is killed, the temporary copies are removed (:func:`oracle.mutate.runner.abort`),
+and the command exits 130.
+
 Exit code: 0 when no selected mutant survived, went stale, errored or had a failing baseline;
-1 otherwise; 2 for a usage error (unknown id, bad option).
+1 otherwise; 2 for a usage error (unknown id, bad option, unreadable --from-json, --tier gpu
+without CUDA); 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from oracle.mutate.catalogue import load_catalogue
 from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
-__all__ = ["build_parser", "main", "report_lines", "select"]
+__all__ = ["SCHEMA", "build_parser", "main", "report_lines", "select"]
+
+#: The JSON report's schema tag (docs/json_schemas.md).
+SCHEMA = "oracle.mutate/1"
+_REPORT_KEYS = ("summary", "results")
 
 _STYLE = {
     "killed": "green",
@@ -42,10 +62,17 @@ _STYLE = {
 }
 
 
+class _Refused(Exception):
+    """A usage error; :func:`main` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's hook: one line instead of usage + message
+        raise _Refused(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m oracle mutate", description=__doc__.split("\n\n")[0]
-    )
+    parser = _Parser(prog="python -m oracle mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument("--only", metavar="IDS", help="comma-separated mutant ids")
@@ -138,6 +165,7 @@ def report_lines(results: list[dict]) -> list[str]:
 def _report(args, results, summary, gpu) -> dict:
     rows = [r.to_json() for r in results]
     return {
+        "schema": SCHEMA,
         "tier": args.tier,
         "gpu": gpu,
         "passed": gate_passed(results),
@@ -156,8 +184,33 @@ def _report(args, results, summary, gpu) -> dict:
     }
 
 
+def _load_saved(path: str) -> dict:
+    """A saved mutate report, validated; ValueError (one line) otherwise."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--from-json: cannot read {path}: {type(exc).__name__}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--from-json: {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--from-json: {path}: expected a JSON object")
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise ValueError(f"--from-json: {path}: schema {schema!r} is not {SCHEMA!r}")
+    missing = [k for k in _REPORT_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"--from-json: {path}: missing keys {missing}")
+    if not isinstance(data["summary"], dict) or not isinstance(data["results"], list):
+        raise ValueError(f"--from-json: {path}: 'summary' must be an object, 'results' a list")
+    row_keys = {"id", "class", "tier", "status", "seconds", "killer", "reason", "kill"}
+    for i, row in enumerate(data["results"]):
+        if not isinstance(row, dict) or not row_keys <= set(row):
+            raise ValueError(f"--from-json: {path}: results[{i}] lacks {sorted(row_keys)}")
+    return data
+
+
 def _render_saved(path: str) -> int:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = _load_saved(path)
     for line in _rate_lines(data["summary"]):
         print(line)
     for line in report_lines(data["results"]):
@@ -168,11 +221,41 @@ def _render_saved(path: str) -> int:
     return 0 if data.get("passed") else 1
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While running, SIGTERM (e.g. ``timeout``) interrupts like Ctrl-C: KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the gate (module docstring); a usage error is one line on stderr and exit 2."""
+    try:
+        return _main(argv)
+    except _Refused as exc:
+        print(f"python -m oracle mutate: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.from_json:
-        return _render_saved(args.from_json)
+        try:
+            return _render_saved(args.from_json)
+        except ValueError as exc:
+            print(f"python -m oracle mutate: error: {exc}", file=sys.stderr)
+            return 2
     try:
         mutants = load_catalogue(args.catalogue)
         chosen = select(mutants, args.tier, args.only)
@@ -184,15 +267,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs: expected a positive int, got {args.jobs}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout: expected positive seconds, got {args.timeout}")
     gpu = _cuda() if any(m.tier == "gpu" for m in chosen) else False
-    results = run_catalogue(
-        chosen,
-        gpu=gpu,
-        jobs=args.jobs,
-        baseline=not args.no_baseline,
-        isolation=args.isolation,
-        timeout=args.timeout,
-    )
+    if args.tier == "gpu" and not gpu and any(m.tier == "gpu" for m in chosen):
+        print(
+            "python -m oracle mutate: error: --tier gpu: no CUDA device is visible; every GPU "
+            "mutant would be not-applicable (use --tier all to check their rewrites apply)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with _sigterm_interrupts():
+            results = run_catalogue(
+                chosen,
+                gpu=gpu,
+                jobs=args.jobs,
+                baseline=not args.no_baseline,
+                isolation=args.isolation,
+                timeout=args.timeout,
+            )
+    except KeyboardInterrupt:
+        print(
+            "python -m oracle mutate: interrupted: kill commands stopped, temporary copies removed",
+            file=sys.stderr,
+        )
+        return 130
     summary = summarize(results)
     report = _report(args, results, summary, gpu)
     if not args.quiet:

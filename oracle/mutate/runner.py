@@ -26,6 +26,16 @@ Layout
   in a forked child's parent). :func:`summarize` gives counts and the kill rate per tier
   (killed / (killed + survived)); :func:`gate_passed` is the verdict.
 
+Interruption
+------------
+Every kill-command process (a fresh subprocess, or the fork server whose forked children share
+its process group) starts in its own session and is registered while it lives; every temporary
+copy is registered while it exists. :func:`abort` (called by :func:`run_catalogue` when it is
+interrupted, e.g. Ctrl-C / SIGINT in the CLI) kills every registered process group, refuses to
+start new processes or copies (:class:`Cancelled`), waits briefly for the runner threads to
+unwind and removes every registered copy, so ``python -m oracle mutate`` stops within seconds
+instead of waiting out ``--timeout``, and leaves nothing behind.
+
 Invariants
 ----------
 * Nothing is written outside the temporary directories, which are removed afterwards.
@@ -37,23 +47,28 @@ Invariants
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from oracle.mutate.catalogue import Mutant, StaleMutant, apply_mutant
 
 __all__ = [
     "COPIED_PATHS",
+    "Cancelled",
+    "abort",
+    "live_temp_dirs",
     "FAILING_STATUSES",
     "STATUSES",
     "MutantResult",
@@ -95,6 +110,86 @@ _IGNORED = shutil.ignore_patterns(".hypothesis", ".pytest_cache", "results", "*.
 _FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
 _NOT_FOUND = re.compile(r"ERROR: (?:file or directory )?not found: (\S+)")
 _ORACLE_FAIL = re.compile(r"^FAIL (\S+?):", re.MULTILINE)
+
+
+# --- interruption: every process and temporary copy is registered while it lives -------------
+
+_ABORT = threading.Event()
+_LIVE_LOCK = threading.Lock()
+_LIVE_PROCS: set[subprocess.Popen] = set()
+_LIVE_DIRS: set[str] = set()
+UNWIND_S = 10.0  # how long an interrupted run waits for its threads to remove their copies
+
+
+class Cancelled(Exception):
+    """The run was interrupted (:func:`abort`): no new kill command or copy is started."""
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """Popen in a new session (its own process group), registered until :func:`_forget`."""
+    with _LIVE_LOCK:
+        if _ABORT.is_set():
+            raise Cancelled("mutation run interrupted")
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        _LIVE_PROCS.add(proc)
+    return proc
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    with _LIVE_LOCK:
+        _LIVE_PROCS.discard(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, OSError):
+        proc.kill()
+
+
+@contextlib.contextmanager
+def _temp_dir(prefix: str) -> Iterator[str]:
+    """A registered temporary directory, removed on exit (also by :func:`abort`)."""
+    if _ABORT.is_set():
+        raise Cancelled("mutation run interrupted")
+    path = tempfile.mkdtemp(prefix=prefix)
+    with _LIVE_LOCK:
+        _LIVE_DIRS.add(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        with _LIVE_LOCK:
+            _LIVE_DIRS.discard(path)
+
+
+def _check_abort() -> None:
+    if _ABORT.is_set():
+        raise Cancelled("mutation run interrupted")
+
+
+def live_temp_dirs() -> list[str]:
+    """The temporary copies that exist now (empty once a run has finished or been aborted)."""
+    with _LIVE_LOCK:
+        return sorted(_LIVE_DIRS)
+
+
+def abort() -> None:
+    """Stop everything now: kill every registered process group and refuse new ones."""
+    _ABORT.set()
+    with _LIVE_LOCK:
+        procs = list(_LIVE_PROCS)
+    for proc in procs:
+        _kill_group(proc)
+
+
+def _remove_live_dirs() -> None:
+    with _LIVE_LOCK:
+        dirs = list(_LIVE_DIRS)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+        with _LIVE_LOCK:
+            _LIVE_DIRS.discard(path)
 
 
 def project_root() -> Path:
@@ -217,10 +312,25 @@ class SubprocessExecutor:
         argv = [self.python, "-m", "pytest", *args] if kind == "pytest" else [self.python, "-m"]
         if kind != "pytest":
             argv += args
-        proc = subprocess.run(
-            argv, cwd=root, env=child_env(root), capture_output=True, text=True, timeout=timeout
+        proc = _spawn(
+            argv,
+            cwd=root,
+            env=child_env(root),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        return Completed(proc.returncode, proc.stdout, proc.stderr)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)  # the whole group: a kill command's own children go too
+            proc.communicate()
+            raise
+        finally:
+            _forget(proc)
+        _check_abort()
+        return Completed(proc.returncode, stdout, stderr)
 
     def close(self) -> None:
         pass
@@ -240,7 +350,9 @@ class ForkExecutor:
         if foreign:
             env["PYTHONPATH"] = os.pathsep.join(foreign)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-        self._proc = subprocess.Popen(
+        # Its own session: the forked children share its process group, so abort() can kill
+        # the server and every running kill command with one killpg.
+        self._proc = _spawn(
             [python, str(server)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -259,7 +371,10 @@ class ForkExecutor:
 
     def _read(self) -> None:
         for line in self._proc.stdout:
-            reply = json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:  # a line cut short by a killed server
+                continue
             with self._lock:
                 waiter = self._waiters.pop(reply.get("id"), None)
             if waiter is not None:
@@ -269,11 +384,6 @@ class ForkExecutor:
                 waiter.set_exception(RuntimeError("forkserver: exited"))
             self._waiters.clear()
 
-    def _send(self, message: dict) -> None:
-        with self._lock:
-            self._proc.stdin.write(json.dumps(message) + "\n")
-            self._proc.stdin.flush()
-
     def __call__(self, kind: str, args: list[str], root: Path, timeout: float) -> Completed:
         log = root.parent / f"kill-{time.monotonic_ns()}.log"
         waiter: concurrent.futures.Future = concurrent.futures.Future()
@@ -281,6 +391,7 @@ class ForkExecutor:
             rid = self._next
             self._next += 1
             self._waiters[rid] = waiter
+        _check_abort()
         self._send({"id": rid, "cwd": str(root), "kind": kind, "argv": args, "log": str(log)})
         try:
             rc = waiter.result(timeout=timeout)
@@ -288,12 +399,33 @@ class ForkExecutor:
             self._send({"kill": rid})
             waiter.result(timeout=60)
             raise subprocess.TimeoutExpired(args, timeout) from None
+        except RuntimeError:
+            _check_abort()  # the server was killed by abort(): say so
+            raise
+        _check_abort()
         return Completed(rc, log.read_text(encoding="utf-8", errors="replace"))
 
+    def _send(self, message: dict) -> None:
+        with self._lock:
+            try:
+                self._proc.stdin.write(json.dumps(message) + "\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                _check_abort()
+                raise
+
     def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait(timeout=60)
+        try:
+            if self._proc.poll() is None:
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    self._proc.stdin.close()
+                try:
+                    self._proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    _kill_group(self._proc)
+                    self._proc.wait()
+        finally:
+            _forget(self._proc)
 
 
 def make_executor(isolation: str = "fork", python: str = sys.executable):
@@ -397,8 +529,9 @@ def run_mutant(
         return result(
             "not-applicable", reason=f"{mutant.not_applicable_reason} (missing {missing})"
         )
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.id}-") as tmp:
+    with _temp_dir(f"mutant-{mutant.id}-") as tmp:
         root = copy_project(src, Path(tmp) / "project")
+        _check_abort()
         try:
             apply_mutant(mutant, root)
         except StaleMutant as exc:
@@ -434,8 +567,9 @@ def run_baseline(
     node_ids = list(dict.fromkeys(n for m in mutants for n in m.kill.pytest))
     families = list(dict.fromkeys(f for m in mutants for f in m.kill.oracle))
     bad: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+    with _temp_dir("mutant-baseline-") as tmp:
         root = copy_project(src, Path(tmp) / "project")
+        _check_abort()
         if node_ids:
             try:
                 proc = execute("pytest", _pytest_args(node_ids, stop_first=False), root, timeout)
@@ -506,40 +640,52 @@ def run_catalogue(
             owned[kind] = make_executor(kind)
         return owned[kind]
 
-    runnable = [m for m in mutants if _runnable(m, gpu)]
-    groups: dict[int, tuple[object, list[Mutant]]] = {}
-    for m in runnable:
-        ex = executor_for(m)
-        groups.setdefault(id(ex), (ex, []))[1].append(m)
+    _ABORT.clear()  # a fresh run (an earlier one in this process may have been aborted)
     bad: dict[str, str] = {}
+    results: dict[str, MutantResult] = {}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    futures: list[concurrent.futures.Future] = []
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            base = []
-            if baseline:
-                base = [
-                    pool.submit(run_baseline, ms, src=src, execute=ex, timeout=2 * timeout)
-                    for ex, ms in groups.values()
-                ]
-            pending = {
-                pool.submit(
-                    run_mutant, m, src=src, gpu=gpu, execute=executor_for(m), timeout=timeout
-                ): m
-                for m in mutants
-            }
-            results: dict[str, MutantResult] = {}
-            for future in base:
-                bad.update(future.result())
-            for future in concurrent.futures.as_completed(pending):
-                r = future.result()
-                if r.id in bad and r.status in ("killed", "survived"):
-                    why = bad[r.id]
-                    r = dataclasses.replace(r, status="baseline-failed", killer="", reason=why)
-                results[r.id] = r
-                if on_result is not None:
-                    on_result(r)
+        runnable = [m for m in mutants if _runnable(m, gpu)]
+        groups: dict[int, tuple[object, list[Mutant]]] = {}
+        for m in runnable:
+            ex = executor_for(m)
+            groups.setdefault(id(ex), (ex, []))[1].append(m)
+        base = []
+        if baseline:
+            base = [
+                pool.submit(run_baseline, ms, src=src, execute=ex, timeout=2 * timeout)
+                for ex, ms in groups.values()
+            ]
+        pending = {
+            pool.submit(
+                run_mutant, m, src=src, gpu=gpu, execute=executor_for(m), timeout=timeout
+            ): m
+            for m in mutants
+        }
+        futures = [*base, *pending]
+        for future in base:
+            bad.update(future.result())
+        for future in concurrent.futures.as_completed(pending):
+            r = future.result()
+            if r.id in bad and r.status in ("killed", "survived"):
+                why = bad[r.id]
+                r = dataclasses.replace(r, status="baseline-failed", killer="", reason=why)
+            results[r.id] = r
+            if on_result is not None:
+                on_result(r)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) or a crash: stop everything now
+        abort()
+        pool.shutdown(wait=False, cancel_futures=True)
+        concurrent.futures.wait(futures, timeout=UNWIND_S)  # threads remove their copies
+        _remove_live_dirs()
+        raise
+    else:
+        pool.shutdown(wait=True)
     finally:
         for ex in owned.values():
-            ex.close()
+            with contextlib.suppress(Exception):
+                ex.close()
     return [results[m.id] for m in mutants]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import pytest
 
@@ -104,6 +105,16 @@ def test_case_validation():
         G.cases(tier="tpu")
     with pytest.raises(ValueError, match="op"):
         G.cases(op="gemm")
+    for bad in (-1, 1.5, "7", True):
+        with pytest.raises(ValueError, match="base_seed"):
+            G.cases(op="dense", base_seed=bad)
+    with pytest.raises(TypeError, match="variants"):
+        G.cases(variants=("dense/mcg/k6/fp16",))
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="max_cases"):
+            G.cases(op="dense", max_cases=bad)
+    with pytest.raises(TypeError, match="filter"):
+        G.cases(filter=3)
 
 
 def test_filter_grammar():
@@ -164,3 +175,148 @@ def test_generated_shapes_are_legal_for_their_variant():
     assert "128" in G.shape_illegal_reason(Variant("mcg", 6), 192, 128)
     coupled_variant = variant_by_name("moe/mcg/k6/rot_coupled/fp16")
     assert "512" in G.shape_illegal_reason(coupled_variant, 384, 256)
+
+
+# --- validation: SelectionError, one line, naming what is known ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("nosuchkey=1", ["unknown field", "nosuchkey", "known keys", "codebook", "top_k"]),
+        ("m<=abc", ["m needs an integer", "'abc'"]),
+        ("m=1.5", ["integer"]),
+        ("codebook=MCG", ["unknown codebook 'MCG'", "case-sensitive", "sqg_fp16"]),
+        ("codebook=mcg|MUL1", ["unknown codebook 'MUL1'", "mul1"]),
+        ("op=gemm", ["unknown op 'gemm'", "decode, dense, moe"]),
+        ("pair_kind=p22", ["unknown pair_kind", "P22"]),
+        ("rate_axis=x", ["unknown rate_axis", "none, k, n"]),
+        ("tier_layout=k4k3", ["unknown tier_layout", "k3k4"]),
+        ("rotation=half", ["unknown rotation", "full"]),
+        ("dtype=fp32", ["unknown compute_dtype", "fp16, bf16"]),
+        ("codebook=None", ["unknown codebook 'None'"]),
+        ("codebook=none", ["never none"]),
+        ("bits=9", ["no registered variant has bits=9", "1, 2, 3, 4, 5, 6, 7, 8"]),
+        ("codebook=mcg,bits=9", ["bits=9"]),
+        ("codebook=sqg_e4m3,bits=6", ["contradicts the registry", "bits takes 2, 3, 4"]),
+        ("op=moe,dtype=bf16", ["contradicts the registry", "compute_dtype takes fp16"]),
+        ("bits>8", ["contradicts the registry"]),
+        ("m=3", ["no grid case has m=3", "4096"]),
+        ("experts=7", ["no grid case has experts=7", "8, 64, 256"]),
+        ("name=dense/mcg/k6/fp17", ["no registered variant is named", "dense/mcg/k6/fp16"]),
+        ("id=nonsense", ["cannot parse case_id"]),
+        ("codebook~xyz", ["no codebook contains 'xyz'"]),
+        ("codebook=mcg|", ["empty value"]),
+        ("heavy=True", ["heavy takes true/false"]),
+    ],
+)
+def test_filter_refusals_are_one_line_selection_errors(text, needles):
+    with pytest.raises(G.SelectionError) as info:
+        G.parse_filter(text)
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_legal_filters_still_parse():
+    for text in (
+        "codebook=mcg,bits=6,m<=128,pair_kind=none",
+        "rate_axis=none,tier_layout=none",
+        "codebook~sqg,op!=moe",
+        "experts=none",
+        "name=dense/mcg/k6/fp16,seed>=0",
+        "id=" + gpu_cases()[5].case_id,
+        "heavy=1",
+    ):
+        assert callable(G.parse_filter(text))
+
+
+def test_a_selection_that_matches_nothing_is_refused():
+    with pytest.raises(G.SelectionError, match="matches nothing.*heavy takes false"):
+        G.select_cases(filter="heavy=true", tier="cpu")
+    with pytest.raises(G.SelectionError, match="matches nothing"):
+        G.select_cases(filter="op=moe", op="dense")
+    with pytest.raises(G.SelectionError, match="not both"):
+        G.select_cases(filter="m=1", case=gpu_cases()[0].case_id)
+    for bad in (0, -3, True, 2.5):
+        with pytest.raises(G.SelectionError, match="max-cases"):
+            G.select_cases(filter="m=1", max_cases=bad)
+    with pytest.raises(G.SelectionError, match="unknown op"):
+        G.select_cases(op="gemm")
+    assert len(G.select_cases(filter="codebook=mcg,bits=6,m=1", op="dense", tier="cpu")) > 0
+
+
+def test_case_ids_must_be_generated_grid_points():
+    for case in gpu_cases()[::211]:
+        assert G.resolve_case_id(case.case_id) == case
+    case = next(c for c in gpu_cases() if c.variant.name == "dense/mcg/k6/fp16" and c.m == 17)
+    stem = case.case_id.rsplit("_s", 1)[0]
+    with pytest.raises(G.SelectionError, match="not the grid's seed"):
+        G.resolve_case_id(f"{stem}_s{case.seed + 1}")
+    other_m = case.case_id.replace("_m17_", "_m3_")
+    with pytest.raises(G.SelectionError, match="not a grid point of dense/mcg/k6/fp16: M takes"):
+        G.resolve_case_id(other_m)
+    other_shape = case.case_id.replace(f"_k{case.k}_", "_k4096_")
+    with pytest.raises(G.SelectionError, match="not a grid point"):
+        G.resolve_case_id(other_shape)
+    with pytest.raises(G.SelectionError, match="not registered"):
+        G.resolve_case_id("dense-sqg_e4m3-k6-fp16_m1_k128_n128_s1")
+    with pytest.raises(G.SelectionError, match="cannot parse"):
+        G.resolve_case_id("no-such-case")
+    heavy = next(c for c in gpu_cases() if c.heavy)
+    with pytest.raises(G.SelectionError, match="not in the cpu tier"):
+        G.resolve_case_id(heavy.case_id, tier="cpu")
+
+
+# --- stratified sampling ---------------------------------------------------------------------
+
+
+def _strata(sample):
+    return (
+        {c.variant for c in sample},
+        {(c.variant.op, c.m) for c in sample},
+        {(c.variant.op, c.variant.compute_dtype) for c in sample},
+    )
+
+
+def test_a_1000_case_sample_of_the_gpu_grid_covers_every_stratum():
+    grid = gpu_cases()
+    sample = G.stratified_sample(grid, 1000)
+    assert len(sample) == 1000 and len(set(sample)) == 1000
+    assert {c.variant.codebook for c in sample} == {"3inst", "mcg", "mul1", "sqg_e4m3", "sqg_fp16"}
+    assert {c.variant.bits for c in sample} == set(range(1, 9))
+    assert _strata(sample) == _strata(grid)
+    index = {c: i for i, c in enumerate(grid)}
+    assert [index[c] for c in sample] == sorted(index[c] for c in sample)  # input order kept
+    counts = Counter(c.variant for c in sample)
+    assert max(counts.values()) - min(counts.values()) <= 1  # round-robin over the variants
+    for variant in list(counts)[:20]:  # each variant is spread over its Ms
+        ms = [c.m for c in sample if c.variant == variant]
+        assert len(set(ms)) == len(ms), (variant.name, ms)
+
+
+def test_the_sample_is_deterministic_and_max_cases_uses_it():
+    grid = gpu_cases()
+    assert G.stratified_sample(grid, 500) == G.stratified_sample(list(grid), 500)
+    assert G.stratified_sample(grid, 500, seed=1) != G.stratified_sample(grid, 500)
+    assert G.cases(tier="gpu", max_cases=1000) == G.stratified_sample(grid, 1000)
+    assert G.stratified_sample(grid[:10], 50) == list(grid[:10])
+    assert G.stratified_sample(grid, 0) == []
+    # the old prefix took one codebook's low bit rates only
+    assert len({c.variant.codebook for c in G.cases(tier="gpu", max_cases=1000)}) == 5
+
+
+def test_below_the_cover_size_the_sample_is_a_prefix_of_the_cover():
+    dense = [c for c in gpu_cases() if c.variant.op == "dense"]
+    cover = G.stratified_cover_size(dense)
+    assert cover == len({c.variant for c in dense})  # one pick per variant suffices
+    assert _strata(G.stratified_sample(dense, cover)) == _strata(dense)
+    two = G.stratified_sample(dense, 2)
+    assert {c.variant.compute_dtype for c in two} == {"fp16", "bf16"}  # dtypes come first
+    small = G.stratified_sample(dense, 17)
+    assert {c.m for c in small} == set(G.M_BUCKETS)  # then every M
+    with pytest.raises(TypeError):
+        G.stratified_sample([1, 2], 1)
+    with pytest.raises(ValueError):
+        G.stratified_sample(dense, -1)

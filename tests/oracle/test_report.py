@@ -44,7 +44,8 @@ def test_json_schema_is_exact(tmp_path):
     report = sample_report()
     path = report.to_json(tmp_path / "out" / "report.json")
     data = json.loads(path.read_text())  # strict JSON: no NaN literals
-    assert set(data) == {"checks", "summary", "environment"}
+    assert set(data) == {"schema", "checks", "summary", "environment"}
+    assert data["schema"] == "oracle.report/2"
     for check in data["checks"]:
         assert set(check) == {"name", "tier", "status", "reason", "metrics"}
         assert check["tier"] in ("cpu", "gpu") and check["status"] in ("pass", "fail", "skip")
@@ -134,3 +135,63 @@ def test_print_table_can_hide_passing_checks():
     text = buffer.getvalue()
     assert "nan case" in text and "gpu grid" in text and "fingerprints" not in text
     assert "5 passed, 3 failed, 1 skipped" in text
+
+
+# --- strict reading: ReportFileError, one line ------------------------------------------------
+
+
+def _write(tmp_path, data, name="r.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def _valid(tmp_path):
+    return json.loads(sample_report().to_json(tmp_path / "valid.json").read_text())
+
+
+def _refusals(tmp_path):
+    base = _valid(tmp_path)
+    failing_ok = {**base, "summary": {**base["summary"], "fail": 0, "ok": True}}
+    mutate = {"schema": "oracle.mutate/1", "results": []}
+    first = base["checks"][0]
+    return [
+        ("not json {", "is not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({**base, "schema": "oracle.report/9"}, "unknown report schema 'oracle.report/9'"),
+        (mutate, "mutate --from-json"),
+        ({**base, "extra": 1}, "unknown top-level keys ['extra']"),
+        ({k: v for k, v in base.items() if k != "checks"}, "'checks' must be a list"),
+        ({**base, "checks": [{"name": "a", "tier": "cpu"}]}, "lacks ['status']"),
+        ({**base, "checks": [{**first, "tier": "tpu"}]}, "tier must be one of"),
+        ({**base, "checks": [{**first, "status": "PASS"}]}, "status must be one of"),
+        ({**base, "checks": [{**first, "reason": 3}]}, "reason must be a str"),
+        ({**base, "checks": [{**first, "metrics": [1]}]}, "metrics must be a mapping"),
+        ({**base, "checks": [{**first, "colour": "red"}]}, "unknown keys ['colour']"),
+        ({**base, "checks": ["x"]}, "must be an object"),
+        (failing_ok, "disagrees with the checks"),
+        ({**base, "environment": []}, "'environment' must be an object"),
+    ]
+
+
+def test_reading_refuses_corrupt_and_foreign_files(tmp_path):
+    from oracle.report import ReportFileError
+
+    for i, (data, needle) in enumerate(_refusals(tmp_path)):
+        path = _write(tmp_path, data, f"bad{i}.json")
+        with pytest.raises(ReportFileError) as info:
+            Report.from_json(path)
+        assert needle in str(info.value) and "\n" not in str(info.value), (i, str(info.value))
+    with pytest.raises(ReportFileError, match="cannot read"):
+        Report.from_json(tmp_path)  # a directory
+    with pytest.raises(ReportFileError, match="cannot read"):
+        Report.from_json(tmp_path / "absent.json")
+
+
+def test_reading_accepts_the_current_and_the_unversioned_layout(tmp_path):
+    data = _valid(tmp_path)
+    assert Report.from_dict(data).summary() == sample_report().summary()
+    legacy = {k: v for k, v in data.items() if k != "schema"}  # oracle.report/1
+    assert Report.from_dict(legacy).summary() == sample_report().summary()
+    minimal = {"checks": [{"name": "a", "tier": "cpu", "status": "pass"}]}
+    assert Report.from_dict(minimal).summary()["pass"] == 1

@@ -143,3 +143,155 @@ def test_save_failing_case_echoes_the_replay_command_and_restores_the_case(tmp_p
     assert loaded.meta["metrics"]["rel_l2"] == pytest.approx(0.1)
     bare = load_case(save_case({"case_id": "bare"}, {"a": torch.ones(1)}, tmp_path))
     assert bare.case is None
+
+
+# --- strict loading and grid-case consistency -------------------------------------------------
+
+
+def _grid_case_files(tmp_path, op="dense", flt="codebook=mcg,bits=4,m=9,k=128,n=128,rotation=full"):
+    from oracle.checks.gpu import make_inputs
+    from oracle.grids import cases
+
+    case = cases(op=op, filter=flt, tier="cpu")[0]
+    inputs = make_inputs(case)
+    if op == "decode":
+        y = torch.zeros(case.k, case.n, dtype=torch.float16)
+    else:
+        y = torch.zeros(case.m, case.n, dtype=inputs["x"].dtype)
+    path = save_case({"case_id": case.case_id, "case": case}, {**inputs, "y": y}, tmp_path)
+    return case, path
+
+
+def _edit_sidecar(path, **changes):
+    meta = json.loads(path.read_text())
+    meta.update(changes)
+    path.write_text(json.dumps(meta))
+
+
+def test_load_refuses_corrupt_files_with_one_line(tmp_path):
+    from oracle.results import CaseFileError
+
+    def refused(path, needle):
+        with pytest.raises(CaseFileError) as info:
+            load_case(path)
+        assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+    def fresh(name):
+        return save_case(meta_for(name), {"a": torch.arange(6.0).reshape(2, 3)}, tmp_path)
+
+    path = fresh("c1")
+    path.write_text("{ not json")
+    refused(path, "is not JSON")
+    path = fresh("c2")
+    path.write_text("[]")
+    refused(path, "expected a JSON object")
+    path = fresh("c3")
+    _edit_sidecar(path, schema="oracle.report/2")
+    refused(path, "render it with `python -m oracle report`")
+    path = fresh("c4")
+    _edit_sidecar(path, case_id=None)
+    refused(path, "'case_id' must be")
+    path = fresh("c5")
+    _edit_sidecar(path, tensors={"a": {"shape": [2, 3], "stride": [3], "dtype": "float32"}})
+    refused(path, "differ in length")
+    path = fresh("c6")
+    _edit_sidecar(path, tensors={"a": {"shape": [4, 3], "stride": [3, 1], "dtype": "float32"}})
+    refused(path, "needs 12")
+    path = fresh("c7")
+    _edit_sidecar(path, tensors={"a": {"shape": [2, 3], "stride": [3, 1], "dtype": "float16"}})
+    refused(path, "the sidecar says torch.float16")
+    path = fresh("c8")
+    _edit_sidecar(path, tensors={"a": {"shape": "2x3", "stride": [3, 1], "dtype": "float32"}})
+    refused(path, "shape must be a list")
+    path = fresh("c9")
+    _edit_sidecar(path, tensors={"a": {"shape": [2, 3], "stride": [3, 1], "dtype": "floaty"}})
+    refused(path, "unknown dtype 'floaty'")
+    path = fresh("c10")
+    _edit_sidecar(path, tensor_file="../elsewhere.safetensors")
+    refused(path, "must be a file name")
+    path = fresh("c11")
+    path.with_suffix(".safetensors").unlink()
+    refused(path, "is missing")
+    path = fresh("c12")
+    blob = path.with_suffix(".safetensors")
+    blob.write_bytes(blob.read_bytes()[:20])
+    refused(path, "corrupt tensor file")
+    path = save_case(meta_for("c13"), {"a": torch.ones(2), "b": torch.ones(2)}, tmp_path)
+    _edit_sidecar(path, tensors={"a": json.loads(path.read_text())["tensors"]["a"]})
+    refused(path, "does not list: ['b']")
+    refused(tmp_path / "nothing_here", "no sidecar")
+
+
+def test_grid_case_layout_matches_the_grid_runner():
+    from oracle.checks.gpu import make_inputs
+    from oracle.grids import cases
+    from oracle.results import grid_case_layout
+
+    picked = cases(tier="cpu", filter="op!=moe,pair_kind=none,k=128,n=128,m=9")
+    assert {(c.variant.op, c.variant.rotation, c.variant.compute_dtype) for c in picked} == {
+        ("decode", "none", "fp16"),
+        ("decode", "none", "bf16"),
+        ("dense", "full", "fp16"),
+        ("dense", "full", "bf16"),
+        ("dense", "none", "fp16"),
+        ("dense", "none", "bf16"),
+    }
+    picked += cases(tier="cpu", filter="op=moe,codebook=mcg,m=9")[:3]
+    picked += cases(tier="cpu", filter="pair_kind=P24,op=dense,m=9")[:3]
+    for case in picked[::7] + picked[-6:]:
+        layout = grid_case_layout(case)
+        inputs = make_inputs(case)
+        assert set(layout) == {*inputs, "y"}, case.case_id
+        for name, tensor in inputs.items():
+            shape, dtypes = layout[name]
+            assert tuple(tensor.shape) == shape, (case.case_id, name)
+            assert str(tensor.dtype).removeprefix("torch.") in dtypes, (case.case_id, name)
+
+
+def test_check_grid_case_ties_the_file_to_its_id(tmp_path):
+    from oracle.grids import cases
+    from oracle.results import CaseFileError, check_grid_case
+
+    case, path = _grid_case_files(tmp_path / "ok")
+    assert check_grid_case(load_case(path)) == case
+    decode, dpath = _grid_case_files(tmp_path / "dec", "decode", "codebook=mul1,bits=2,k=128")
+    assert check_grid_case(load_case(dpath)) == decode
+
+    def refused(path, needle):
+        with pytest.raises(CaseFileError) as info:
+            check_grid_case(load_case(path))
+        assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+    other = next(
+        c
+        for c in cases(op="dense", tier="cpu", filter="codebook=mcg,bits=4,m=9,rotation=full")
+        if (c.k, c.n) != (case.k, case.n)
+    )
+    _, p = _grid_case_files(tmp_path / "a")
+    _edit_sidecar(
+        p,
+        case_id=other.case_id,
+        case={
+            **json.loads(p.read_text())["case"],
+            **{"case_id": other.case_id, "k": other.k, "n": other.n, "seed": other.seed},
+        },
+    )
+    refused(p, "needs int16")  # the id now names another shape than the tensors have
+    _, p = _grid_case_files(tmp_path / "b")
+    _edit_sidecar(p, case_id=other.case_id)
+    refused(p, "disagrees with case.case_id")
+    _, p = _grid_case_files(tmp_path / "c")
+    _edit_sidecar(p, variant="dense/mcg/k5/fp16")
+    refused(p, "variant 'dense/mcg/k5/fp16' disagrees")
+    _, p = _grid_case_files(tmp_path / "d")
+    _edit_sidecar(p, case_id=case.case_id.replace(f"_s{case.seed}", "_s1"), case=None)
+    refused(p, "not the grid's seed")
+    p = save_case({"case_id": "tests_x_py__test_y", "test": "tests/x.py::test_y"},
+                  {"y": torch.zeros(2)}, tmp_path / "e")  # fmt: skip
+    refused(p, "saved by test tests/x.py::test_y")
+    _, p = _grid_case_files(tmp_path / "f")
+    meta = json.loads(p.read_text())
+    meta["tensors"]["x"]["dtype"] = "bfloat16"
+    p.write_text(json.dumps(meta))
+    with pytest.raises(CaseFileError, match="sidecar says torch.bfloat16"):
+        load_case(p)

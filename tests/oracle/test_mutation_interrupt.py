@@ -1,0 +1,99 @@
+"""Ctrl-C stops ``python -m oracle mutate`` within seconds and leaves nothing behind.
+
+A one-mutant catalogue whose kill command is long (the oracle's compile family, tens of seconds
+on two cores) runs in a subprocess with its own ``TMPDIR``. Once a kill command is running (a
+process whose working directory is inside the mutant's copy), the test sends SIGINT to the CLI
+process only, the way a terminal's Ctrl-C reaches the foreground process, and requires: exit
+code 130 within :data:`DEADLINE_S` seconds, no temporary copy left in ``TMPDIR``, and no process
+left running there (neither the fork server nor a kill command).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE_S = 8.0  # from SIGINT to exit; the runner's own --timeout below is 600 s
+START_S = 120.0  # how long the kill command may take to start on a loaded machine
+
+CATALOGUE = """
+[[mutant]]
+id = "slow-harmless"
+class = "R7"
+tier = "cpu"
+description = "a docstring edit; its kill command (compile every representative spec) is slow"
+[[mutant.edit]]
+file = "reference/routing.py"
+old = "Bool tensor shaped like ``ids``"
+new = "A bool tensor shaped like ``ids``"
+[mutant.kill]
+oracle = ["compile"]
+"""
+
+
+def _processes_under(directory: Path) -> list[int]:
+    """Pids whose working directory is ``directory`` or below it."""
+    root = str(directory.resolve())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_command_running(tmp: Path, cli_pid: int) -> bool:
+    copies = list(tmp.glob("mutant-*/project"))
+    return bool(copies) and any(pid != cli_pid for copy in copies for pid in _processes_under(copy))
+
+
+@pytest.mark.parametrize("isolation", ["fork", pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_sigint_stops_mutate_within_seconds_and_cleans_up(tmp_path, isolation):
+    if not Path("/proc/self/cwd").exists():
+        pytest.skip("needs /proc to see the kill command's processes")
+    catalogue = tmp_path / "slow.toml"
+    catalogue.write_text(CATALOGUE)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(TMPDIR=str(tmp), PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    argv = [sys.executable, "-m", "oracle", "mutate", "--catalogue", str(catalogue)]
+    argv += ["--only", "slow-harmless", "--no-baseline", "--jobs", "1", "--timeout", "600"]
+    argv += ["--isolation", isolation, "-q"]
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + START_S
+        while not _kill_command_running(tmp, proc.pid):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the kill command never started"
+            time.sleep(0.2)
+        time.sleep(1.0)  # well inside the kill command (it runs for tens of seconds)
+        assert proc.poll() is None, "the kill command finished before the interrupt"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert took < DEADLINE_S, f"took {took:.1f}s to stop\n{out}"
+    assert "interrupted" in out and "Traceback" not in out, out
+    assert list(tmp.glob("mutant-*")) == [], "temporary copies left behind"
+    time.sleep(0.5)  # killed processes are reaped by init; give /proc a moment
+    assert _processes_under(tmp) == [], "processes left running in the temporary directory"
