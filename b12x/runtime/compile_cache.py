@@ -38,7 +38,8 @@ The disk cache
 
       v1/<kernel>/<digest>.kobj    one kernel; "v1" is DISK_FORMAT (entry format + digest recipe)
       v1/<kernel>/.tmp-*           a write in progress (renamed into place when complete)
-      dumps/<pid>-*/               PTX/CUBIN dumps of a running process (removed at its exit)
+      dumps/<host>-<pid>-*/        PTX/CUBIN dumps of a running process (removed at its exit,
+                                   or by the next process on the host if it died first)
 
 * ``<digest>`` = SHA-256 of canonical JSON of: the whole :class:`CompileKey` (every codegen
   field, arch, DSL version, ABI version, source hash), the toolchain (:func:`toolchain`: CuTe DSL
@@ -907,9 +908,10 @@ _DUMP_DIRS: dict[int, Path] = {}
 def dump_dir() -> Path | None:
     """This process's directory for ``--keep-ptx`` / ``--keep-cubin`` files, never the cwd.
 
-    ``<root>/dumps/<pid>-*/`` under the disk cache root (a system temporary directory when the
-    disk cache is off or unwritable), created on first use and removed when the process exits;
-    the compiled object keeps the PTX in memory (``fn.artifacts.PTX``). Private to the process,
+    ``<root>/dumps/<host>-<pid>-*/`` under the disk cache root (a system temporary directory
+    when the disk cache is off or unwritable), created on first use and removed when the process
+    exits (or, if it dies first, by the next process of the host that creates its own); the
+    compiled object keeps the PTX in memory (``fn.artifacts.PTX``). Private to the process,
     so concurrent processes never read each other's same-named dumps. None when the user set
     ``CUTE_DSL_DUMP_DIR``: the DSL then writes where they asked.
     """
@@ -924,7 +926,8 @@ def dump_dir() -> Path | None:
     if root is not None:
         try:
             (root / "dumps").mkdir(parents=True, exist_ok=True)
-            made = Path(tempfile.mkdtemp(prefix=f"{pid}-", dir=root / "dumps"))
+            _prune_dump_dirs(root / "dumps")
+            made = Path(tempfile.mkdtemp(prefix=f"{_HOST}-{pid}-", dir=root / "dumps"))
         except OSError:
             made = None
     if made is None:
@@ -933,6 +936,25 @@ def dump_dir() -> Path | None:
         atexit.register(_remove_dump_dir, pid)
     _DUMP_DIRS[pid] = made
     return made
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", platform.node() or "host")
+
+
+def _prune_dump_dirs(parent: Path) -> None:
+    """Remove dump directories of this host's dead processes (a process that exits without
+    running ``atexit``, e.g. a pytest-xdist worker, leaves its directory behind)."""
+    for child in parent.iterdir():
+        host, _, rest = child.name.rpartition("-")[0].rpartition("-")
+        pid = int(rest) if rest.isdigit() else None
+        if host != _HOST or pid is None or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(child, ignore_errors=True)
+        except OSError:  # alive, someone else's
+            continue
 
 
 def _remove_dump_dir(pid: int) -> None:

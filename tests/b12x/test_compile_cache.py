@@ -712,6 +712,26 @@ def test_compile_options_send_dumps_to_the_private_dump_dir(monkeypatch):
     assert "--dump-dir" not in kernel_specs.compile_options("sm_90", ptx=True)
 
 
+def test_dump_dirs_of_dead_processes_on_this_host_are_pruned(tmp_path):
+    """A process that dies without ``atexit`` (an xdist worker) leaves its dump dir; the next one
+    removes it, but never a live process's or another host's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dumps = tmp_path / "dumps"
+    names = {
+        "dead": f"{cc._HOST}-{dead.pid}-abc",
+        "live": f"{cc._HOST}-{os.getppid()}-def",
+        "other-host": f"elsewhere-{dead.pid}-ghi",
+        "foreign": "not-ours",
+    }
+    for name in names.values():
+        (dumps / name).mkdir(parents=True)
+        (dumps / name / "x.ptx").write_text("ptx")
+    cc._prune_dump_dirs(dumps)
+    left = {p.name for p in dumps.iterdir()}
+    assert left == {names["live"], names["other-host"], names["foreign"]}
+
+
 def test_a_ptx_compile_leaves_the_working_directory_empty(tmp_path, monkeypatch):
     """``compile_options(ptx=True)`` (what the oracle's compile checks use) writes no file here."""
     monkeypatch.delenv("CUTE_DSL_DUMP_DIR", raising=False)
