@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
 from dataclasses import dataclass
 
 __all__ = [
@@ -90,11 +91,21 @@ _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def compile_options(arch: str, *, ptx: bool = False, remarks: bool = False, opt_level: int = 2):
+    """The ``cute.compile`` options string: arch first, tvm-ffi, optimisation level, optional
+    ``--keep-ptx`` and ptxas remarks, and last ``--dump-dir`` = the process's private
+    :func:`b12x.runtime.compile_cache.dump_dir`, so a kept PTX/CUBIN file (this ``ptx=True`` or a
+    ``CUTE_DSL_KEEP`` from the environment) never lands in the working directory. A caller's own
+    later ``--dump-dir`` wins; with ``CUTE_DSL_DUMP_DIR`` set none is added (the DSL uses it)."""
     opts = [f"--gpu-arch {arch}", "--enable-tvm-ffi", f"--opt-level {opt_level}"]
     if ptx:
         opts.append("--keep-ptx")
     if remarks:
         opts.append("remarks{ptx}")
+    from b12x.runtime.compile_cache import dump_dir
+
+    dump = dump_dir()
+    if dump is not None:
+        opts.append(f"--dump-dir={shlex.quote(str(dump))}")
     return " ".join(opts)
 
 

@@ -73,7 +73,6 @@ from b12x.runtime.scratch import (
 )
 from b12x.runtime.validate import (
     HALF_DTYPES,
-    check_choice,
     check_dtype_choice,
     check_positive_int,
 )

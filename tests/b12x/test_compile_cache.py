@@ -12,6 +12,8 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -386,3 +388,443 @@ def test_gpu_launch_resolves_through_the_runtime_cache(monkeypatch):
         with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: decode\(.*codebook='3inst'"):
             host.decode_weight(cold, "3inst")
     assert len(cache) == 1
+
+
+# --- the disk cache: persistence across processes, keys and paths, atomic writes, corruption ----
+#
+# A fake compiler's objects (``_Obj``) and a fake export/load pair stand in for the DSL, so these
+# run in milliseconds; ``test_real_kernel_is_loaded_by_a_second_process`` and the GPU test below
+# use the real DSL.
+
+TOOL = {"dsl": "test-toolchain", "n": 1}
+
+
+class _Obj:
+    """What the fake compiler returns (exportable, unlike a bare string)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+class _Loaded:
+    def __init__(self, text: str, symbol: str):
+        self.text, self.symbol = text, symbol
+
+
+def _fake_export(obj, path, symbol):
+    if not isinstance(obj, _Obj):
+        return False
+    path.write_bytes(f"{symbol}|{obj.text}".encode())
+    return True
+
+
+@pytest.fixture
+def disk(tmp_path):
+    """A factory of DiskStores over one root, with fake export/load; ``loads`` records loads."""
+    loads = []
+
+    def fake_load(path, symbol):
+        stored_symbol, _, text = path.read_bytes().decode().partition("|")
+        assert stored_symbol == symbol
+        loads.append(text)
+        return _Loaded(text, symbol)
+
+    def make(**overrides):
+        kwargs = dict(toolchain_info=TOOL, export=_fake_export, load=fake_load)
+        kwargs.update(overrides)
+        return cc.DiskStore(tmp_path / "kernels", **kwargs)
+
+    make.loads = loads
+    make.root = tmp_path / "kernels"
+    return make
+
+
+def _never():
+    raise AssertionError("compiled although the disk holds the kernel")
+
+
+def test_cache_root_default_override_and_off(tmp_path):
+    assert cc.cache_root({"HOME": "/h"}) == Path("/h/.cache/b12x/kernels")
+    assert cc.cache_root({"HOME": "/h", "XDG_CACHE_HOME": "/x"}) == Path("/x/b12x/kernels")
+    assert cc.cache_root({"HOME": "/h", "XDG_CACHE_HOME": "rel"}) == Path("/h/.cache/b12x/kernels")
+    assert cc.cache_root({"B12X_CACHE_DIR": str(tmp_path), "XDG_CACHE_HOME": "/x"}) == tmp_path
+    for off in ("off", "OFF", "0", "none", "false", "no"):
+        assert cc.cache_root({"B12X_CACHE_DIR": off, "HOME": "/h"}) is None, off
+    assert cc.cache_root({"B12X_CACHE_DIR": "", "HOME": "/h"}) == Path("/h/.cache/b12x/kernels")
+
+
+def test_a_fresh_cache_loads_from_disk_instead_of_compiling(disk):
+    key = cc.key_for_spec(BASE, "sm_90")
+    first = cc.CompileCache(disk())
+    built = first.get_or_compile(key, lambda: _Obj("kernel-A"))
+    # the compiling process already runs the object loaded back from its entry
+    assert isinstance(built, _Loaded) and built.text == "kernel-A"
+    assert first.counters.compiles == 1 and first.counters.disk_writes == 1
+    assert disk().path_for(key).is_file()
+
+    second = cc.CompileCache(disk())  # a new process: nothing in memory
+    loaded = second.get_or_compile(key, _never)
+    assert isinstance(loaded, _Loaded) and loaded.text == "kernel-A"
+    assert second.get_or_compile(key, _never) is loaded  # then memory
+    s = cc.stats(second)
+    assert (s["compiles"], s["disk_loads"], s["memory_hits"], s["memory_misses"]) == (0, 1, 1, 1)
+    assert s["cache_dir"] == str(disk.root)
+
+
+def test_unexportable_objects_stay_in_memory_only(disk):
+    cache = cc.CompileCache(disk())
+    key = cc.key_for_spec(BASE, "sm_90")
+    assert cache.get_or_compile(key, lambda: "plain string") == "plain string"
+    assert cache.counters.not_persisted == 1 and not disk().path_for(key).exists()
+
+
+def test_disk_path_is_versioned_and_changes_with_every_key_part(disk, tmp_path, monkeypatch):
+    store = disk()
+    key = cc.key_for_spec(BASE, "sm_90")
+    path = store.path_for(key)
+    assert path.parent == disk.root / f"v{cc.DISK_FORMAT}" / "gemm" and path.suffix == ".kobj"
+    assert path.parent.parent.name == "v1"
+    others = [
+        store.path_for(cc.key_for_spec(dataclasses.replace(BASE, **{f: v}), "sm_90"))
+        for f, v in MUTATIONS.items()
+    ]
+    others.append(store.path_for(cc.key_for_spec(BASE, "sm_120")))
+    locked = json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
+    codegen = {f.name: getattr(BASE, f.name) for f in dataclasses.fields(BASE) if f.name != "kind"}
+    others.append(store.path_for(cc.make_key("gemm", codegen, arch="sm_90", abi=locked + 1)))
+    others.append(store.path_for(cc.make_key("gemm", codegen, arch="sm_90", dsl="9.9.9")))
+    others.append(disk(toolchain_info={**TOOL, "n": 2}).path_for(key))
+    others.append(store.path_for(key, ["b12x.formats"]))
+    assert cc.make_key("gemm", codegen, arch="sm_90") == key  # the base really is BASE
+    assert len({path, *others}) == len(others) + 1
+
+
+def test_a_source_edit_deep_in_the_import_closure_changes_the_disk_entry(tmp_path, monkeypatch):
+    """The digest covers every b12x module the key's sources import, transitively."""
+    fake_b12x = tmp_path / "tree" / "b12x"
+    (fake_b12x / "kernels").mkdir(parents=True)
+    (fake_b12x / "__init__.py").write_text("")
+    (fake_b12x / "kernels" / "__init__.py").write_text("")
+    (fake_b12x / "kernels" / "top.py").write_text(
+        "import torch\nfrom b12x.kernels import mid\n\ndef f():\n    from .leaf import g\n"
+    )
+    (fake_b12x / "kernels" / "mid.py").write_text("from b12x import helpers\n")
+    (fake_b12x / "kernels" / "leaf.py").write_text("def g():\n    return 1\n")
+    (fake_b12x / "helpers.py").write_text("X = 1\n")
+    (fake_b12x / "unused.py").write_text("Y = 1\n")
+    monkeypatch.setattr(cc, "_B12X_DIR", fake_b12x)
+    closure = cc.source_closure(["b12x.kernels.top"])
+    assert closure == (
+        "b12x",
+        "b12x.helpers",
+        "b12x.kernels",
+        "b12x.kernels.leaf",
+        "b12x.kernels.mid",
+        "b12x.kernels.top",
+    )
+    before = cc.dependency_hash(["b12x.kernels.top"])
+    (fake_b12x / "unused.py").write_text("Y = 2\n")
+    assert cc.dependency_hash(["b12x.kernels.top"]) == before
+    (fake_b12x / "helpers.py").write_text("X = 2  # two imports away\n")
+    assert cc.dependency_hash(["b12x.kernels.top"]) != before
+
+
+def test_the_real_kernel_closures_hold_their_helpers():
+    from b12x.kernels.moe_boundary import MOE_BOUNDARY_SOURCE_MODULES
+    from b12x.kernels.moe_gemm import MOE_SOURCE_MODULES
+
+    dense = cc.source_closure(cc.KERNEL_SOURCE_MODULES)
+    assert set(DENSE_SOURCES) <= set(dense) and "b12x.abi" in dense  # dense_gemm's shared_body
+    assert set(MOE_SOURCES) <= set(cc.source_closure(MOE_SOURCE_MODULES))
+    assert "b12x.kernels.moe_boundary" in cc.source_closure(MOE_BOUNDARY_SOURCE_MODULES)
+    assert not any(name.startswith("cutlass") for name in dense)
+
+
+def test_entries_are_written_by_rename_and_a_failed_write_is_only_a_warning(disk, monkeypatch):
+    key = cc.key_for_spec(BASE, "sm_90")
+    renames = []
+    real_replace = os.replace
+
+    def recording(src, dst):
+        renames.append((Path(src), Path(dst)))
+        assert Path(src).read_bytes().startswith(cc.MAGIC)  # complete before it is visible
+        assert not Path(dst).exists()
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording)
+    cc.CompileCache(disk()).get_or_compile(key, lambda: _Obj("v1"))
+    ((src, dst),) = renames
+    assert dst == disk().path_for(key) and src.parent == dst.parent
+    assert src.name.startswith(".tmp-") and not src.exists()
+
+    other = cc.key_for_spec(dataclasses.replace(BASE, unroll=4), "sm_90")
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    cache = cc.CompileCache(disk())
+    with pytest.warns(cc.CompileCacheWarning, match="cannot write"):
+        got = cache.get_or_compile(other, lambda: _Obj("v2"))
+    assert isinstance(got, _Obj) and got.text == "v2"  # the compiled object, kept in memory
+    assert not disk().path_for(other).exists()
+    assert [p.name for p in disk().path_for(other).parent.iterdir()] == [dst.name]  # no .tmp left
+
+
+def _entry_bytes(disk, key) -> bytes:
+    cc.CompileCache(disk()).get_or_compile(key, lambda: _Obj("good"))
+    return disk().path_for(key).read_bytes()
+
+
+def _flip_last(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
+CORRUPTIONS = {
+    "truncated": lambda data, foreign: data[:-3],
+    "payload-bit-flip": lambda data, foreign: _flip_last(data),
+    "bad-magic": lambda data, foreign: b"X" + data[1:],
+    "garbage": lambda data, foreign: b"\x00" * 40,
+    "empty": lambda data, foreign: b"",
+    "header-length-overflow": lambda data, foreign: cc.MAGIC + (2**40).to_bytes(8, "little"),
+    "another-keys-entry": lambda data, foreign: foreign,
+}
+
+
+@pytest.mark.parametrize("how", sorted(CORRUPTIONS))
+def test_a_bad_entry_is_discarded_with_a_warning_and_recompiled(disk, how):
+    key = cc.key_for_spec(BASE, "sm_90")
+    other = cc.key_for_spec(dataclasses.replace(BASE, warps=8), "sm_90")
+    data, foreign = _entry_bytes(disk, key), _entry_bytes(disk, other)
+    path = disk().path_for(key)
+    path.write_bytes(CORRUPTIONS[how](data, foreign))
+    disk.loads.clear()
+    cache = cc.CompileCache(disk())
+    with pytest.warns(cc.CompileCacheWarning, match="discarding"):
+        got = cache.get_or_compile(key, lambda: _Obj("recompiled"))
+    assert got.text == "recompiled" and cache.counters.compiles == 1
+    assert cache.disk.discarded == 1 and disk.loads == ["recompiled"]  # never loaded the bad one
+    assert cc.CompileCache(disk()).get_or_compile(key, _never).text == "recompiled"  # rewritten
+
+
+def test_an_entry_the_dsl_cannot_load_is_discarded(disk):
+    key = cc.key_for_spec(BASE, "sm_90")
+    _entry_bytes(disk, key)
+
+    def refuse(path, symbol):
+        raise RuntimeError("JIT session error: Symbols not found")
+
+    cache = cc.CompileCache(disk(load=refuse))
+    with pytest.warns(cc.CompileCacheWarning) as caught:
+        got = cache.get_or_compile(key, lambda: _Obj("fresh"))
+    messages = [str(w.message) for w in caught]
+    assert "could not load it" in messages[0] and "does not load back" in messages[1]
+    # the fresh object does not load back either: kept in memory, and no entry is left behind
+    assert got.text == "fresh" and not disk().path_for(key).exists()
+    assert cache.counters.compiles == 1 and cache.counters.not_persisted == 1
+
+
+def test_frozen_or_capturing_misses_raise_even_when_the_disk_has_the_kernel(disk, monkeypatch):
+    """The freeze rule: the disk is consulted only where a compile would be allowed."""
+    key = cc.key_for_spec(BASE, "sm_90")
+    _entry_bytes(disk, key)
+    disk.loads.clear()
+    cache = cc.CompileCache(disk())
+    with cc.frozen(), pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: gemm\("):
+        cache.get_or_compile(key, _never)
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        with pytest.raises(cc.KernelResolutionFrozen, match="during CUDA graph capture"):
+            cache.get_or_compile(key, _never)
+    assert disk.loads == [] and len(cache) == 0 and cache.misses == 0
+    assert cache.get_or_compile(key, _never).text == "good"  # unfrozen: a load, not a compile
+    assert (cache.counters.disk_loads, cache.counters.compiles) == (1, 0)
+    with cc.frozen():
+        assert cache.get_or_compile(key, _never).text == "good"  # warmed: frozen hits still work
+
+
+def test_concurrent_writers_and_readers_never_see_a_torn_entry(disk):
+    """Writers race on one key with large, distinct payloads while readers load it: every read
+    is a complete entry (no discard, no warning), as for pytest-xdist workers sharing the root."""
+    import threading
+    import warnings
+
+    key = cc.key_for_spec(BASE, "sm_90")
+    big = "x" * (4 << 20)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[str] = []
+
+    def writer(tag: str):
+        try:
+            for i in range(12):
+                cc.CompileCache(disk()).get_or_compile(key, lambda i=i: _Obj(f"{tag}{i}|{big}"))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def reader():
+        try:
+            while not stop.is_set():
+                got = disk().load(key)
+                if got is not None:
+                    assert got.text.endswith(big)
+                    seen.append(got.text[:8])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cc.CompileCacheWarning)
+        writers = [threading.Thread(target=writer, args=(t,)) for t in "ab"]
+        readers = [threading.Thread(target=reader) for _ in range(2)]
+        for t in readers + writers:
+            t.start()
+        for t in writers:
+            t.join()
+        stop.set()
+        for t in readers:
+            t.join()
+    assert errors == [] and seen
+    assert not [p for p in disk().path_for(key).parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_clear_removes_entries_and_dumps_but_nothing_else(disk, capsys):
+    for unroll in (1, 2):
+        _entry_bytes(disk, cc.key_for_spec(dataclasses.replace(BASE, unroll=unroll), "sm_90"))
+    (disk.root / "dumps" / "123-x").mkdir(parents=True)
+    (disk.root / "v0" / "old").mkdir(parents=True)
+    (disk.root / "v0" / "old" / "a.kobj").write_bytes(b"old format")
+    (disk.root / "notes.txt").write_text("mine")
+    assert cc.main(["--dir", str(disk.root)]) == 0
+    assert "entries: 3" in capsys.readouterr().out
+    assert cc.main(["--dir", str(disk.root), "--clear"]) == 0
+    assert "removed 3 kernel entries" in capsys.readouterr().out
+    assert sorted(p.name for p in disk.root.iterdir()) == ["notes.txt"]
+
+
+def test_compile_options_send_dumps_to_the_private_dump_dir(monkeypatch):
+    monkeypatch.delenv("CUTE_DSL_DUMP_DIR", raising=False)
+    opts = kernel_specs.compile_options("sm_90", ptx=True)
+    assert opts.split()[:2] == ["--gpu-arch", "sm_90"]  # arch first (callers parse it)
+    dump = cc.dump_dir()
+    assert opts.endswith(f"--dump-dir={dump}") and dump.is_dir()
+    assert Path.cwd() not in (dump, *dump.parents)
+    monkeypatch.setenv("CUTE_DSL_DUMP_DIR", "/somewhere/the/user/chose")
+    assert "--dump-dir" not in kernel_specs.compile_options("sm_90", ptx=True)
+
+
+def test_dump_dirs_of_dead_processes_on_this_host_are_pruned(tmp_path):
+    """A process that dies without ``atexit`` (an xdist worker) leaves its dump dir; the next one
+    removes it, but never a live process's or another host's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dumps = tmp_path / "dumps"
+    names = {
+        "dead": f"{cc._HOST}-{dead.pid}-abc",
+        "live": f"{cc._HOST}-{os.getppid()}-def",
+        "other-host": f"elsewhere-{dead.pid}-ghi",
+        "foreign": "not-ours",
+    }
+    for name in names.values():
+        (dumps / name).mkdir(parents=True)
+        (dumps / name / "x.ptx").write_text("ptx")
+    cc._prune_dump_dirs(dumps)
+    left = {p.name for p in dumps.iterdir()}
+    assert left == {names["live"], names["other-host"], names["foreign"]}
+
+
+def test_a_ptx_compile_leaves_the_working_directory_empty(tmp_path, monkeypatch):
+    """``compile_options(ptx=True)`` (what the oracle's compile checks use) writes no file here."""
+    monkeypatch.delenv("CUTE_DSL_DUMP_DIR", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    result = kernel_specs.compile_spec(KernelSpec("reduce"), "sm_90", ptx=True)
+    ptx = result.fn.artifacts.PTX or ""
+    assert ".target sm_90" in ptx  # the PTX was kept, in memory ...
+    assert list(cwd.iterdir()) == []  # ... and no file landed in the working directory
+    assert any(p.suffix == ".ptx" for p in cc.dump_dir().iterdir())
+
+
+_PROBE = """
+import sys, torch
+from b12x.kernels.specs import KernelSpec
+from b12x.runtime import compile_cache as cc
+fn = cc.compiled_kernel(KernelSpec("reduce"), sys.argv[1])
+try:  # CPU tensors: the tvm-ffi contract check answers, naming the kernel's parameters
+    fn(torch.zeros(2, 4, 4), torch.zeros(4, 2, dtype=torch.int32))
+except ValueError as exc:
+    print("CONTRACT", exc)
+"""
+
+
+def _dsl_runtime_arch() -> str:
+    """The arch the DSL builds a JIT engine for here (``CUTE_DSL_ARCH``, else its default): a
+    kernel compiled for it can be exported."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    return CuTeDSL._get_dsl().envar.arch
+
+
+def test_real_kernel_is_loaded_by_a_second_process(tmp_path):
+    """The real DSL on CPU: this process compiles and exports; a fresh process loads it (no
+    compile), and what it loaded is the kernel (its tvm-ffi signature names the reduce kernel's
+    parameters)."""
+    arch = _dsl_runtime_arch()
+    cache_dir, stats_file = tmp_path / "kernels", tmp_path / "stats.jsonl"
+    cache = cc.CompileCache(cc.DiskStore(cache_dir))
+    cc.compiled_kernel(KernelSpec("reduce"), arch, cache=cache)
+    assert (cache.counters.compiles, cache.counters.disk_writes) == (1, 1)
+
+    env = {
+        **os.environ,
+        "B12X_CACHE_DIR": str(cache_dir),
+        "B12X_COMPILE_STATS": str(stats_file),
+        "CUTE_DSL_ARCH": arch,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE, arch],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = stats_file.read_text().splitlines()
+    second = json.loads(line)
+    assert (second["compiles"], second["disk_loads"], second["disk_discarded"]) == (0, 1, 0)
+    assert "CONTRACT" in run.stdout and "partials" in run.stdout, run.stdout
+    assert len(list((cache_dir / f"v{cc.DISK_FORMAT}" / "reduce").glob("*.kobj"))) == 1
+
+
+_GPU_PROBE = """
+import json, torch
+from b12x.kernels import host
+from b12x.runtime import compile_cache as cc
+from reference import trellis as ref_trellis
+words = torch.randint(-(2**15), 2**15, (16, 16, 64), generator=torch.Generator().manual_seed(5))
+payload = words.to(torch.int16)
+out = host.decode_weight(payload.cuda(), "mcg")
+torch.cuda.synchronize()
+exact = torch.equal(out.cpu(), ref_trellis.decode(payload, "mcg"))
+print("RESULT", json.dumps({"exact": exact, **cc.stats()}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_second_process_loads_the_kernel_and_it_decodes_exactly(tmp_path):
+    """Two fresh processes on one empty cache dir: the first compiles, the second only loads,
+    and both decode bit-exactly against the reference."""
+    env = {**os.environ, "B12X_CACHE_DIR": str(tmp_path / "kernels")}
+    results = []
+    for _ in range(2):
+        run = subprocess.run(
+            [sys.executable, "-c", _GPU_PROBE], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+    first, second = results
+    assert first["exact"] and second["exact"]
+    assert (first["compiles"], first["disk_writes"], first["disk_loads"]) == (1, 1, 0)
+    assert (second["compiles"], second["disk_loads"], second["disk_discarded"]) == (0, 1, 0)
