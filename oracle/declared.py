@@ -37,7 +37,15 @@ from typing import Any
 
 from oracle.variants import TIER_LAYOUTS, Variant
 
-__all__ = ["clear", "declarations", "op_contract", "ops", "registry_variant", "unmapped"]
+__all__ = [
+    "EXECUTION_OPS",
+    "clear",
+    "declarations",
+    "op_contract",
+    "ops",
+    "registry_variant",
+    "unmapped",
+]
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
 
@@ -85,11 +93,19 @@ def registry_variant(declared: Any) -> tuple[Variant | None, str]:
     return variant, ""
 
 
+#: Contract ops that are not grid ops but executions of another op's cases: ``moe_gemm`` (the
+#: grouped GEMM alone) is judged through decode cases (one-hot rows,
+#: ``decode_through_grouped_gemm``).
+EXECUTION_OPS = {"moe_gemm": "decode"}
+
+
 @functools.cache
 def _index() -> tuple[Mapping[Variant, tuple[Any, ...]], tuple[tuple[Any, str], ...]]:
     mapped: dict[Variant, list[Any]] = {}
     orphans: list[tuple[Any, str]] = []
     for contract in ops():
+        if contract.name in EXECUTION_OPS:
+            continue
         for declared in contract.variants:
             variant, why = registry_variant(declared)
             if variant is None:

@@ -32,7 +32,8 @@ Filter grammar (:func:`parse_filter`)
   top_k seed heavy``), or ``name`` / ``id`` (the variant name / case id).
 * ``op``: ``=`` or ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` (numeric fields only), ``~``
   (substring, string fields only).
-* ``value``: an int, a word, ``none`` (matches None), ``true``/``false`` for ``heavy``; with ``=``
+* ``value``: an int, a word, ``none`` (matches None; where ``none`` is itself a value of the
+  field, as for ``rotation``, that value), ``true``/``false`` for ``heavy``; with ``=``
   and ``!=``, alternatives separated by ``|`` (``codebook=mcg|sqg_e4m3``).
 
 All clauses must hold (AND). Example: ``"codebook=mcg,bits=6,m<=128,pair_kind=none"``.
@@ -451,6 +452,8 @@ def _variant_names() -> tuple[str, ...]:
 
 
 def _parse_value(field: str, text: str, clause: str) -> Any:
+    if text == "none" and field in _CATEGORICAL and "none" in filter_vocabulary()[field]:
+        return text  # a real value of the field (rotation=none), not the absent marker
     if text == "none":
         if field in _NULLABLE:
             return None

@@ -141,13 +141,6 @@ TOLERANCE_OVERRIDES: tuple[ToleranceOverride, ...] = (
         reason="decode is exact: a GEMM with identity activations returns the decoded weights, "
         "compared with torch.equal (design §5.3)",
     ),
-    ToleranceOverride(
-        match={"op": "moe"},
-        changes={"alpha": 3.0},
-        reason="MoE chains FC1 -> SiLU -> FC2 with an fp16-rounded intermediate and an fp32 "
-        "top-k sum; kernel and faithful reference round the intermediate independently, so "
-        "their errors add instead of coinciding (design §6: alpha per variant)",
-    ),
 )
 
 

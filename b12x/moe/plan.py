@@ -461,10 +461,11 @@ def check_moe_problem(
     )  # fmt: skip
     if top_k > problem.num_experts and len(tiers) == 1:
         raise ValueError(f"top_k: {top_k} exceeds the number of experts {problem.num_experts}")
-    if m_tiles is not None and (
-        isinstance(m_tiles, bool) or not isinstance(m_tiles, int) or m_tiles not in (1, 2, 4)
-    ):
-        raise ValueError(f"m_tiles: expected None, 1, 2 or 4, got {m_tiles!r}")
+    if m_tiles is not None:
+        if isinstance(m_tiles, bool) or not isinstance(m_tiles, int):
+            raise TypeError(f"m_tiles: expected int, got {type(m_tiles).__name__}")
+        if m_tiles not in (1, 2, 4):
+            raise ValueError(f"m_tiles: expected None or one of (1, 2, 4), got {m_tiles!r}")
     return problem
 
 

@@ -323,9 +323,8 @@ def resolve_kernels(bound: BoundMoe) -> None:
 
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
-    m = check_moe_inputs(bound, inputs)
     check_launch_device("bound", bound.device, op="run_moe")
-    arch = host_kernels.device_arch(bound.device)
+    m = check_moe_inputs(bound, inputs)
     kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
     if kernels:
         resolve_kernels(bound)
@@ -345,6 +344,7 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     def rows(name: str, count: int) -> torch.Tensor:
         return live_rows(buf, name, count)
 
+    arch = host_kernels.device_arch(bound.device)
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
     tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)

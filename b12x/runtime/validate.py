@@ -99,7 +99,7 @@ def check_codebook_bits(codebook: object, bits: object) -> tuple[str, int]:
 def check_positive_int(name: str, value: object) -> int:
     """A positive ``int`` (or ``torch.SymInt``), never a ``bool``; raises naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | torch.SymInt):
-        raise TypeError(f"{name}: expected a positive int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise ValueError(f"{name}: expected a positive int, got {value}")
     return value  # type: ignore[return-value]

@@ -26,10 +26,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from oracle.report import CheckResult
 from oracle.runners.common import crash, to_result
 
-__all__ = ["DIFFERENTIAL_OPS", "run_case", "runners_for"]
+__all__ = ["DIFFERENTIAL_OPS", "exact_output", "run_case", "runners_for", "saved_inputs"]
 
 #: Grid ops that have a differential runner (module docstring).
 DIFFERENTIAL_OPS = ("decode", "dense", "moe")
@@ -80,3 +82,39 @@ def run_case(case: Any, *, device: Any, results_dir: Path) -> list[CheckResult]:
     except Exception as exc:  # noqa: BLE001 - the case fails with the exception's text
         return [crash(name, exc)]
     return [to_result(o, results_dir) for o in outcomes]
+
+
+def saved_inputs(case: Any, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """The named input tensors a failing execution of ``case`` saves (beside its output ``y``),
+    exactly as the runner regenerates them from the case id: decode ``trellis``; dense ``x``,
+    ``trellis``, ``suh``, ``svh``; MoE the op's inputs (tier payloads flattened)."""
+    if case.variant.op not in DIFFERENTIAL_OPS:
+        raise ValueError(f"case: op {case.variant.op!r} has no runner; known: {DIFFERENTIAL_OPS}")
+    return _module(case.variant.op).regenerate(case, device)
+
+
+def exact_output(case: Any, device: Any = "cpu") -> torch.Tensor:
+    """The float64 reference output of ``case`` from its regenerated inputs (the error maps of
+    ``report --tile-map`` and ``drift`` measure against it): decode the weight ``[K, N]``, dense
+    ``[M, N]`` (the exact linear for rotation ``full``, ``x @ W`` for ``none``), MoE ``[M, H]``."""
+    from oracle.runners import inputs as case_inputs
+    from reference import linear, moe
+    from reference.trellis import decode
+
+    v = case.variant
+    if v.op == "moe":
+        t = case_inputs.moe_inputs(case, device)
+        return moe.stack_moe_forward(
+            t["x"], t["experts"], t["topk_weights"], t["topk_ids"], precision="exact",
+            compute_dtype=case_inputs.compute_dtype(case),
+        )  # fmt: skip
+    t = saved_inputs(case, device)
+    weight = decode(t["trellis"], v.codebook)
+    if v.op == "decode":
+        return weight.double()
+    if v.rotation == "none":
+        return t["x"].double() @ weight.double()
+    return linear.forward_decoded(
+        t["x"], weight, t["suh"], t["svh"], precision="exact",
+        compute_dtype=case_inputs.compute_dtype(case),
+    )  # fmt: skip

@@ -92,7 +92,7 @@ def _judge(case, inputs, weight, y, observed):
     if case.variant.rotation == "full":
         return tolerance.judge_linear(
             y, x=inputs["x"], weight=weight, suh=inputs["suh"], svh=inputs["svh"],
-            compute_dtype=dtype, observed=observed,
+            compute_dtype=dtype, observed=observed, tolerance=case.variant.tolerance,
         )  # fmt: skip
     gemm = observed.get("gemm")
     if gemm is None:  # the raw path always has its GEMM stage; missing is a contract drift
@@ -104,8 +104,10 @@ def _judge_raw(case, inputs, weight, y, gemm):
     from oracle import tolerance
 
     dtype = case_inputs.compute_dtype(case)
-    verdict = tolerance.judge_gemm(gemm, _gemm_operand(inputs["x"], dtype), weight,
-                                   compute_dtype=dtype)  # fmt: skip
+    verdict = tolerance.judge_gemm(
+        gemm, _gemm_operand(inputs["x"], dtype), weight,
+        compute_dtype=dtype, tolerance=case.variant.tolerance,
+    )  # fmt: skip
     return require_equal(verdict, y, gemm.to(torch.float16), what="output = fp16(gemm stage)")
 
 

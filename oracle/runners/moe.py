@@ -103,7 +103,7 @@ def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
     return tolerance.judge_moe(
         y.to(device), x=tensors["x"], experts=tensors["experts"],
         topk_weights=tensors["topk_weights"], topk_ids=tensors["topk_ids"],
-        compute_dtype=case_inputs.compute_dtype(case),
+        compute_dtype=case_inputs.compute_dtype(case), tolerance=case.variant.tolerance,
     )  # fmt: skip
 
 
@@ -127,6 +127,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
         topk_ids=tensors["topk_ids"],
         compute_dtype=case_inputs.compute_dtype(case),
         observed=result.observed,
+        tolerance=case.variant.tolerance,
     )
     return [
         Outcome(

@@ -2,7 +2,8 @@
 
 A saved grid case holds its case id, the execution that failed (``gpu.<op>.<case id>[.<label>]``),
 its input tensors and the kernel output ``y``. Replay first checks that the file is what it
-claims: the case id must parse to a grid case, and every saved input must equal, bit for bit,
+claims (:func:`oracle.results.check_grid_case`: the id is a grid point, the meta and the tensor
+layout agree with it), and every saved input must equal, bit for bit,
 the input the runner regenerates from that id (an edited id or tensor is a :class:`ReplayMismatch`,
 never a pass). Then:
 
@@ -21,11 +22,12 @@ from typing import Any
 import torch
 
 from oracle.report import CheckResult
+from oracle.results import CaseFileError
 
 __all__ = ["ReplayMismatch", "replay"]
 
 
-class ReplayMismatch(ValueError):
+class ReplayMismatch(CaseFileError):
     """A saved case disagrees with its own id (edited id, shapes, dtypes or values)."""
 
 
@@ -57,16 +59,17 @@ def _check_inputs(case: Any, saved: dict[str, torch.Tensor]) -> None:
 def replay(path: str | Path, *, cuda: bool) -> tuple[CheckResult, Any]:
     """Re-judge the saved case at ``path`` (module docstring). Raises :class:`ReplayMismatch`
     (a ValueError) when the file disagrees with its id."""
-    from oracle.grids import parse_case_id
-    from oracle.results import load_case
+    from oracle.results import check_grid_case, load_case
     from oracle.runners import run_case
 
-    loaded = load_case(path)
-    case_id = loaded.meta.get("case_id")
-    try:
-        case = parse_case_id(case_id)
-    except (TypeError, ValueError) as exc:
-        raise ReplayMismatch(f"{path}: not a grid case ({exc})") from None
+    loaded = load_case(path)  # CaseFileError: unreadable, corrupt, no case id
+    case = check_grid_case(loaded)  # CaseFileError: not a grid point, meta or layout disagree
+    from oracle.checks.gpu import unrunnable_reason
+
+    why = unrunnable_reason(case)
+    if why is not None:  # nothing in the oracle can judge it: a skip, never a verdict
+        name = f"replay.gpu.{case.variant.op}.{case.case_id}"
+        return CheckResult(name, "cpu", "skip", why), None
     saved = {k: t for k, t in loaded.tensors.items() if k != "y"}
     _check_inputs(case, saved)
     execution = loaded.meta.get("execution") or f"gpu.{case.variant.op}.{case.case_id}"
@@ -77,10 +80,10 @@ def replay(path: str | Path, *, cuda: bool) -> tuple[CheckResult, Any]:
         pick = failed[0] if failed else chosen[0]
         reason = f"kernel rerun on CUDA; {pick.reason or 'within tolerance'}"
         return CheckResult(f"replay.{pick.name}", "gpu", pick.status, reason, pick.metrics), None
-    if "y" not in loaded.tensors:
-        raise ReplayMismatch(f"{path}: no kernel output `y` saved")
     label = execution.removeprefix(f"gpu.{case.variant.op}.{case.case_id}").lstrip(".")
     label = label.split("@")[0].split(".")[0] if case.variant.op == "dense" else label
+    if case.variant.op == "decode" and not label:  # saved without an execution: the decode op
+        label = "op"
     verdict = _module(case.variant.op).judge_saved(case, label, loaded.tensors["y"], "cpu")
     status = "pass" if verdict.passed else "fail"
     reason = "saved kernel output (no CUDA: references only); " + (

@@ -110,7 +110,7 @@ def test_report_exit_code_follows_failures_and_writes_pngs(tmp_path, capsys):
 @pytest.fixture
 def saved_decode_case(tmp_path):
     """A decode case whose saved kernel output is the reference decode with one element bumped."""
-    from oracle.checks.gpu import make_inputs
+    from oracle.runners import saved_inputs as make_inputs
     from reference.trellis import decode
 
     case = next(c for c in cases(op="decode", filter="codebook=mcg,bits=4", tier="cpu"))
@@ -160,21 +160,31 @@ def test_replay_of_a_non_grid_case_is_refused_not_green(tmp_path, capsys):
 
 
 def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, capsys):
-    """The GPU grid's bookkeeping on CPU: the kernel is replaced by a decode with one bad value."""
+    """The GPU grid's bookkeeping on CPU: the decode runner's kernel execution is replaced by
+    a CPU decode with one bad value; the grid saves the case and its replay fails the same way."""
+    import oracle.runners as runners
     from oracle.checks import CheckContext, gpu
+    from oracle.runners import decode as decode_runner
     from reference.trellis import decode
 
-    def bad_kernel(case, inputs):
-        y = decode(inputs["trellis"], case.variant.codebook).clone()
-        y[0, 0] = y[0, 0] + 1  # codebook values lie in (-4, 4): +1 always changes it
-        return y
+    def bad_execution(case, device):
+        trellis = decode_runner.regenerate(case, device)["trellis"]
+        want = decode(trellis, case.variant.codebook)
+        got = want.clone()
+        got[0, 0] = got[0, 0] + 1  # codebook values lie in (-4, 4): +1 always changes it
+        name = f"gpu.decode.{case.case_id}.op"
+        return [decode_runner._exact(name, case, {"trellis": trellis}, got, want, "planted")]
 
     case = next(c for c in cases(op="decode", filter="codebook=mul1,bits=2", tier="cpu"))
-    monkeypatch.setattr(gpu, "kernel_output", bad_kernel)
+    monkeypatch.setattr(decode_runner, "run_case", bad_execution)
+    monkeypatch.setattr(
+        gpu, "case_results",
+        lambda case, ctx: runners.run_case(case, device="cpu", results_dir=ctx.results_dir),
+    )  # fmt: skip
     ctx = CheckContext(tier="gpu", cuda=False, case=case.case_id, results_dir=tmp_path)
-    (result,) = gpu._grid(ctx)
-    assert result.status == "fail" and result.name == f"gpu.decode.{case.case_id}"
-    saved = tmp_path / f"{case.case_id}.json"
+    (result,) = [r for r in gpu._grid(ctx) if r.status != "skip"]
+    assert result.status == "fail" and result.name == f"gpu.decode.{case.case_id}.op"
+    saved = next(tmp_path.glob("*.json"))
     assert f"replay: python -m oracle replay {saved}" in result.reason
     assert main(["replay", str(saved), "-q", "--tier", "cpu"]) == 1
     assert "first at index (0, 0)" in capsys.readouterr().out
@@ -409,7 +419,7 @@ def test_max_cases_is_a_stratified_sample_in_runs_and_shards():
         "sqg_fp16",
     }
     assert {c.variant.bits for c in runnable} == set(range(1, 9))
-    assert {c.variant.op for c in runnable} == {"decode", "dense"}
+    assert {c.variant.op for c in runnable} == {"decode", "dense", "moe"}
     selection = sharding.select_cases(filter="m<=129", max_cases=400)
     assert list(selection.runnable) == runnable
 

@@ -39,7 +39,7 @@ PAIR = "pair_kind=P22,rate_axis=k,codebook=mcg,dtype=fp16,m=1,rotation=full"
 
 
 def _saved_grid_case(tmp_path, flt=DENSE, op="dense", y_shape=None):
-    from oracle.checks.gpu import make_inputs
+    from oracle.runners import saved_inputs as make_inputs
 
     case = _grid_case(flt, op)
     inputs = make_inputs(case)
@@ -159,7 +159,7 @@ REFUSALS = [
     (["grid", "--tier", "cpu", "--filter", "heavy=true"], "matches nothing"),
     (["grid", "--op", "dense", "--filter", "op=moe"], "matches nothing"),
     (["grid", "--op", "gemm"], "invalid choice: 'gemm'"),
-    (["run", "--filter", "op=moe"], "none of which the oracle can run on a GPU"),
+    (["run", "--filter", "rotation=coupled"], "none of which the oracle can run on a GPU"),
     # case ids
     (["run", "--case", "no-such-case"], "cannot parse case_id 'no-such-case'"),
     (["run", "--case", "{case:off_grid_m}"], "is not a grid point of dense/mcg/k6/fp16: M takes"),
@@ -216,7 +216,7 @@ REFUSALS = [
     (["replay", "{file:case_corrupt_tensors}"], "corrupt tensor file"),
     (["replay", "{file:case_no_id}"], "'case_id' must be a filename-safe string"),
     (["replay", "{file:case_bad_layout}"], "shape must be a list of non-negative ints"),
-    (["replay", "{file:case_other_shape}"], "needs int16[24, 8, 64]"),
+    (["replay", "{file:case_other_shape}"], "needs float16[1, 384]"),
     (["replay", "{file:case_other_variant}"], "needs int16[8, 8, 80]"),
     (["replay", "{file:case_not_grid}"], "saved by test t.py::x"),
     (["replay", "{file:case_pair}"], "cannot re-judge"),

@@ -199,7 +199,7 @@ def test_generated_shapes_are_legal_for_their_variant():
         ("bits=9", ["no registered variant has bits=9", "1, 2, 3, 4, 5, 6, 7, 8"]),
         ("codebook=mcg,bits=9", ["bits=9"]),
         ("codebook=sqg_e4m3,bits=6", ["contradicts the registry", "bits takes 2, 3, 4"]),
-        ("op=moe,dtype=bf16", ["contradicts the registry", "compute_dtype takes fp16"]),
+        ("op=decode,rotation=full", ["contradicts the registry", "rotation takes none"]),
         ("bits>8", ["contradicts the registry"]),
         ("m=3", ["no grid case has m=3", "4096"]),
         ("experts=7", ["no grid case has experts=7", "8, 64, 256"]),

@@ -149,8 +149,8 @@ def test_save_failing_case_echoes_the_replay_command_and_restores_the_case(tmp_p
 
 
 def _grid_case_files(tmp_path, op="dense", flt="codebook=mcg,bits=4,m=9,k=128,n=128,rotation=full"):
-    from oracle.checks.gpu import make_inputs
     from oracle.grids import cases
+    from oracle.runners import saved_inputs as make_inputs
 
     case = cases(op=op, filter=flt, tier="cpu")[0]
     inputs = make_inputs(case)
@@ -223,9 +223,9 @@ def test_load_refuses_corrupt_files_with_one_line(tmp_path):
 
 
 def test_grid_case_layout_matches_the_grid_runner():
-    from oracle.checks.gpu import make_inputs
     from oracle.grids import cases
     from oracle.results import grid_case_layout
+    from oracle.runners import saved_inputs as make_inputs
 
     picked = cases(tier="cpu", filter="op!=moe,pair_kind=none,k=128,n=128,m=9")
     assert {(c.variant.op, c.variant.rotation, c.variant.compute_dtype) for c in picked} == {
@@ -276,7 +276,7 @@ def test_check_grid_case_ties_the_file_to_its_id(tmp_path):
             **{"case_id": other.case_id, "k": other.k, "n": other.n, "seed": other.seed},
         },
     )
-    refused(p, "needs int16")  # the id now names another shape than the tensors have
+    refused(p, "needs float16[9, ")  # the id now names another shape than the tensors have
     _, p = _grid_case_files(tmp_path / "b")
     _edit_sidecar(p, case_id=other.case_id)
     refused(p, "disagrees with case.case_id")
