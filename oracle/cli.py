@@ -51,6 +51,7 @@ selection, file or device); 130 interrupted (``mutate``).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,6 +124,17 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+def _add_workers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="GPU grid: N worker processes on the one GPU (compiles are CPU-bound); default "
+        "half the cores, at most 8; 1 runs in-process",
+    )
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -152,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default job: comma-separated families to run (default: all of "
         "fingerprints,layout,contracts,dispatch_tiles,compile,gpu)",
     )
+    _add_workers(parser)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
     run.add_argument("--filter", help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
@@ -165,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a stratified sample of N grid cases (every variant, M and dtype first)",
     )
+    run.add_argument(
+        "--heavy",
+        action="store_true",
+        help="the heavy shapes (left out of the default job); shard them with --gpus",
+    )
+    _add_workers(run)
     run.add_argument("--compile-all", action="store_true", help="compile every specialization")
     run.add_argument(
         "--compile-budget",
@@ -191,8 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     contracts.add_argument("args", nargs=argparse.REMAINDER)
     mutate = sub.add_parser("mutate", help="mutation gate (oracle.mutate.cli)", add_help=False)
     mutate.add_argument("args", nargs=argparse.REMAINDER)
+    for name, what in (
+        ("explain", "print the plan b12x makes for one problem (CPU)"),
+        ("drift", "exact vs faithful vs kernel, error map in weight space (CPU)"),
+    ):
+        delegate = sub.add_parser(name, help=f"{what} (oracle.{name})", add_help=False)
+        delegate.add_argument("args", nargs=argparse.REMAINDER)
     replay = sub.add_parser("replay", help="replay a saved failing case")
     replay.add_argument("path")
+    coverage = sub.add_parser(
+        "coverage", help="per variant: declared by b12x?, judged by which runners, default cases"
+    )
+    coverage.add_argument(
+        "--json", metavar="FILE", help="write the coverage JSON (oracle.coverage/1)"
+    )
+    coverage.add_argument("-q", "--quiet", action="store_true", help="problems and totals only")
     report = sub.add_parser("report", help="render a JSON report")
     report.add_argument("report_json")
     report.add_argument("--png", metavar="DIR", help="write error-vs-shape plots here")
@@ -275,6 +307,17 @@ def _progress_factory(args: argparse.Namespace, stack: Any) -> Any:
     return factory
 
 
+def _workers(args: argparse.Namespace, *, cuda: bool, tier: str) -> int:
+    """``--workers``, else the default for a GPU job that runs more than one case."""
+    from oracle.checks.gpu import default_workers
+
+    if getattr(args, "workers", None) is not None:
+        return args.workers
+    if not cuda or tier != "gpu" or getattr(args, "case", None):
+        return 1
+    return default_workers()
+
+
 def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda: bool) -> Any:
     from oracle.checks import CheckContext
 
@@ -286,6 +329,8 @@ def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda:
         tile=getattr(args, "tile", None),
         results_dir=Path(args.results),
         max_cases=getattr(args, "max_cases", None),
+        heavy=bool(getattr(args, "heavy", False)),
+        workers=_workers(args, cuda=cuda, tier=tier),
         progress=progress,
     )
     ctx.all_specs = bool(getattr(args, "compile_all", False))
@@ -402,10 +447,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.gpus is not None:
             try:
                 report = sharding.run_multi_gpu_cli(args)
-            except SystemExit as exc:  # sharding's refusals ("no CUDA device", ...): one line
-                if not isinstance(exc.code, str):
-                    raise
-                raise UsageError(exc.code.removeprefix("python -m oracle run: ")) from None
+            except ValueError as exc:  # sharding's refusals ("no CUDA device", ...): one line
+                raise UsageError(str(exc)) from None
             return _finish(report, args)
         return _finish(sharding.run_shard(_context(args, tier=tier, cuda=cuda), args.shard), args)
     with contextlib.ExitStack() as stack:
@@ -691,6 +734,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def _cmd_coverage(args: argparse.Namespace) -> int:
+    """Per registry variant: declared by b12x, judged by which runners, cases in the default
+    job (:mod:`oracle.coverage`; CPU only, nothing runs). Exit 1 when :func:`oracle.coverage.
+    problems` finds a declared variant nothing judges or the default job leaves out."""
+    from oracle import coverage
+
+    records = coverage.coverage()
+    found = coverage.problems()
+    if not args.quiet:
+        width = max(len(r.id) for r in records)
+        print(f"{'variant':<{width}}  declared  cases  runners / reason")
+        for r in records:
+            detail = ", ".join(r.runners) if r.declared else r.reason
+            print(f"{r.id:<{width}}  {'yes' if r.declared else 'no':<8}  {r.default_cases:>5}  "
+                  f"{detail}")  # fmt: skip
+    declared = [r for r in records if r.declared]
+    print(
+        f"{len(records)} variants, {len(declared)} declared by b12x, "
+        f"{sum(r.default_cases for r in records)} cases in the default job, "
+        f"{len(found)} problem(s)"
+    )
+    for problem in found:
+        print(f"PROBLEM {problem}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(coverage.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 1 if found else 0
+
+
 # --- entry ----------------------------------------------------------------------------------------
 
 
@@ -711,7 +784,8 @@ def _refusal_types() -> tuple[type[BaseException], ...]:
 
 def _command_name(argv: Sequence[str]) -> str:
     for word in argv:
-        if word in ("run", "grid", "replay", "report", "contracts", "mutate"):
+        if word in ("run", "grid", "replay", "report", "contracts", "mutate", "coverage",
+                    "explain", "drift"):  # fmt: skip
             return f" {word}"
     return ""
 
@@ -742,6 +816,11 @@ def _main(argv: list[str]) -> int:
         from oracle.mutate.cli import main as mutate_main
 
         return mutate_main(argv[argv.index("mutate") + 1 :])
+    if args.command in ("explain", "drift"):  # the delegates print their own one-line refusals
+        from importlib import import_module
+
+        delegate = import_module(f"oracle.{args.command}")
+        return delegate.main(argv[argv.index(args.command) + 1 :])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is not None and args.only is not None:
@@ -752,5 +831,6 @@ def _main(argv: list[str]) -> int:
         "grid": _cmd_grid,
         "replay": _cmd_replay,
         "report": _cmd_report,
+        "coverage": _cmd_coverage,
     }
     return handlers[args.command](args)

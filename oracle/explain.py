@@ -24,8 +24,8 @@ What it shows
 
 The pure functions :func:`explain_dense` and :func:`explain_moe` return frozen data objects
 (:class:`DenseExplanation`, :class:`MoeExplanation`) that the CLI prints and ``--json`` writes
-(``{"schema": "oracle.explain/1", ...}``, docs/json_schemas.md). They raise ``ValueError`` /
-``TypeError`` as :class:`PlanRefused` (a ``ValueError``) carrying the plan validator's own
+(``{"schema": "oracle.explain/1", ...}``, docs/json_schemas.md). They raise
+:class:`PlanRefused` (a ``ValueError``) carrying the plan validator's own
 message for an invalid problem (``bits`` 9, ``K`` not a multiple of 128, an unknown codebook,
 ...); :func:`main` turns those, and every bad argument, into ONE refusal line on stderr and exit
 2 (:func:`oracle.cli.refuse`, which raises :class:`oracle.cli.Refused`).
@@ -187,8 +187,8 @@ def _show_spec(spec: Any) -> str:
 
 def simulated_device(arch: str | None = None, name: str | None = None) -> Any:
     """The simulated part of :data:`oracle.tiles.DEVICES` named ``name``, else the first one of
-    ``arch``'s capability (default ``sm_90``). Unknown values raise ``ValueError`` listing the
-    accepted ones."""
+    ``arch``'s capability (default ``sm_90``). An unknown name or arch raises
+    :class:`PlanRefused` listing the accepted ones."""
     from oracle.tiles import DEVICES
 
     if name is not None:
@@ -280,7 +280,8 @@ def explain_dense(
 
     part = simulated_device(arch, device)
     if rotation not in ROTATIONS:
-        raise PlanRefused(f"--rotation: unknown rotation {rotation!r}; known: {', '.join(ROTATIONS)}")
+        known = ", ".join(ROTATIONS)
+        raise PlanRefused(f"--rotation: unknown rotation {rotation!r}; known: {known}")
     xd = _dtype(x_dtype, "--x-dtype")
     cd = _dtype(compute_dtype or x_dtype, "--compute-dtype")
     external = rotation == "none"
@@ -379,7 +380,8 @@ def explain_moe(
             compute_dtype=cd, fc1_pair=pair, fc2_pair=pair, device=part,
         )  # fmt: skip
     except (ValueError, TypeError) as exc:
-        raise PlanRefused(f"plan_moe (--pair sets fc1_pair and fc2_pair): {exc}") from None
+        note = " (--pair sets fc1_pair and fc2_pair)" if "_pair" in str(exc) else ""
+        raise PlanRefused(f"plan_moe: {exc}{note}") from None
     decisions = []
     for d in plan.decisions:
         table = TABLES_BY_NAME.get(d.table)

@@ -313,11 +313,12 @@ class CudaBackend(_TorchTensorOps):
         if not torch.cuda.is_available():
             raise RuntimeError("CudaBackend: no CUDA device is available")
         self._sentinel_graph: Any = None
+        self._stream = torch.cuda.Stream()  # warm-up AND capture run here (capture_graph)
 
     @contextlib.contextmanager
     def side_stream(self) -> Iterator[None]:
         main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        side = self._stream
         side.wait_stream(main)
         with torch.cuda.stream(side):
             yield
@@ -328,7 +329,7 @@ class CudaBackend(_TorchTensorOps):
         torch.cuda.synchronize()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        return capture_graph(fn)
+        return capture_graph(fn, capture_stream=self._stream)
 
     def capture_probe(self, fn: Callable[[], Any]) -> BaseException | None:
         raised: list[BaseException] = []
@@ -340,7 +341,7 @@ class CudaBackend(_TorchTensorOps):
                 raised.append(exc)
 
         try:
-            graph = capture_graph(guarded)
+            graph = capture_graph(guarded, capture_stream=self._stream)
         except Exception as exc:  # noqa: BLE001 - capture invalidated by the misuse itself
             if not raised:
                 raised.append(exc)
@@ -377,8 +378,11 @@ class CudaBackend(_TorchTensorOps):
             self._sentinel_graph = graph
 
 
-def capture_graph(fn: Callable[[], Any]) -> Any:
-    """Capture ``fn`` into a new ``torch.cuda.CUDAGraph`` on the current device and return it.
+def capture_graph(fn: Callable[[], Any], *, capture_stream: Any = None) -> Any:
+    """Capture ``fn`` into a new ``torch.cuda.CUDAGraph`` on the current device and return it;
+    ``capture_stream`` (default: torch's capture stream) is the stream it is captured on — pass
+    the stream warm-up ran on, as a serving engine does, so per-stream library state (cuBLAS
+    workspaces) exists before the capture and the capture allocates nothing.
 
     A capture that fails leaves torch in a state that outlives it, which made GPU tests depend on
     what ran before them (torch's "Offset increment outside graph capture encountered
@@ -394,7 +398,7 @@ def capture_graph(fn: Callable[[], Any]) -> Any:
     stream = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=capture_stream):
             fn()
         torch.cuda.synchronize()
     except BaseException:

@@ -522,6 +522,8 @@ def passthrough_args(args: Any) -> list[str]:
         value = getattr(args, attr, None)
         if value is not None:
             out += [flag, str(value)]
+    if getattr(args, "heavy", False):
+        out.append("--heavy")
     out += ["--results", str(getattr(args, "results", "results"))]
     return out
 
@@ -652,7 +654,7 @@ def run_multi_gpu_cli(args: Any) -> Report:
             heavy=getattr(args, "heavy", False),
         )
     except ValueError as exc:
-        raise SystemExit(f"python -m oracle run: --gpus: {exc}") from None
+        raise ValueError(f"--gpus: {exc}") from None
     plan = plan_shards(selection.runnable, len(gpus))
     print(
         f"sharding {len(selection.runnable)} case(s) over GPU(s) {','.join(gpus)}: "

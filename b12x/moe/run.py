@@ -323,8 +323,8 @@ def resolve_kernels(bound: BoundMoe) -> None:
 
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
-    check_launch_device("bound", bound.device, op="run_moe")
     m = check_moe_inputs(bound, inputs)
+    check_launch_device("bound", bound.device, op="run_moe")
     kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
     if kernels:
         resolve_kernels(bound)

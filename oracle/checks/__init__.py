@@ -59,6 +59,7 @@ class CheckContext:
     results_dir: Path = Path("results")
     max_cases: int | None = None
     heavy: bool = False
+    workers: int = 1
     progress: Callable[[str, int], Callable[[], None]] | None = None
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ line per reason. A failing case is saved and its reason carries the exact replay
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,13 @@ __all__ = [
 
 FAMILY_NAMES = ("gpu.decode_exactness", "gpu.differential_grid", "gpu.graph_protocol")
 DEFAULT_JOB_CASES = 1200
+WORKER_ENV = "B12X_SHARD"  # set in every shard process (oracle.sharding.launch_shards)
+
+
+def default_workers() -> int:
+    """Worker processes of a one-GPU job: half the CPU cores, at most 8 (compiles are
+    CPU-bound; ``--workers 1`` runs in-process)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def unrunnable_reason(case: Any) -> str | None:
@@ -123,11 +131,42 @@ def _grid(ctx: Any) -> list[CheckResult]:
     return out
 
 
+def _in_workers(ctx: Any) -> list[CheckResult]:
+    """The grid and the graph protocol in ``ctx.workers`` processes on this one GPU (the shard
+    machinery of :mod:`oracle.sharding`, every shard pinned to the same device): compiles are
+    CPU-bound and a cold job is dominated by them, so the workers split the specialisations
+    (shards group cases by kernel) and share the disk compile cache; one merged result list."""
+    from oracle import sharding
+
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    gpu = gpu or str(torch.cuda.current_device())
+    selection = sharding.select_cases(
+        filter=ctx.filter, case=ctx.case, max_cases=ctx.max_cases, heavy=ctx.heavy
+    )
+    plan = sharding.plan_shards(selection.runnable, ctx.workers)
+    passthrough = ["--tier", "gpu", "--results", str(ctx.results_dir)]
+    for flag, value in (("--filter", ctx.filter), ("--case", ctx.case),
+                        ("--max-cases", ctx.max_cases)):  # fmt: skip
+        if value is not None:
+            passthrough += [flag, str(value)]
+    if ctx.heavy:
+        passthrough.append("--heavy")
+    report, _ = sharding.run_multi_gpu(
+        [gpu] * ctx.workers,
+        Path(ctx.results_dir) / "workers",
+        serial=bool(plan.serial),
+        passthrough=passthrough,
+    )
+    return list(report.checks)
+
+
 def run(ctx: Any) -> list[CheckResult]:
     if not ctx.cuda:
         return [CheckResult(n, "gpu", "skip", "no CUDA device") for n in FAMILY_NAMES]
     if ctx.tier != "gpu":
         return [CheckResult(n, "gpu", "skip", "tier cpu selected (--tier)") for n in FAMILY_NAMES]
+    if ctx.workers > 1 and WORKER_ENV not in os.environ:
+        return _in_workers(ctx)
     return _grid(ctx) + graph_results(ctx)
 
 

@@ -108,7 +108,8 @@ def _judge_raw(case, inputs, weight, y, gemm):
         gemm, _gemm_operand(inputs["x"], dtype), weight,
         compute_dtype=dtype, tolerance=case.variant.tolerance,
     )  # fmt: skip
-    return require_equal(verdict, y, gemm.to(torch.float16), what="output = fp16(gemm stage)")
+    stored = gemm.to(torch.float16).to(y.dtype)  # run_dense: output = x.dtype(fp16(gemm))
+    return require_equal(verdict, y, stored, what="output = x.dtype(fp16(gemm stage))")
 
 
 def regenerate(case: Any, device: Any) -> dict[str, torch.Tensor]:

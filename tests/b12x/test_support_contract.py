@@ -21,6 +21,8 @@ from b12x.dense import dispatch as dense_dispatch
 from b12x.dense import plan as dense_plan
 from b12x.dense import split_k as dense_split_k
 from b12x.dense import tiles as dense_tiles
+from b12x.moe import dispatch as moe_dispatch
+from b12x.moe import gemm_op as moe_gemm
 from b12x.moe import ops as moe_ops
 from b12x.moe import plan as moe_plan
 from b12x.moe import run as moe_run
@@ -48,10 +50,12 @@ def _keys(variants):
 
 
 def test_ops_and_lookup():
-    assert tuple(op.name for op in support.OPS) == ("decode", "dense", "moe")
+    assert tuple(op.name for op in support.OPS) == ("decode", "dense", "moe", "moe_gemm")
     for op in support.OPS:
         assert support.op_contract(op.name) is op
-    with pytest.raises(ValueError, match=r"unknown op 'linear'.*'decode', 'dense', 'moe'"):
+    with pytest.raises(ValueError, match=r"unknown op 'linear'.*'moe', 'moe_gemm'"):
+        ValueError, match=r"unknown op 'linear'.*'decode', 'dense', 'moe', 'moe_gemm'"
+    ):
         support.op_contract("linear")
     with pytest.raises(ValueError, match="known ops"):
         support.op_contract(None)
@@ -97,7 +101,18 @@ def test_entry_points_are_the_front_doors():
         moe_plan.allocate_moe_buffers,
         moe_ops.MoeOp,
     )
-    assert moe.custom_op == "b12x::trellis_moe" and moe.dispatch == ()
+    assert moe.custom_op == "b12x::trellis_moe" and moe.dispatch == moe_dispatch.TABLES
+    grouped = support.op_contract("moe_gemm")
+    assert (grouped.plan, grouped.bind, grouped.run, grouped.allocate, grouped.graph_op) == (
+        moe_gemm.plan_moe_gemm,
+        moe_gemm.bind_moe_gemm,
+        moe_gemm.run_moe_gemm,
+        moe_gemm.allocate_moe_gemm_buffers,
+        moe_gemm.MoeGemmOp,
+    )
+    assert grouped.custom_op is None and grouped.dispatch == moe_dispatch.TABLES
+    assert dict(grouped.observables) == {"out": "gemm"}
+    assert all(v.op == "moe_gemm" and v.rotation == "none" for v in grouped.variants)
 
 
 def test_plans_are_keyword_only_and_custom_ops_exist():

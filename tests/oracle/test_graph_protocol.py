@@ -343,7 +343,7 @@ class _FakeCuda:
     def CUDAGraph(self):  # noqa: N802 - mirrors torch.cuda.CUDAGraph
         return object()
 
-    def graph(self, graph):
+    def graph(self, graph, stream=None):
         fake = self
 
         class _Capture:
