@@ -54,8 +54,6 @@ def test_ops_and_lookup():
     for op in support.OPS:
         assert support.op_contract(op.name) is op
     with pytest.raises(ValueError, match=r"unknown op 'linear'.*'moe', 'moe_gemm'"):
-        ValueError, match=r"unknown op 'linear'.*'decode', 'dense', 'moe', 'moe_gemm'"
-    ):
         support.op_contract("linear")
     with pytest.raises(ValueError, match="known ops"):
         support.op_contract(None)
