@@ -26,12 +26,10 @@ from b12x.kernels import host as host_kernels
 from b12x.moe.pairs import launch_paired_gemm, pair_gemm_spec
 from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.moe.run import GemmContext, MoeInputs, run_moe
-from reference.moe import TrellisExperts, row_magnitude
+from reference.moe import TrellisExperts
 from reference.moe_pairs import (
     PairedExperts,
     p33_from_uniform,
-    paired_moe_forward,
-    paired_route_outputs,
 )
 from reference.pairs import decode_pair
 
@@ -110,22 +108,15 @@ def _bound(experts, m, top_k, x_dtype, compute_dtype, *, fc1=None, fc2=None, m_t
     return bind_moe(plan, **allocate_moe_buffers(plan, DEV))
 
 
-def _judge(got, x, experts, w, ids, compute_dtype, *, row_tol=1e-2):
-    faithful = paired_moe_forward(
-        x, experts, w, ids, precision="faithful", compute_dtype=compute_dtype
+def _judge(got, x, experts, w, ids, compute_dtype):
+    """The oracle's MoE judge (element-wise stage envelope + exact-reference gates): the same
+    verdict ``python -m oracle`` gives, so a dropped route or a scaled row fails here too."""
+    from oracle.tolerance import judge_moe
+
+    verdict = judge_moe(
+        got, x=x, experts=experts, topk_weights=w, topk_ids=ids, compute_dtype=compute_dtype
     )
-    exact = paired_moe_forward(x, experts, w, ids, precision="exact")
-    outs, active = paired_route_outputs(
-        x, experts, ids, precision="faithful", compute_dtype=compute_dtype
-    )
-    scale = row_magnitude(outs, active, w)
-    got64 = got.double()
-    row_err = (got64 - faithful.double()).norm(dim=1)
-    worst = float((row_err / scale.clamp_min(1e-30)).max())
-    assert bool((row_err <= row_tol * scale + 1e-6).all()), f"worst row error {worst:.3e}"
-    rel = float((got64 - exact).norm() / exact.norm())
-    rel_f = float((faithful.double() - exact).norm() / exact.norm())
-    assert rel <= max(2.0 * rel_f, 2e-3), (rel, rel_f)
+    assert verdict.passed, verdict.reason
 
 
 CASES = [
