@@ -99,9 +99,11 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
     (work / f"{name}.log").write_text(log if isinstance(log, str) else log.decode())
     summary: dict[str, Any] = {}
     environment: dict[str, Any] = {}
+    case_time: dict[str, Any] = {}
     if report.is_file():
         data = json.loads(report.read_text())
         summary, environment = data.get("summary", {}), data.get("environment", {})
+        case_time = case_seconds(data.get("checks", []))
     cases = summary.get("total", 0)
     return {
         "run": name,
@@ -115,8 +117,29 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
         "by_tier": summary.get("by_tier"),
         "device": environment.get("device"),
         "stray_files": sorted(p.name for p in cwd.iterdir()),
+        "case_seconds": case_time,
         **_sum_stats(stats_file),
     }
+
+
+def case_seconds(checks: list[dict[str, Any]], slowest: int = 8) -> dict[str, Any]:
+    """Where the GPU grid's time went: per op, the summed wall of its cases (``case_wall_s``,
+    which every runner result carries: executions, references and judges of one case, counted
+    once per case) and the slowest cases. Worker processes run concurrently, so the sums exceed
+    the job's wall time by up to the worker count."""
+    walls: dict[str, float] = {}
+    for check in checks:
+        wall = (check.get("metrics") or {}).get("case_wall_s")
+        parts = check.get("name", "").split(".")
+        if wall is None or len(parts) < 3 or parts[0] != "gpu":
+            continue
+        walls[f"{parts[1]}.{parts[2]}"] = float(wall)
+    per_op: dict[str, float] = {}
+    for key, wall in walls.items():
+        op = key.split(".", 1)[0]
+        per_op[op] = round(per_op.get(op, 0.0) + wall, 2)
+    top = sorted(walls.items(), key=lambda item: -item[1])[:slowest]
+    return {"per_op_s": per_op, "slowest": [[key, round(w, 3)] for key, w in top]}
 
 
 def _table(rows: list[dict[str, Any]], gpu: bool) -> str:
@@ -179,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     _empty(work / "oracle-results")
     gpu = _has_gpu()
     rows = [run_job(name, work, cache_dir, oracle_args, args.timeout) for name in ("cold", "warm")]
+    for row in rows:
+        if row["case_seconds"].get("per_op_s"):
+            print(f"{row['run']}: case seconds per op {row['case_seconds']['per_op_s']}; "
+                  f"slowest {row['case_seconds']['slowest'][:4]}")  # fmt: skip
 
     print(f"python -m oracle {' '.join(oracle_args)}".rstrip() + f"  (cache: {cache_dir})")
     print(_table(rows, gpu))

@@ -23,6 +23,7 @@ Invariants
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +78,16 @@ def run_case(case: Any, *, device: Any, results_dir: Path) -> list[CheckResult]:
     name = f"gpu.{case.variant.op}.{case.case_id}"
     if case.variant.op not in DIFFERENTIAL_OPS:
         return [crash(name, ValueError(f"no runner for op {case.variant.op!r}"))]
+    start = time.perf_counter()
     try:
         outcomes = _module(case.variant.op).run_case(case, device)
     except Exception as exc:  # noqa: BLE001 - the case fails with the exception's text
         return [crash(name, exc)]
-    return [to_result(o, results_dir) for o in outcomes]
+    wall = time.perf_counter() - start  # every execution, reference and judge of the case
+    results = [to_result(o, results_dir) for o in outcomes]
+    for result in results:  # where a job's time goes: oracle.report's slowest-case summary
+        result.metrics["case_wall_s"] = round(wall, 4)
+    return results
 
 
 def saved_inputs(case: Any, device: Any = "cpu") -> dict[str, torch.Tensor]:
