@@ -21,8 +21,10 @@ from oracle.runners.common import Outcome, run_op
 __all__ = ["moe_op_inputs", "moe_problem", "run_case"]
 
 
-def moe_problem(case: Any, experts: Any, choices: Any) -> dict[str, Any]:
-    """The MoE op's problem (plan keywords) for one case."""
+def moe_problem(case: Any, experts: Any, choices: Any, device: Any = None) -> dict[str, Any]:
+    """The MoE op's problem (plan keywords) for one case. ``device`` is handed to a uniform or
+    paired plan as a serving engine does (it lets an unpaired FC2 take the wave-balanced tile
+    of ``b12x.moe.dispatch``'s ``moe_fc2_tile`` table); a tiered plan takes none."""
     v = case.variant
     common = {
         "m": case.m,
@@ -44,6 +46,8 @@ def moe_problem(case: Any, experts: Any, choices: Any) -> dict[str, Any]:
             "num_global_experts": experts.num_global_experts,
         }
     problem = {**common, "codebook": v.codebook, "bits": v.bits, "num_experts": case.experts}
+    if device is not None:
+        problem["device"] = torch.device(device)
     if v.pair_kind is not None:
         problem.update(fc1_pair=choices.fc1_pair, fc2_pair=choices.fc2_pair)
     return problem
@@ -115,7 +119,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
     contract = op_contract("moe")
     tensors = case_inputs.moe_inputs(case, device)
     choices = tensors["choices"]
-    problem = moe_problem(case, tensors["experts"], choices)
+    problem = moe_problem(case, tensors["experts"], choices, device)
     op_inputs = moe_op_inputs(tensors)
     result = run_op(contract, contract.graph_op(), problem, op_inputs, device)
     y = result.buffers["output"][: case.m]
@@ -137,6 +141,12 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
             _saved_tensors(op_inputs),
             y.detach().cpu(),
             note=choices.describe(),
-            extra={"choices": choices.describe()},
+            extra={
+                "choices": choices.describe(),
+                # which rows of b12x.moe.dispatch served the case (the wave-balanced FC2 tile...)
+                "paths": ",".join(
+                    sorted({f"{d.table}={d.path}" for d in getattr(result.plan, "decisions", ())})
+                ),
+            },
         )
     ]
