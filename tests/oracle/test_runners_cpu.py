@@ -1,0 +1,107 @@
+"""The dense runner's judging on CPU, with the kernel replaced by a fake op behind a fake
+contract: a faithful output passes, each planted fault fails and is saved for replay.
+
+The fake op follows the contract's protocol (plan → allocate → bind → run into the bound
+``output``; the raw path also exposes its ``gemm_output`` stage), so everything the runner does
+around the kernel — inputs from the case id, poisoned buffers, the judge, the observed stage,
+the output = x.dtype(fp16(gemm)) check, saving a failing case — runs as on a GPU.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from oracle.grids import cases
+
+F16 = torch.float16
+
+
+def _fake_contract(fault: str | None):
+    from b12x.support import OpContract
+    from reference import linear
+    from reference.trellis import decode
+
+    class FakeDenseOp:
+        def __init__(self, device=None, hadamard_128=None):
+            self.external = hadamard_128 is not None
+
+        def plan(self, problem):
+            return types.SimpleNamespace(path="generic", problem=dict(problem))
+
+        def bind(self, plan, buffers):
+            return plan, buffers
+
+        def run(self, bound, inputs):
+            plan, buffers = bound
+            p = plan.problem
+            weight = decode(inputs["trellis"], p["codebook"]).clone()
+            if fault == "wrong_weight":
+                weight[5, 7] += 2.0  # one decoded weight off by far more than rounding
+            x, dtype = inputs["x"], p["compute_dtype"]
+            if p["external_rotation"]:
+                gemm = linear.faithful_gemm_compute(x.to(F16), weight, compute_dtype=dtype)
+                if fault == "unwritten_stage":
+                    gemm = gemm.clone().fill_(float("nan"))
+                buffers["gemm_output"].copy_(gemm)
+                y = gemm.to(F16).to(x.dtype)
+            else:
+                y = linear.forward_decoded(
+                    x, weight, inputs["suh"], inputs["svh"], precision="faithful",
+                    compute_dtype=dtype,
+                )  # fmt: skip
+            if fault == "tile_scaled":
+                y = y.clone()
+                y[:16, :16] *= 1.01
+            buffers["output"].copy_(y)
+
+    def allocate(plan, device):
+        p = plan.problem
+        out = {"output": torch.empty(p["m"], p["n"], dtype=p["x_dtype"], device=device)}
+        if p["external_rotation"]:
+            out["gemm_output"] = torch.empty(p["m"], p["n"], dtype=p["compute_dtype"])
+        return out
+
+    def never(*args, **kwargs):
+        raise AssertionError("the runner goes through the graph op")
+
+    return OpContract(
+        name="dense", plan=never, bind=never, run=never, allocate=allocate,
+        graph_op=FakeDenseOp, custom_op=None, variants=(), dispatch=(), tiles=None,
+        observables={"gemm_output": "gemm"},
+    )  # fmt: skip
+
+
+def _case(rotation: str, dtype: str = "fp16"):
+    text = f"codebook=mcg,bits=4,m=17,k=128,n=128,rotation={rotation},dtype={dtype}"
+    return cases(op="dense", tier="gpu", filter=text)[0]
+
+
+# the linear (rotation full) exposes no raw GEMM stage, so "unwritten_stage" is raw-path only
+FAULTS = {"full": (None, "wrong_weight", "tile_scaled"),
+          "none": (None, "wrong_weight", "tile_scaled", "unwritten_stage")}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("rotation", "fault"), [(rot, fault) for rot, faults in FAULTS.items() for fault in faults]
+)
+def test_dense_runner_passes_faithful_and_fails_planted_faults(
+    monkeypatch, tmp_path, rotation, dtype, fault
+):
+    from oracle import declared
+    from oracle.runners import run_case
+
+    monkeypatch.setattr(declared, "op_contract", lambda name: _fake_contract(fault))
+    case = _case(rotation, dtype)
+    (result,) = run_case(case, device="cpu", results_dir=tmp_path)
+    assert result.name == f"gpu.dense.{case.case_id}"
+    if fault is None:
+        assert result.status == "pass", result.reason
+        assert not list(tmp_path.iterdir())
+    else:
+        assert result.status == "fail", (fault, result.reason)
+        assert "replay: python -m oracle replay" in result.reason
+        assert list(tmp_path.glob("*.json"))
