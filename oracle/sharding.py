@@ -566,13 +566,18 @@ def launch_shards(
     passthrough: Sequence[str] = (),
     timeout: float | None = None,
 ) -> list[ShardRun]:
-    """Start one process per ``(spec, gpu)`` at once, pinned with ``CUDA_VISIBLE_DEVICES=gpu``,
-    and wait for all (a process past ``timeout`` seconds is killed: returncode None)."""
+    """Start one process per ``(spec, gpu)`` at once, pinned with ``CUDA_VISIBLE_DEVICES=gpu``
+    and ``OMP_NUM_THREADS`` = cores / processes (unless set), and wait for all (a process past ``timeout`` seconds is killed: returncode None)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for spec, gpu in jobs:
         if not isinstance(spec, ShardSpec) or not isinstance(gpu, str) or not gpu:
             raise TypeError("jobs: expected (ShardSpec, gpu id string) pairs")
+    # The judges' metrics run on CPU copies (oracle.metrics): shards started together share the
+    # host's cores instead of each taking all of them (torch's default), unless the caller chose.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(
+        max(1, (os.cpu_count() or 1) // max(1, len(jobs)))
+    )
     started = []
     try:
         for spec, gpu in jobs:
@@ -581,6 +586,7 @@ def launch_shards(
             json_path.unlink(missing_ok=True)  # a stale part must never pass for this run's
             argv = list(command(spec, json_path, passthrough))
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "B12X_SHARD": spec.label}
+            env["OMP_NUM_THREADS"] = threads
             log = log_path.open("w")
             try:
                 proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -449,6 +449,7 @@ if label in plan.get("hang", []):
     time.sleep(60)
 tag = "serial" if label == "serial" else label.split("/")[0]
 (out / f"started_{tag}").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+(out / f"threads_{tag}").write_text(os.environ["OMP_NUM_THREADS"])
 if label == "serial":
     if not all((out / f"part_{i}.json").is_file() for i in range(plan["count"])):
         sys.exit(4)  # the serial phase must start after every parallel part is written
@@ -504,7 +505,9 @@ def _fake_command(plan_file: Path):
     return command
 
 
-def test_launcher_pins_each_shard_runs_them_together_then_serial(tmp_path):
+def test_launcher_pins_each_shard_runs_them_together_then_serial(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(S.os, "cpu_count", lambda: 16)
     plan_file = _fake_plan(tmp_path, 2)
     report, runs = S.run_multi_gpu(
         ["5", "7"],
@@ -524,6 +527,9 @@ def test_launcher_pins_each_shard_runs_them_together_then_serial(tmp_path):
     assert report.summary()["pass"] == len(sample_cases()) + 2 and report.exit_code() == 0
     part = json.loads(runs[0].json_path.read_text())
     assert part["environment"]["shard"]["argv"] == ["--filter", "bits=4"]
+    # two shards started together get half the cores each; the serial phase alone gets all
+    threads = {p.name: p.read_text() for p in (tmp_path / "shards").glob("threads_*")}
+    assert threads == {"threads_0": "8", "threads_1": "8", "threads_serial": "16"}
 
 
 def test_launcher_reports_a_crashed_and_a_hung_shard(tmp_path):
