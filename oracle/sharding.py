@@ -567,7 +567,8 @@ def launch_shards(
     timeout: float | None = None,
 ) -> list[ShardRun]:
     """Start one process per ``(spec, gpu)`` at once, pinned with ``CUDA_VISIBLE_DEVICES=gpu``
-    and ``OMP_NUM_THREADS`` = cores / processes (unless set), and wait for all (a process past ``timeout`` seconds is killed: returncode None)."""
+    and ``OMP_NUM_THREADS`` = cores / processes (unless set), and wait for all (a process past
+    ``timeout`` seconds is killed: returncode None)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for spec, gpu in jobs:
