@@ -1,18 +1,38 @@
-"""The layer rule of design §1, enforced by import-linter (contracts in pyproject.toml).
+"""The layer rule of design §1, enforced by import-linter (contracts in pyproject.toml), and no
+import circles inside ``b12x``.
 
 ``reference`` imports neither ``b12x`` nor ``oracle``; ``b12x`` imports neither ``reference`` nor
 ``oracle``. A second test plants a violation in a copy of the tree to prove the linter run here
 would catch one (a contract test that cannot fail protects nothing).
+
+No circles: the import graph of ``b12x`` is built from the source with :mod:`ast` and must be
+acyclic. Every ``import`` / ``from ... import`` statement anywhere in a module counts as an edge,
+the lazy ones inside functions (and under ``if TYPE_CHECKING:``) included: a lazy import that
+closes a loop still leaves a circle a reader has to untangle, it only moves the failure from
+import time to call time. Relative imports are resolved against the importing module's package,
+and ``from pkg import name`` is an edge to the module ``pkg.name`` when that is a module of the
+package, else to ``pkg`` itself (``import a.b.c`` is an edge to the longest prefix that is a
+module). Only statements count: the implicit import of a module's parent packages is not an edge
+(every ``__init__`` that re-exports a submodule would otherwise close a loop with it), and
+neither is ``importlib.import_module``. On failure the message prints every circle as a path of
+``module (file:line)`` steps. The finder is unit-tested on synthetic graphs and on a planted
+circle (a scratch package, and a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
+edge put back), so the check is known to fail when it should.
 """
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: ``{importer: {imported: first line of the statement}}``, modules of one package only.
+Graph = Mapping[str, Mapping[str, int]]
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -44,3 +64,217 @@ def test_layer_contract_catches_b12x_importing_reference(tmp_path: Path) -> None
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "BROKEN" in result.stdout
+
+
+# ------------------------------------------------------------------------------ import circles
+
+
+def _modules(package_dir: Path) -> dict[str, tuple[Path, bool]]:
+    """Every module of the package rooted at ``package_dir``: dotted name -> (file, is package)."""
+    base = package_dir.parent
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        found[".".join(parts)] = (path, is_package)
+    return found
+
+
+def _longest_module(name: str, modules: Mapping[str, object]) -> str | None:
+    """``name`` or its longest dotted prefix that is a module of the package, else None."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules) -> list:
+    """The package modules one import statement of ``module`` names."""
+    if isinstance(node, ast.Import):
+        return [_longest_module(alias.name, modules) for alias in node.names]
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join(package + ([node.module] if node.module else []))
+    else:
+        base = node.module or ""
+    targets = []
+    for alias in node.names:
+        submodule = f"{base}.{alias.name}" if base else alias.name
+        targets.append(submodule if submodule in modules else _longest_module(base, modules))
+    return targets
+
+
+def import_graph(package_dir: Path) -> dict[str, dict[str, int]]:
+    """The import graph of the package at ``package_dir``: every import statement of every module
+    (module level, functions, classes, conditionals), as edges between the package's modules."""
+    modules = _modules(package_dir)
+    graph: dict[str, dict[str, int]] = {}
+    for module, (path, is_package) in modules.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for target in _imported(node, module, is_package, modules):
+                if target is not None and target != module:
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def find_cycles(graph: Graph) -> list[list[str]]:
+    """One circle per strongly connected component of ``graph`` that has one, as a closed path
+    ``[a, b, ..., a]``: the shortest circle through the component's first module (sorted).
+    Deterministic; ``[]`` for an acyclic graph. A self-edge ``a -> a`` is the circle ``[a, a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+    nodes = sorted(set(graph) | {t for edges in graph.values() for t in edges})
+
+    def successors(node: str) -> list[str]:
+        return sorted(graph.get(node, {}))
+
+    for root in nodes:  # iterative Tarjan: no recursion limit on long import chains
+        if root in index:
+            continue
+        work = [(root, iter(successors(root)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(successors(child))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph.get(node, {}):
+                    components.append(component)
+
+    cycles = []
+    for component in sorted(components, key=min):
+        start = min(component)
+        previous: dict[str, str] = {}
+        frontier = [start]
+        while frontier and start not in previous:  # BFS inside the component back to start
+            following = []
+            for node in frontier:
+                for child in successors(node):
+                    if child in component and child not in previous:
+                        previous[child] = node
+                        following.append(child)
+            frontier = following
+        path = [start]
+        node = previous[start]
+        while node != start:
+            path.append(node)
+            node = previous[node]
+        path.append(start)
+        cycles.append(path[::-1])
+    return cycles
+
+
+def describe_cycles(cycles: list[list[str]], graph: Graph, package_dir: Path) -> str:
+    """Each circle as ``a (a.py:line) -> b (b.py:line) -> ... -> a``: the line of the import."""
+    modules = _modules(package_dir)
+    lines = []
+    for cycle in cycles:
+        steps = []
+        for here, there in zip(cycle, cycle[1:], strict=False):
+            path = modules[here][0].relative_to(package_dir.parent) if here in modules else here
+            steps.append(f"{here} ({path}:{graph[here][there]})")
+        lines.append(" -> ".join([*steps, cycle[-1]]))
+    return f"{len(cycles)} import circle(s):\n  " + "\n  ".join(lines)
+
+
+def test_b12x_has_no_import_circles() -> None:
+    package_dir = ROOT / "b12x"
+    graph = import_graph(package_dir)
+    # the graph is real: lazy imports are edges (b12x.moe.support imports b12x.support inside a
+    # function), relative-free absolute forms resolve to modules
+    assert len(graph) > 30 and "b12x.support" in graph["b12x.moe.support"]
+    assert "b12x.runtime.compile_cache" in graph["b12x.kernels.specs"]
+    cycles = find_cycles(graph)
+    assert cycles == [], describe_cycles(cycles, graph, package_dir)
+
+
+def test_cycle_finder_on_synthetic_graphs() -> None:
+    assert find_cycles({}) == []
+    assert find_cycles({"a": {"b": 1, "c": 2}, "b": {"c": 3}, "c": {}}) == []  # a diamond
+    assert find_cycles({"a": {"b": 1}, "b": {"a": 2}}) == [["a", "b", "a"]]
+    assert find_cycles({"a": {"a": 1}}) == [["a", "a"]]
+    # a tail into a three-circle, plus a separate two-circle: one path per component
+    graph = {
+        "tail": {"x": 1},
+        "x": {"y": 1},
+        "y": {"z": 1},
+        "z": {"x": 1, "end": 2},
+        "p": {"q": 1},
+        "q": {"p": 1},
+    }
+    assert find_cycles(graph) == [["p", "q", "p"], ["x", "y", "z", "x"]]
+    # the shortest circle through the first module, not the first one a DFS happens to close
+    graph = {"a": {"b": 1, "d": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}
+    assert find_cycles(graph) == [["a", "d", "a"]]
+    # a long chain closing on itself: no recursion limit
+    chain = {f"m{i:05d}": {f"m{i + 1:05d}": 1} for i in range(5000)}
+    chain["m05000"] = {"m00000": 1}
+    (long_cycle,) = find_cycles(chain)
+    assert len(long_cycle) == 5002 and long_cycle[0] == long_cycle[-1] == "m00000"
+
+
+def test_import_graph_catches_a_planted_circle(tmp_path: Path) -> None:
+    """Every import form resolves, and a circle closed only by a lazy relative import is found."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .deep import VALUE\n")
+    (pkg / "sub" / "deep.py").write_text("VALUE = 1\n")
+    (pkg / "a.py").write_text("import os\nfrom pkg.b import helper\nimport pkg.sub.deep as d\n")
+    (pkg / "b.py").write_text(
+        "from . import c\nfrom .sub import VALUE\n\n\ndef helper():\n    from . import a\n"
+    )
+    (pkg / "c.py").write_text("from __future__ import annotations\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b": 2, "pkg.sub.deep": 3}
+    assert graph["pkg.b"] == {"pkg.c": 1, "pkg.sub": 2, "pkg.a": 6}
+    assert graph["pkg.sub"] == {"pkg.sub.deep": 1}
+    cycles = find_cycles(graph)
+    assert cycles == [["pkg.a", "pkg.b", "pkg.a"]]
+    message = describe_cycles(cycles, graph, pkg)
+    assert "pkg.a (pkg/a.py:2) -> pkg.b (pkg/b.py:6) -> pkg.a" in message
+
+    # the real tree with one of the circles this check was written for put back (lazily)
+    copy = tmp_path / "copy" / "b12x"
+    shutil.copytree(ROOT / "b12x", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    cache = copy / "runtime" / "compile_cache.py"
+    cache.write_text(
+        cache.read_text(encoding="utf-8")
+        + "\n\ndef _planted():\n    from b12x.kernels.specs import compile_spec\n",
+        encoding="utf-8",
+    )
+    planted = find_cycles(import_graph(copy))
+    assert planted == [["b12x.kernels.specs", "b12x.runtime.compile_cache", "b12x.kernels.specs"]]

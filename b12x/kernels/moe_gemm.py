@@ -43,6 +43,9 @@ Layout
   one :class:`MainloopBundle` per record rate, so every tile loop has a compile-time rate.
   ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and branches
   CTA-uniformly into two fully specialised bodies.
+* **Host side.** :mod:`b12x.kernels.moe_compile` builds either kernel from a spec
+  (``build_moe_gemm``) and resolves it through the runtime compile cache (``compiled_moe_gemm``);
+  it imports this module and the pair module, and neither of them imports it.
 
 Invariants
 ----------
@@ -78,8 +81,6 @@ __all__ = [
     "MoeGemmSpec",
     "MoeGroupedGemmKernel",
     "PAIR_KINDS",
-    "build_moe_gemm",
-    "compiled_moe_gemm",
     "TIER_SHIFT",
     "block_liveness",
 ]
@@ -473,70 +474,3 @@ class MoeGroupedGemmKernel:
                         acc[i] = acc[i] + red[((src - 1) * chunk + j) * lanes + slot]
             if cutlass.const_expr(rnd + 1 < rounds):
                 cute.arch.sync_threads()
-
-
-def build_moe_gemm(spec: MoeGemmSpec):
-    """(kernel object, fake argument tuple) for ``cute.compile`` (CPU compile checks use it)."""
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-    def fake(dtype, shape):
-        order = tuple(range(len(shape) - 1, -1, -1))
-        return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
-
-    rows = cute.sym_int()  # routes (M·top_k), in route order
-    blocks = fake(Int32, (cute.sym_int(),))
-    count = fake(Int32, (1,))
-    route_rows = fake(Int32, (cute.sym_int(divisibility=spec.block_size),))
-    descriptors = fake(Int32, (cute.sym_int(),))
-    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    scalars = (Int64(0), Int32(0), Int32(0), Int32(0))
-    if spec.pair is not None:
-        # K axis: K = 256·pairs (A rows of 128·pairs words); N axis: one 256-column pair per CTA.
-        a = fake(Int32, (rows, cute.sym_int(divisibility=128 if spec.rate_axis == "k" else 8)))
-        n_div = spec.n_group // 16 if spec.rate_axis == "k" else 1
-        payload = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=n_div), spec.pair_words))
-        out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
-        modes = fake(Int32, (cute.sym_int(),))
-        args = (a, payload, out, blocks, count, route_rows, descriptors, modes, *scalars)
-        from b12x.kernels.moe_pair_gemm import MoePairGemmKernel  # a subclass: imported late
-
-        return MoePairGemmKernel(spec), (*args, stream)
-    # K % (128·k_split) == 0 for a split launch: every group's slice is whole 8-row units.
-    a_div = 8 if spec.k_split == 1 else spec.k_multiple // 2
-    a = fake(Int32, (rows, cute.sym_int(divisibility=a_div)))
-    payload = fake(
-        Int32, (cute.sym_int(), cute.sym_int(divisibility=spec.n_group // 16), 8 * spec.bits)
-    )
-    out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
-    kernel = MoeGroupedGemmKernel(spec)
-    args = (a, payload, out, blocks, count, route_rows, descriptors, *scalars)
-    return kernel, (*args, stream)
-
-
-MOE_SOURCE_MODULES = (
-    "b12x.formats",
-    "b12x.kernels.ptx",
-    "b12x.kernels.trellis_decode",
-    "b12x.kernels.dense_gemm",
-    "b12x.kernels.moe_gemm",
-    "b12x.kernels.moe_pair_gemm",
-    "b12x.kernels.specs",  # compile_options
-)
-
-
-def compiled_moe_gemm(spec: MoeGemmSpec, arch: str):
-    """The tvm-ffi callable of ``spec`` for ``arch``, from the one runtime compile cache.
-
-    Keyed ``moe_gemm`` with every :class:`MoeGemmSpec` field as codegen input and
-    :data:`MOE_SOURCE_MODULES` as the hashed sources; honours the freeze switch and capture.
-    """
-    from b12x.kernels.specs import compile_options
-    from b12x.runtime import compile_cache
-
-    def build():
-        kernel, args = build_moe_gemm(spec)
-        return cute.compile(kernel, *args, options=compile_options(arch))
-
-    return compile_cache.compiled_kernel(
-        spec, arch, kernel="moe_gemm", modules=MOE_SOURCE_MODULES, build=build
-    )

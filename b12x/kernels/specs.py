@@ -12,6 +12,8 @@ Layout
   that :func:`cute.compile` needs; :func:`compile_spec` compiles it with ``--enable-tvm-ffi`` at
   the first spill-free optimisation level. The same builder serves CPU compile checks
   (:mod:`b12x.support`) and GPU launches.
+  :meth:`KernelSpec.compile_for` is that compile as the spec's own builder: the runtime cache
+  calls it for a ``KernelSpec`` (this module imports the runtime cache, never the reverse).
 * This module keeps no cache. Launches resolve kernels through
   :func:`b12x.runtime.compile_cache.compiled_kernel` (structural key, one process cache, the
   freeze switch and capture detection); :func:`compiled` and :func:`freeze` are aliases of it
@@ -79,6 +81,14 @@ class KernelSpec:
     @property
     def uses_mma(self) -> bool:
         return self.kind == "gemm"
+
+    def compile_for(self, arch: str):
+        """The compiled callable of this spec for ``arch``: :func:`compile_spec`'s ``fn``.
+
+        :func:`b12x.runtime.compile_cache.compiled_kernel` calls it on a miss for a spec that
+        brings no builder of its own, so the runtime cache never imports this module.
+        """
+        return compile_spec(self, arch).fn
 
 
 #: Optimisation levels tried in order. ptxas occasionally settles at ~80 registers and spills a

@@ -78,7 +78,8 @@ from typing import Any
 import torch
 
 from b12x.kernels import host as host_kernels
-from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.kernels.moe_compile import compiled_moe_gemm
+from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe import pairs, routing
 from b12x.moe.dispatch import PHASES, ROUTE_BLOCK
 from b12x.moe.plan import (

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.kernels.moe_compile import compiled_moe_gemm
+from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
 from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, check_moe_problem, plan_moe
 from b12x.moe.routing import check_route_ids

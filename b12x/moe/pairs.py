@@ -40,13 +40,13 @@ import torch
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
+from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import (
     DYNAMIC,
     DYNAMIC_KINDS,
     PAIR_BASE_BITS,
     PAIR_KINDS,
     MoeGemmSpec,
-    compiled_moe_gemm,
 )
 from b12x.moe.dispatch import PAIR_GEOMETRY, PairGeometry
 from b12x.runtime.compile_cache import capture_active

@@ -13,9 +13,11 @@ Layout
   (both shared with the custom op's metadata check).
 * :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
   launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
-  (R11: the codebook is never a default). The uniform stage here and the tier stage in
-  :mod:`b12x.moe.tiers` both call it by keyword; a paired phase goes through
-  :func:`b12x.moe.pairs.launch_paired_gemm` (:func:`paired_gemm_stage`).
+  (R11: the codebook is never a default). The uniform stage and the tier stage
+  (:func:`tier_gemm_stage`: K3/K4 tiers of :mod:`b12x.moe.tiers`, codebook ``"mcg"``) both call
+  it by keyword; a paired phase goes through :func:`b12x.moe.pairs.launch_paired_gemm`
+  (:func:`paired_gemm_stage`). Every stage lives here, so ``run`` imports no module that
+  imports it (``tiers`` plans, ``run`` launches).
 * :func:`run_moe` runs the sequence; nothing in it allocates (views, ``out=``, in-place ops).
 
 Invariants
@@ -34,7 +36,8 @@ from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
 from b12x.kernels.moe_boundary import compiled_moe_boundary
-from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+from b12x.kernels.moe_compile import compiled_moe_gemm
+from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe import boundary, pairs, routing
 from b12x.moe.plan import BoundMoe, MoeProblem
 from b12x.runtime.scratch import live_rows
@@ -289,6 +292,41 @@ def uniform_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2)
     )  # fmt: skip
 
 
+def tier_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
+    """FC1 or FC2 of both tiers: one launch per (tier, projection), codebook ``"mcg"``."""
+    p = bound.plan.problem
+    for tier, spec_tier in enumerate(p.tiers):
+        e = spec_tier.num_experts
+        if phase == "fc2":
+            launch_grouped_gemm(
+                spec=bound.plan.fc2_spec[tier],
+                codebook="mcg",
+                ctx=ctx,
+                tier=tier,
+                a=a2,
+                payload=inputs.w2[tier],
+                num_payload_experts=e,
+                out=fc2,
+                expert_base=0,
+                out_col=0,
+            )
+            continue
+        projections = ((0, a_gate),) if p.w13_layout == "packed" else ((0, a_gate), (1, a_up))
+        for proj, a in projections:
+            launch_grouped_gemm(
+                spec=bound.plan.fc1_spec[tier],
+                codebook="mcg",
+                ctx=ctx,
+                tier=tier,
+                a=a,
+                payload=inputs.w13[tier],
+                num_payload_experts=e if p.w13_layout == "packed" else 2 * e,
+                out=fc1,
+                expert_base=proj * e,
+                out_col=proj * p.intermediate,
+            )
+
+
 def _combined_ids(bound: BoundMoe, inputs: MoeInputs, n: int) -> torch.Tensor:
     """Global router ids -> combined ids (int64, −1 where inactive or unmapped), no narrowing."""
     buf, p = bound.buffers, bound.plan.problem
@@ -366,10 +404,7 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
         route_rows=routing.packed_route_indices(live, buf),
         descriptors=descriptors,
     )
-    if tiered:
-        from b12x.moe.tiers import tier_gemm_stage as stage
-    else:
-        stage = uniform_gemm_stage
+    stage = tier_gemm_stage if tiered else uniform_gemm_stage
     gemms = dict(a_gate=a_gate, a_up=a_up, a2=a2, fc1=fc1, fc2=fc2)
     stage(bound, inputs, ctx, phase="fc1", **gemms)
 

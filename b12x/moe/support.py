@@ -52,7 +52,7 @@ def compile_moe_specialization(spec, arch: str) -> str:
     """Compile ``spec`` for ``arch`` on the CPU with fake tensors; return the PTX text."""
     import cutlass.cute as cute
 
-    from b12x.kernels.moe_gemm import build_moe_gemm
+    from b12x.kernels.moe_compile import build_moe_gemm
     from b12x.kernels.specs import compile_options
 
     kernel, args = build_moe_gemm(spec)

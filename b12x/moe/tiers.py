@@ -11,16 +11,17 @@ Layout
 * :func:`plan_tiered_moe` plans one MoE over both tiers; the codebook is a required keyword and
   must be ``"mcg"`` (EXL3 tiers). :data:`TIER_CODEBOOK` is that value; :data:`TIER_BITS` the
   tier rates ``(tier 0, tier 1)`` b12x declares support for (K3/K4, spec §4.1).
-* **Launch sequence** (:func:`tier_gemm_stage`): per phase, one grouped-GEMM launch per tier
-  (and per projection for ``proj``) over the same route blocks; each launch computes only the
-  blocks whose descriptor names its tier, with the tier's own payload and bit rate. Every launch
-  goes through the shared body :func:`b12x.moe.run.launch_grouped_gemm` by keyword with the
+* **Launch sequence**: :func:`b12x.moe.run.tier_gemm_stage`, beside the uniform and paired
+  stages it is chosen among (so ``run`` never imports this module): per phase, one grouped-GEMM
+  launch per tier (and per projection for ``proj``) over the same route blocks; each launch
+  computes only the blocks whose descriptor names its tier, with the tier's own payload and bit
+  rate, through the shared body :func:`b12x.moe.run.launch_grouped_gemm` by keyword with the
   codebook spelled out as ``"mcg"`` (pinned in ``fixtures/pinned_slots.json``).
 
 Invariants
 ----------
 * Nothing here has a default codebook or bit rate; plan-time helpers may allocate, the stage
-  only launches into bound buffers.
+  (in ``run``) only launches into bound buffers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import torch
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import TIER_SHIFT
 from b12x.moe.plan import MAX_TIER_EXPERTS, MoePlan, plan_moe
-from b12x.moe.run import launch_grouped_gemm
 from b12x.runtime.validate import check_positive_int
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "build_tiered_maps",
     "combine_tier_rotations",
     "plan_tiered_moe",
-    "tier_gemm_stage",
 ]
 
 TIER_CODEBOOK = "mcg"
@@ -160,38 +159,3 @@ def plan_tiered_moe(
         num_global_experts=num_global_experts,
         m_tiles=None,
     )
-
-
-def tier_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
-    """FC1 or FC2 of both tiers: one launch per (tier, projection), codebook ``"mcg"``."""
-    p = bound.plan.problem
-    for tier, spec_tier in enumerate(p.tiers):
-        e = spec_tier.num_experts
-        if phase == "fc2":
-            launch_grouped_gemm(
-                spec=bound.plan.fc2_spec[tier],
-                codebook="mcg",
-                ctx=ctx,
-                tier=tier,
-                a=a2,
-                payload=inputs.w2[tier],
-                num_payload_experts=e,
-                out=fc2,
-                expert_base=0,
-                out_col=0,
-            )
-            continue
-        projections = ((0, a_gate),) if p.w13_layout == "packed" else ((0, a_gate), (1, a_up))
-        for proj, a in projections:
-            launch_grouped_gemm(
-                spec=bound.plan.fc1_spec[tier],
-                codebook="mcg",
-                ctx=ctx,
-                tier=tier,
-                a=a,
-                payload=inputs.w13[tier],
-                num_payload_experts=e if p.w13_layout == "packed" else 2 * e,
-                out=fc1,
-                expert_base=proj * e,
-                out_col=proj * p.intermediate,
-            )

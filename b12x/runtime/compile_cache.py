@@ -11,8 +11,9 @@ Layout
   :class:`DiskStore`. :data:`CACHE` is THE process cache (backed by the disk store of
   :func:`cache_root`): every launch path resolves its kernels through :func:`compiled_kernel`
   (``cute.compile`` itself does not cache). A dense :class:`~b12x.kernels.specs.KernelSpec` is
-  keyed by :func:`key_for_spec` and built by :func:`b12x.kernels.specs.compile_spec` (the
-  spill-free optimisation level); another spec type (the grouped MoE GEMM, the MoE boundary)
+  keyed by :func:`key_for_spec` and built by its own ``compile_for(arch)``
+  (:func:`b12x.kernels.specs.compile_spec`, the spill-free optimisation level), so this module
+  never imports the kernel specs; another spec type (the grouped MoE GEMM, the MoE boundary)
   passes its kernel id, source modules and builder. The compiled object is the tvm-ffi callable,
   which launches on torch's current stream.
 * Resolving a key: memory hit -> the object. Miss -> refused while frozen or capturing (below);
@@ -1006,9 +1007,10 @@ def compiled_kernel(
 ) -> Any:
     """The tvm-ffi callable of ``spec`` for ``arch``, compiled at most once per key.
 
-    A ``KernelSpec`` needs nothing else; another spec type names its ``kernel`` id, its source
-    ``modules`` and a ``build()`` that compiles it. Honours the freeze switch and capture; a
-    kernel another process compiled is loaded from the disk cache.
+    A ``KernelSpec`` needs nothing else (its ``compile_for(arch)`` builds it); another spec type
+    names its ``kernel`` id, its source ``modules`` and a ``build()`` that compiles it. Honours
+    the freeze switch and capture; a kernel another process compiled is loaded from the disk
+    cache.
     """
     key = launch_key(spec, arch, kernel=kernel, modules=modules)
     sources = KERNEL_SOURCE_MODULES if modules is None else tuple(modules)
@@ -1017,9 +1019,12 @@ def compiled_kernel(
             raise ValueError(f"build: {kernel} specs need their own builder")
 
         def build() -> Any:
-            from b12x.kernels.specs import compile_spec
-
-            return compile_spec(spec, arch).fn
+            compile_for = getattr(spec, "compile_for", None)
+            if compile_for is None:
+                raise TypeError(
+                    f"spec: a {type(spec).__name__} has no compile_for(arch); pass build="
+                )
+            return compile_for(arch)
 
     return (CACHE if cache is None else cache).get_or_compile(key, build, sources=sources)
 

@@ -186,6 +186,7 @@ MOE_SOURCES = (
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
     "b12x.kernels.moe_pair_gemm",  # paired specs build its subclass: its source is codegen too
+    "b12x.kernels.moe_compile",  # the builder (fake-argument shapes) moved out of moe_gemm
     "b12x.kernels.specs",
 )
 
@@ -219,7 +220,7 @@ def launch_path(monkeypatch):
     """
     import cutlass.cute as cute
 
-    from b12x.kernels import host, moe_gemm
+    from b12x.kernels import host, moe_compile
 
     cache = cc.CompileCache()
     monkeypatch.setattr(cc, "CACHE", cache)
@@ -227,7 +228,7 @@ def launch_path(monkeypatch):
     monkeypatch.setattr(host, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(host, "_lut_addr", lambda fmt, device: 0)
     monkeypatch.setattr(kernel_specs, "build_kernel", lambda spec: (spec, ()))
-    monkeypatch.setattr(moe_gemm, "build_moe_gemm", lambda spec: (spec, ()))
+    monkeypatch.setattr(moe_compile, "build_moe_gemm", lambda spec: (spec, ()))
     builds = []
 
     def fake_compile(kernel, *args, options):
@@ -336,7 +337,8 @@ def test_kernel_specs_alias_has_no_cache_of_its_own(launch_path):
 
 
 def test_moe_launch_goes_through_the_same_cache(launch_path):
-    from b12x.kernels.moe_gemm import MoeGemmSpec, compiled_moe_gemm
+    from b12x.kernels.moe_compile import compiled_moe_gemm
+    from b12x.kernels.moe_gemm import MoeGemmSpec
 
     cache, builds = launch_path
     spec = MoeGemmSpec("mcg", 4, False, m_tiles=2, n_tiles=2, warps=4, depth=4)
@@ -531,7 +533,7 @@ def test_a_source_edit_deep_in_the_import_closure_changes_the_disk_entry(tmp_pat
 
 def test_the_real_kernel_closures_hold_their_helpers():
     from b12x.kernels.moe_boundary import MOE_BOUNDARY_SOURCE_MODULES
-    from b12x.kernels.moe_gemm import MOE_SOURCE_MODULES
+    from b12x.kernels.moe_compile import MOE_SOURCE_MODULES
 
     dense = cc.source_closure(cc.KERNEL_SOURCE_MODULES)
     assert set(DENSE_SOURCES) <= set(dense) and "b12x.abi" in dense  # dense_gemm's shared_body

@@ -24,7 +24,7 @@ from b12x.moe.support import (
 )
 from oracle.contracts import DEFAULT_SLOTS_PATH, check_package, default_root
 
-TIER_FILE = Path("moe") / "tiers.py"
+TIER_FILE = Path("moe") / "run.py"  # the tier stage (tier_gemm_stage) launches from run
 FC2_CALL = """            launch_grouped_gemm(
                 spec=bound.plan.fc2_spec[tier],
                 codebook="mcg",
@@ -51,18 +51,18 @@ def _real_tier_source() -> str:
 
 
 def _copy(tmp_path: Path, old: str, new: str) -> tuple[Path, int]:
-    """A copy of b12x with one edit in moe/tiers.py; returns (root, first line of the edit)."""
+    """A copy of b12x with one edit in the tier stage's file; returns (root, first edited line)."""
     root = tmp_path / "b12x"
     shutil.copytree(default_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
     source = _real_tier_source()
-    assert source.count(old) == 1, "the fixture no longer matches b12x/moe/tiers.py"
+    assert source.count(old) == 1, f"the fixture no longer matches b12x/{TIER_FILE}"
     (root / TIER_FILE).write_text(source.replace(old, new), encoding="utf-8")
     return root, source[: source.index(old)].count("\n") + 1
 
 
 def _tier_violations(root: Path) -> list:
     report = check_package(root, slots_path=DEFAULT_SLOTS_PATH)
-    return [v for v in report.violations if Path(v.path).name == "tiers.py"]
+    return [v for v in report.violations if Path(v.path).name == TIER_FILE.name]
 
 
 def test_unmutated_copy_is_clean(tmp_path):

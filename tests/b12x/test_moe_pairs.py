@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from b12x.kernels.moe_gemm import DYNAMIC_KINDS, MoeGemmSpec, build_moe_gemm
+from b12x.kernels.moe_compile import build_moe_gemm
+from b12x.kernels.moe_gemm import DYNAMIC_KINDS, MoeGemmSpec
 from b12x.kernels.specs import compile_with_remarks
 from b12x.moe import pairs as pairs_mod
 from b12x.moe import run as run_mod

@@ -17,7 +17,8 @@ import re
 import pytest
 import torch
 
-from b12x.kernels.moe_gemm import MoeGemmSpec, build_moe_gemm
+from b12x.kernels.moe_compile import build_moe_gemm
+from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.kernels.specs import compile_with_remarks
 from b12x.moe.plan import choose_k_split, gemm_geometry, plan_moe
 
