@@ -1,4 +1,8 @@
-"""Error metrics between a kernel output and its references, always in float64 on CPU copies.
+"""Error metrics between a kernel output and its references, always in float64.
+
+:func:`compute_metrics` computes on the device of ``y`` (the references are copied there), so a
+GPU job's judges do not copy every output to the host; the helpers that return tensors
+(:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors.
 
 Layout
 ------
@@ -59,12 +63,12 @@ __all__ = [
 ]
 
 
-def _to_f64(t: Any, arg: str) -> torch.Tensor:
+def _to_f64(t: Any, arg: str, device: Any = "cpu") -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"metrics: {arg} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_complex():
         raise TypeError(f"metrics: {arg} must be real, got {t.dtype}")
-    return t.detach().to(device="cpu", dtype=torch.float64)
+    return t.detach().to(device=device, dtype=torch.float64)
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -98,9 +102,9 @@ def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
     )
 
 
-def row_cosines(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Cosine per row (float64); zero/zero rows give 1, zero/non-zero rows give 0."""
-    y64, r64 = as_rows(_to_f64(y, "y")), as_rows(_to_f64(ref, "ref"))
+def row_cosines(y: torch.Tensor, ref: torch.Tensor, *, device: Any = "cpu") -> torch.Tensor:
+    """Cosine per row (float64, on ``device``); zero/zero rows give 1, zero/non-zero rows 0."""
+    y64, r64 = as_rows(_to_f64(y, "y", device)), as_rows(_to_f64(ref, "ref", device))
     _check_same_shape(y64, r64, ("y", "ref"))
     ny = torch.linalg.vector_norm(y64, dim=1)
     nr = torch.linalg.vector_norm(r64, dim=1)
@@ -209,11 +213,12 @@ def compute_metrics(
     y: torch.Tensor, exact: torch.Tensor, faithful: torch.Tensor | None = None
 ) -> Metrics:
     """All metrics of ``y`` against the exact reference (and the faithful one when given)."""
-    y64, e64 = _to_f64(y, "y"), _to_f64(exact, "exact")
+    device = y.device if isinstance(y, torch.Tensor) else "cpu"
+    y64, e64 = _to_f64(y, "y", device), _to_f64(exact, "exact", device)
     _check_same_shape(y64, e64, ("y", "exact"))
     f64 = None
     if faithful is not None:
-        f64 = _to_f64(faithful, "faithful")
+        f64 = _to_f64(faithful, "faithful", device)
         _check_same_shape(f64, e64, ("faithful", "exact"))
     nan_count = int(torch.isnan(y64).sum())
     inf_count = int(torch.isinf(y64).sum())
@@ -234,7 +239,7 @@ def compute_metrics(
         sqnr = -math.inf
     else:
         sqnr = 10.0 * math.log10(ref_energy / err_energy)
-    cos = row_cosines(y64, e64)
+    cos = row_cosines(y64, e64, device=device)
     if cos.numel():
         cos_for_min = torch.where(torch.isnan(cos), torch.full_like(cos, -math.inf), cos)
         worst_row = int(torch.argmin(cos_for_min))

@@ -849,9 +849,9 @@ def judge_exact(a: torch.Tensor, b: torch.Tensor) -> Verdict:
         reasons.append(f"shape {tuple(a.shape)} != {tuple(b.shape)}")
         metrics = _metrics_of_flat_prefix(a, b)
         return Verdict(False, tuple(reasons), metrics, details)
-    a_cpu, b_cpu = a.detach().cpu(), b.detach().cpu()
-    common = torch.promote_types(a_cpu.dtype, b_cpu.dtype)
-    mismatch = a_cpu.to(common) != b_cpu.to(common)
+    a_d, b_d = a.detach(), b.detach().to(a.device)  # compared where `a` lives
+    common = torch.promote_types(a_d.dtype, b_d.dtype)
+    mismatch = a_d.to(common) != b_d.to(common)
     count = int(mismatch.sum())
     if count:
         first = torch.nonzero(mismatch.reshape(-1))[0].item()
@@ -863,9 +863,9 @@ def judge_exact(a: torch.Tensor, b: torch.Tensor) -> Verdict:
         details.update(mismatches=count, first_mismatch=list(index))
         reasons.append(
             f"{count} of {a.numel()} elements differ; first at index {index}: "
-            f"{a_cpu.reshape(-1)[first].item()!r} != {b_cpu.reshape(-1)[first].item()!r}"
+            f"{a_d.reshape(-1)[first].item()!r} != {b_d.reshape(-1)[first].item()!r}"
         )
-    metrics = compute_metrics(a_cpu, b_cpu)
+    metrics = compute_metrics(a_d, b_d)
     return Verdict(passed=not reasons, reasons=tuple(reasons), metrics=metrics, details=details)
 
 
