@@ -77,7 +77,7 @@ class Outcome:
     verdict: Any  # oracle.tolerance.Verdict
     case: Any
     inputs: Mapping[str, torch.Tensor]
-    output: torch.Tensor
+    output: torch.Tensor  # where the kernel wrote it (copied to the host only to be saved)
     note: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -85,8 +85,10 @@ class Outcome:
 def _save(outcome: Outcome, results_dir: Path) -> str:
     from oracle.results import replay_command, save_case
 
-    tensors = {k: t for k, t in outcome.inputs.items() if isinstance(t, torch.Tensor)}
-    tensors["y"] = outcome.output
+    tensors = {
+        k: t.detach().cpu() for k, t in outcome.inputs.items() if isinstance(t, torch.Tensor)
+    }
+    tensors["y"] = outcome.output.detach().cpu()  # copied to the host only when saved
     meta = {
         "case_id": outcome.case.case_id,
         "case": outcome.case.to_dict(),

@@ -53,7 +53,7 @@ def _exact(name, case, inputs, got, want, note) -> Outcome:
     saved = (
         {"trellis": inputs["trellis"]} if "trellis" in inputs else {"trellis": inputs["payload"][0]}
     )
-    return Outcome(name, judge_exact(got, want), case, saved, got.detach().cpu(), note=note)
+    return Outcome(name, judge_exact(got, want), case, saved, got.detach(), note=note)
 
 
 def _dense_problem(case: Any, m: int, *, tile=None) -> dict[str, Any]:

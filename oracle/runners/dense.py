@@ -154,7 +154,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
                 verdict,
                 case,
                 tensors,
-                y.detach().cpu(),
+                y.detach(),
                 note=f"path {result.plan.path}",
                 extra={"path": result.plan.path},
             )  # fmt: skip

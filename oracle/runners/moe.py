@@ -139,7 +139,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
             verdict,
             case,
             _saved_tensors(op_inputs),
-            y.detach().cpu(),
+            y.detach(),
             note=choices.describe(),
             extra={
                 "choices": choices.describe(),
