@@ -127,7 +127,7 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 def _add_workers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int_arg,
         default=None,
         metavar="N",
         help="GPU grid: N worker processes on the one GPU (compiles are CPU-bound); default "
@@ -135,7 +135,8 @@ def _add_workers(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_int(text: str) -> int:
+def positive_int_arg(text: str) -> int:
+    """argparse ``type=`` for a positive integer (the delegated commands use it too)."""
     try:
         value = int(text)
     except ValueError:
@@ -171,10 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--case", help="one case id (see `grid`)")
     run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: KxNxT")
     run.add_argument("--codebook", help="with --tile: compile only this codebook's kernels")
-    run.add_argument("--bits", type=_positive_int, help="with --tile: only this bit rate")
+    run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
     run.add_argument(
         "--max-cases",
-        type=_positive_int,
+        type=positive_int_arg,
         default=None,
         help="a stratified sample of N grid cases (every variant, M and dtype first)",
     )

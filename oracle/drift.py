@@ -78,7 +78,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from oracle.cli import refuse
+from oracle.cli import positive_int_arg, refuse
 
 __all__ = [
     "SCHEMA",
@@ -530,16 +530,6 @@ class _Parser(argparse.ArgumentParser):
         refuse(PROG, f"{message} (see {PROG} --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -549,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument(
-        "--top", type=_positive_int, default=5, metavar="N", help="rows per map (default 5)"
+        "--top", type=positive_int_arg, default=5, metavar="N", help="rows per map (default 5)"
     )
     return parser
 
