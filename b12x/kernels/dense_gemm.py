@@ -58,7 +58,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from b12x.abi import shared_body
+from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
 from b12x.kernels import ptx
 from b12x.kernels.trellis_decode import (
@@ -174,6 +174,7 @@ class DenseTrellisGemmKernel:
                 f"per CTA (limit {SMEM_LIMIT})"
             )
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,
@@ -454,6 +455,7 @@ class SplitKReduceKernel:
         self.bf16 = bf16
         self.threads = threads
 
+    @abi_entry
     @cute.jit
     def __call__(self, partials: cute.Tensor, out: cute.Tensor, stream):
         pairs = out.shape[0] * out.shape[1]

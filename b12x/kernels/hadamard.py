@@ -27,6 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
+from b12x.abi import abi_entry
 from b12x.kernels import ptx
 
 __all__ = ["InputRotationKernel", "OutputRotationKernel", "INV_SQRT_128"]
@@ -60,6 +61,7 @@ class InputRotationKernel:
         self.out_bf16 = out_bf16
         self.warps = warps
 
+    @abi_entry
     @cute.jit
     def __call__(self, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor, stream):
         jobs = x.shape[0] * (x.shape[1] // 64)
@@ -105,6 +107,7 @@ class OutputRotationKernel:
         self.out_bf16 = out_bf16
         self.warps = warps
 
+    @abi_entry
     @cute.jit
     def __call__(self, y: cute.Tensor, svh: cute.Tensor, out: cute.Tensor, stream):
         jobs = y.shape[0] * (y.shape[1] // 64)

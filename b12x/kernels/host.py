@@ -18,6 +18,9 @@ Invariants
 * Every kernel is resolved through :func:`_kernel`, i.e. the one runtime compile cache
   (:func:`b12x.runtime.compile_cache.compiled_kernel`): its structural key, its freeze switch
   and its capture check apply to every launch made here.
+* Every launch binds its arguments by name in a launch record of :mod:`b12x.kernels.launch`
+  (``fn(*GemmLaunch(a=..., ...).args())``): the positional order comes from the kernel's own
+  ``__call__``, never from this module.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ import functools
 import torch
 
 from b12x.formats import DecodeFormat, lut_bytes, resolve_format
+from b12x.kernels.launch import (
+    DecodeLaunch,
+    GemmLaunch,
+    InputRotationLaunch,
+    OutputRotationLaunch,
+    ReduceLaunch,
+)
 from b12x.kernels.specs import KernelSpec
 from b12x.runtime import compile_cache
 
@@ -144,7 +154,12 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
     fn = _kernel(KernelSpec("decode", fmt.name, bits), trellis.device)
-    fn(trellis.view(torch.int32), out.view(torch.int16), _lut_addr(fmt, trellis.device))
+    launch = DecodeLaunch(
+        payload=trellis.view(torch.int32),
+        out=out.view(torch.int16),
+        lut_addr=_lut_addr(fmt, trellis.device),
+    )
+    fn(*launch.args())
     return out
 
 
@@ -242,14 +257,15 @@ def trellis_matmul(
         smem_stages=smem_stages,
     )
     if splits == 1:
-        _kernel(spec, a.device)(
-            a.view(torch.int32),
-            trellis.view(torch.int32),
-            out.view(torch.int32),
-            lut,
-            rows_per_split,
-            1,
+        whole = GemmLaunch(
+            a=a.view(torch.int32),
+            payload=trellis.view(torch.int32),
+            out=out.view(torch.int32),
+            lut_addr=lut,
+            k_rows_per_split=rows_per_split,
+            splits=1,
         )
+        _kernel(spec, a.device)(*whole.args())
         return out
     if scratch is None:
         scratch = _allocate("scratch", "scratch", (splits * m * n,), torch.float32, a.device)
@@ -257,10 +273,17 @@ def trellis_matmul(
     if scratch.numel() < splits * m * n:
         raise ValueError(f"scratch: needs {splits * m * n} fp32 elements, has {scratch.numel()}")
     partials = scratch.view(-1)[: splits * m * n].view(splits, m, n)
-    _kernel(spec, a.device)(
-        a.view(torch.int32), trellis.view(torch.int32), partials, lut, rows_per_split, splits
+    split = GemmLaunch(
+        a=a.view(torch.int32),
+        payload=trellis.view(torch.int32),
+        out=partials,
+        lut_addr=lut,
+        k_rows_per_split=rows_per_split,
+        splits=splits,
     )
-    _kernel(KernelSpec("reduce", bf16=bf16), a.device)(partials, out.view(torch.int32))
+    _kernel(spec, a.device)(*split.args())
+    reduce = ReduceLaunch(partials=partials, out=out.view(torch.int32))
+    _kernel(KernelSpec("reduce", bf16=bf16), a.device)(*reduce.args())
     return out
 
 
@@ -279,7 +302,12 @@ def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: st
     if out.shape != x.shape:
         raise ValueError(f"out: expected shape {tuple(x.shape)}, got {tuple(out.shape)}")
     spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16, out_bf16=out_dtype == torch.bfloat16)
-    _kernel(spec, x.device)(x.view(torch.int32), scale.view(torch.int32), out.view(torch.int32))
+    fn = _kernel(spec, x.device)
+    x_words, scale_words, out_words = (t.view(torch.int32) for t in (x, scale, out))
+    if kind == "rotate_in":
+        fn(*InputRotationLaunch(x=x_words, suh=scale_words, out=out_words).args())
+    else:
+        fn(*OutputRotationLaunch(y=x_words, svh=scale_words, out=out_words).args())
     return out
 
 

@@ -43,6 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from b12x.abi import abi_entry
 from b12x.kernels import ptx
 
 __all__ = [
@@ -169,6 +170,7 @@ class MoeRotateKernel:
     def __init__(self, spec: MoeBoundarySpec):
         self.spec = spec
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,
@@ -233,6 +235,7 @@ class MoeActivateKernel:
     def __init__(self, spec: MoeBoundarySpec):
         self.spec = spec
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,
@@ -282,6 +285,7 @@ class MoeReduceKernel:
     def __init__(self, spec: MoeBoundarySpec):
         self.spec = spec
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,

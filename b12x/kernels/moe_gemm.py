@@ -69,6 +69,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Float32, Int32, Int64, Uint32
 
+from b12x.abi import abi_entry
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import decode_and_accumulate
@@ -257,6 +258,7 @@ class MoeGroupedGemmKernel:
         self.depth = spec.depth
         self.k_split = spec.k_split
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,
@@ -317,21 +319,22 @@ class MoeGroupedGemmKernel:
             if (descriptor >> TIER_SHIFT) == tier:
                 local = descriptor & LOCAL_MASK
                 self._block_tile(
-                    a,
-                    payload,
-                    out,
-                    route_rows,
-                    lut_addr,
-                    expert_base + local,
-                    row_base,
-                    bx,
-                    tid,
-                    out_col_word,
+                    a=a,
+                    payload=payload,
+                    out=out,
+                    route_rows=route_rows,
+                    lut_addr=lut_addr,
+                    payload_expert=expert_base + local,
+                    row_base=row_base,
+                    bx=bx,
+                    tid=tid,
+                    out_col_word=out_col_word,
                 )
 
     @cute.jit
     def _block_tile(
         self,
+        *,
         a: cute.Tensor,
         payload: cute.Tensor,
         out: cute.Tensor,

@@ -29,6 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from b12x.abi import abi_entry
 from b12x.formats import resolve_format
 from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import decode_and_accumulate
@@ -118,6 +119,7 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
         self.dynamic = spec.pair == DYNAMIC
         self.n_axis = spec.rate_axis == "n"
 
+    @abi_entry
     @cute.jit
     def __call__(
         self,
@@ -185,23 +187,27 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
                 if cutlass.const_expr(self.dynamic):
                     if modes[local] == 1:
                         self._pair_tile(
-                            a, payload, out, route_rows, lut_addr, payload_expert, row_base,
-                            bx, tid, out_col_word, 1,
+                            a=a, payload=payload, out=out, route_rows=route_rows,
+                            lut_addr=lut_addr, payload_expert=payload_expert, row_base=row_base,
+                            bx=bx, tid=tid, out_col_word=out_col_word, body=1,
                         )  # fmt: skip
                     else:
                         self._pair_tile(
-                            a, payload, out, route_rows, lut_addr, payload_expert, row_base,
-                            bx, tid, out_col_word, 0,
+                            a=a, payload=payload, out=out, route_rows=route_rows,
+                            lut_addr=lut_addr, payload_expert=payload_expert, row_base=row_base,
+                            bx=bx, tid=tid, out_col_word=out_col_word, body=0,
                         )  # fmt: skip
                 else:
                     self._pair_tile(
-                        a, payload, out, route_rows, lut_addr, payload_expert, row_base, bx,
-                        tid, out_col_word, 0,
+                        a=a, payload=payload, out=out, route_rows=route_rows, lut_addr=lut_addr,
+                        payload_expert=payload_expert, row_base=row_base, bx=bx, tid=tid,
+                        out_col_word=out_col_word, body=0,
                     )  # fmt: skip
 
     @cute.jit
     def _pair_tile(
         self,
+        *,
         a: cute.Tensor,
         payload: cute.Tensor,
         out: cute.Tensor,

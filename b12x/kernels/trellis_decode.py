@@ -46,6 +46,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Int32, Int64, Uint32
 
+from b12x.abi import abi_entry
 from b12x.formats import (
     LOP3_MASK,
     LOP3_XOR,
@@ -447,6 +448,7 @@ class TrellisDecodeKernel:
         self.bits = bits
         self.warps_per_cta = warps_per_cta
 
+    @abi_entry
     @cute.jit
     def __call__(self, payload: cute.Tensor, out: cute.Tensor, lut_addr: Int64, stream):
         strips = (payload.shape[1] + STRIP - 1) // STRIP

@@ -3,7 +3,8 @@ the allocation-free torch path that defines their rounding points.
 
 Layout
 ------
-* Kernel launches (keyword-only; :mod:`b12x.kernels.moe_boundary`, one launch per stage):
+* Kernel launches (keyword-only; :mod:`b12x.kernels.moe_boundary`, one launch per stage, its
+  arguments bound by name in a launch record of :mod:`b12x.kernels.launch`):
   :func:`rotate_inputs` (the gate and, for ``proj``, the up rotation in one launch),
   :func:`activate` (the intermediate boundary FC1 → FC2 input) and :func:`reduce_output`
   (H128 of FC2, ``down_svh``, top-k weights, the slot-ordered fp32 sum, ``x.dtype``). Each reads
@@ -32,6 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from b12x.kernels.launch import MoeActivateLaunch, MoeReduceLaunch, MoeRotateLaunch
 from b12x.kernels.moe_boundary import MoeBoundarySpec, compiled_moe_boundary
 from b12x.runtime.scratch import live_rows, live_view
 
@@ -124,16 +126,17 @@ def rotate_inputs(
     )
     fn = compiled_moe_boundary(spec, arch)
     gate_w, out_w = _words(gate_suh), _words(out_gate)
-    fn(
-        _words(x),
-        gate_w,
-        _words(up_suh) if proj else gate_w,
-        route_expert,
-        out_w,
-        _words(out_up) if proj else out_w,
-        top_k,
-        num_experts,
+    launch = MoeRotateLaunch(
+        x=_words(x),
+        gate_suh=gate_w,
+        up_suh=_words(up_suh) if proj else gate_w,
+        route_expert=route_expert,
+        out_gate=out_w,
+        out_up=_words(out_up) if proj else out_w,
+        top_k=top_k,
+        num_experts=num_experts,
     )
+    fn(*launch.args())
 
 
 def activate(
@@ -152,7 +155,14 @@ def activate(
     """
     spec = MoeBoundarySpec("activate", fc1.dtype == torch.bfloat16, out.dtype == torch.bfloat16)
     fn = compiled_moe_boundary(spec, arch)
-    fn(_words(fc1), _words(rotations), route_expert, _words(out), num_experts)
+    launch = MoeActivateLaunch(
+        fc1=_words(fc1),
+        rotations=_words(rotations),
+        route_expert=route_expert,
+        out=_words(out),
+        num_experts=num_experts,
+    )
+    fn(*launch.args())
 
 
 def reduce_output(
@@ -181,15 +191,16 @@ def reduce_output(
         "reduce", fc2.dtype == torch.bfloat16, out.dtype == torch.bfloat16, top_k=top_k
     )
     fn = compiled_moe_boundary(spec, arch)
-    fn(
-        _words(fc2),
-        _words(svh),
-        route_expert,
-        route_inactive.view(torch.uint8),
-        weights,
-        _words(out),
-        num_experts,
+    launch = MoeReduceLaunch(
+        fc2=_words(fc2),
+        svh=_words(svh),
+        route_expert=route_expert,
+        route_inactive=route_inactive.view(torch.uint8),
+        weights=weights,
+        out=_words(out),
+        num_experts=num_experts,
     )
+    fn(*launch.args())
 
 
 # ---------------------------------------------------------------------------- the torch path

@@ -25,7 +25,9 @@ Layout
   :data:`b12x.moe.dispatch.PAIR_GEOMETRY` by phase (:func:`pair_geometry`); the phase fixes the
   rate axis there too. :func:`pair_spec` turns it into the compile-time spec.
 * :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only,
-  no defaults; the codebook is explicit and must equal the compiled spec's).
+  no defaults; the codebook is explicit and must equal the compiled spec's). Its kernel
+  arguments go through :class:`b12x.kernels.launch.PairGemmLaunch`, ordered by the pair
+  kernel's own ``__call__`` (``modes`` included).
 
 Invariants
 ----------
@@ -40,6 +42,7 @@ import torch
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
+from b12x.kernels.launch import PairGemmLaunch
 from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import (
     DYNAMIC,
@@ -228,17 +231,18 @@ def launch_paired_gemm(
     view = payload_view(spec, payload, num_payload_experts=num_payload_experts, k=k, n=n)
     table = ctx.descriptors if modes is None else modes  # static kinds never read the slot
     fn = compiled_moe_gemm(spec, ctx.arch)
-    fn(
-        a.view(torch.int32),
-        view,
-        out.view(torch.int32),
-        ctx.block_expert_ids,
-        ctx.route_count,
-        ctx.route_rows,
-        ctx.descriptors,
-        table,
-        _lut_addr(spec, a.device),
-        0,
-        expert_base,
-        out_col // 2,
+    launch = PairGemmLaunch(
+        a=a.view(torch.int32),
+        payload=view,
+        out=out.view(torch.int32),
+        block_expert_ids=ctx.block_expert_ids,
+        route_count=ctx.route_count,
+        route_rows=ctx.route_rows,
+        descriptors=ctx.descriptors,
+        modes=table,
+        lut_addr=_lut_addr(spec, a.device),
+        tier=0,
+        expert_base=expert_base,
+        out_col_word=out_col // 2,
     )
+    fn(*launch.args())

@@ -13,11 +13,12 @@ Layout
   (both shared with the custom op's metadata check).
 * :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
   launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
-  (R11: the codebook is never a default). The uniform stage and the tier stage
-  (:func:`tier_gemm_stage`: K3/K4 tiers of :mod:`b12x.moe.tiers`, codebook ``"mcg"``) both call
-  it by keyword; a paired phase goes through :func:`b12x.moe.pairs.launch_paired_gemm`
-  (:func:`paired_gemm_stage`). Every stage lives here, so ``run`` imports no module that
-  imports it (``tiers`` plans, ``run`` launches).
+  (R11: the codebook is never a default). The kernel's arguments are bound by name in a
+  :class:`b12x.kernels.launch.GroupedGemmLaunch`, whose order is the kernel's own
+  ``__call__``. The uniform stage and the tier stage (:func:`tier_gemm_stage`: K3/K4 tiers of
+  :mod:`b12x.moe.tiers`, codebook ``"mcg"``) both call it by keyword; a paired phase goes
+  through :func:`b12x.moe.pairs.launch_paired_gemm` (:func:`paired_gemm_stage`). Every stage
+  lives here, so ``run`` imports no module that imports it (``tiers`` plans, ``run`` launches).
 * :func:`run_moe` runs the sequence; nothing in it allocates (views, ``out=``, in-place ops).
 
 Invariants
@@ -35,6 +36,7 @@ import torch
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
+from b12x.kernels.launch import GroupedGemmLaunch
 from b12x.kernels.moe_boundary import compiled_moe_boundary
 from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
@@ -224,19 +226,20 @@ def launch_grouped_gemm(
     k16, n16 = payload.shape[-3], payload.shape[-2]
     flat = payload.view(torch.int32).reshape(num_payload_experts * k16, n16, 8 * spec.bits)
     fn = compiled_moe_gemm(spec, ctx.arch)
-    fn(
-        a.view(torch.int32),
-        flat,
-        out.view(torch.int32),
-        ctx.block_expert_ids,
-        ctx.route_count,
-        ctx.route_rows,
-        ctx.descriptors,
-        _lut_addr(spec, a.device),
-        tier,
-        expert_base,
-        out_col // 2,
+    launch = GroupedGemmLaunch(
+        a=a.view(torch.int32),
+        payload=flat,
+        out=out.view(torch.int32),
+        block_expert_ids=ctx.block_expert_ids,
+        route_count=ctx.route_count,
+        route_rows=ctx.route_rows,
+        descriptors=ctx.descriptors,
+        lut_addr=_lut_addr(spec, a.device),
+        tier=tier,
+        expert_base=expert_base,
+        out_col_word=out_col // 2,
     )
+    fn(*launch.args())
 
 
 def paired_gemm_stage(bound, inputs, ctx, *, phase, a_gate, a_up, a2, fc1, fc2) -> None:
