@@ -8,6 +8,9 @@ Layout (one module per concern)
 * :mod:`.resolve` walk every call site and resolve it to a package function.
 * :mod:`.rules`   call rules (arity, unknown keyword, duplicate binding, shifted argument, shared
   body positional/default/unpacking, pinned slot) and the :class:`Violation` record.
+* :mod:`.entries` calls into marked entries (``@abi_entry``/``@shared_body``), launches of compiled
+  kernels and launch records (``entry = "pkg.mod.KernelClass"``): the ``entry_calls`` metric
+  and the ``launch-record`` rule.
 * :mod:`.slots`   pinned semantic slots (``fixtures/pinned_slots.json``).
 * :mod:`.lock`    signature lock with ABI version (``fixtures/abi_lock.json``).
 * :mod:`.check`   :func:`check_package` / :func:`check_b12x` → :class:`ContractReport`.
@@ -26,6 +29,7 @@ from .check import (
     check_package,
     default_root,
 )
+from .entries import EntryCall, EntryCalls
 from .index import PackageIndex, build_index
 from .lock import check_lock, update_lock
 from .rules import Violation
@@ -36,6 +40,8 @@ __all__ = [
     "DEFAULT_SLOTS_PATH",
     "Binding",
     "ContractReport",
+    "EntryCall",
+    "EntryCalls",
     "PackageIndex",
     "Param",
     "PinnedSlot",

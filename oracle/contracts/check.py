@@ -6,6 +6,9 @@ Layout
   (:mod:`.resolve`), applies the call rules (:mod:`.rules`) with the pinned slots
   (:mod:`.slots`), reports stale slot entries and, when a lock is given, compares the locked
   signatures (:mod:`.lock`). It returns a :class:`ContractReport`.
+* The report's ``entry_calls`` (:class:`~.entries.EntryCalls`) counts the calls into marked
+  entries and shared bodies and how many bound by name (definition in :mod:`.entries`); the
+  counts repeat them as ``entry_calls`` / ``resolved_entry_calls``.
 * :func:`default_root`, :data:`DEFAULT_LOCK_PATH` and :data:`DEFAULT_SLOTS_PATH` name the b12x
   package and its fixtures; :func:`check_b12x` is the oracle's default job.
 
@@ -14,6 +17,9 @@ Invariants
 * Standard library only; the checked package is parsed, never imported.
 * ``lock_path=None`` / ``slots_path=None`` mean "no lock check" / "no pinned slots", so a
   synthetic package can be checked on its own; :func:`check_b12x` passes the real fixtures.
+* A launch record whose fields come from its kernel at run time (no ``__init__`` and no
+  dataclass fields in the source) is not checked against its synthesised ``__init__(self)``:
+  its keywords are bound to the kernel entry instead.
 * Violations are sorted by (path, line, rule, parameter), so reports are stable run to run.
 * A file that does not parse is a ``parse-error`` violation: what cannot be read is not passed.
 """
@@ -25,9 +31,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .entries import (
+    EntryCalls,
+    check_record_definitions,
+    classify,
+    compile_providers,
+    constructor_in_source,
+    record_classes,
+)
 from .index import build_index
 from .lock import check_lock, locked_functions
-from .resolve import iter_call_sites
+from .resolve import collect_call_sites
 from .rules import Violation, check_call_site, check_shared_body_definition
 from .slots import load_slots, stale_slots
 
@@ -46,12 +60,14 @@ def default_root() -> Path:
 
 @dataclass
 class ContractReport:
-    """Result of one run: violations (errors), infos (unverifiable calls) and counts."""
+    """Result of one run: violations (errors), infos (unverifiable calls), counts and the calls
+    into marked entries."""
 
     root: Path
     violations: list[Violation] = field(default_factory=list)
     infos: list[Violation] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    entry_calls: EntryCalls = field(default_factory=EntryCalls)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +82,7 @@ class ContractReport:
             "ok": self.ok,
             "counts": dict(self.counts),
             "by_rule": self.by_rule(),
+            "entry_calls": self.entry_calls.to_json(),
             "violations": [v.to_json() for v in self.violations],
             "infos": [v.to_json() for v in self.infos],
         }
@@ -73,6 +90,15 @@ class ContractReport:
 
 def _sort_key(v: Violation) -> tuple:
     return (v.path, v.line, v.rule, v.parameter or "", v.expression or "")
+
+
+def _runtime_record_init(site, index, records: dict) -> bool:
+    """A launch record's constructor that the source does not spell out (no ``__init__``, no
+    dataclass fields): the record binding (:mod:`.entries`) checks its keywords instead."""
+    callee = site.callee
+    if callee.name != "__init__" or callee.class_qualname not in records:
+        return False
+    return not constructor_in_source(index, index.classes[callee.class_qualname])
 
 
 def check_package(
@@ -95,12 +121,26 @@ def check_package(
         found.append(Violation("parse-error", str(path), 0, "-", "-", None, None, message))
     for fn in index.functions.values():
         found += check_shared_body_definition(fn)
+    found += check_record_definitions(index)
+    records = record_classes(index)
+    sites, returns = collect_call_sites(index)
+    providers = compile_providers(returns)
+    record_seen: set[Violation] = set()
     calls = resolved = 0
-    for site in iter_call_sites(index):
+    for site in sites:
         calls += 1
+        entry_call, record_violations = classify(site, index, providers, slots)
+        if entry_call is not None:
+            report.entry_calls.calls.append(entry_call)
+        for violation in record_violations:  # one construction may reach several launches
+            if violation not in record_seen:
+                record_seen.add(violation)
+                found.append(violation)
         if site.callee is None:
             continue
         resolved += 1
+        if _runtime_record_init(site, index, records):
+            continue  # its fields come from the kernel at run time; bound to the entry above
         found += check_call_site(site, slots)
     for slot, message in stale_slots(index, slots):
         found.append(
@@ -125,6 +165,8 @@ def check_package(
         "functions": len(index.functions),
         "calls": calls,
         "resolved_calls": resolved,
+        "entry_calls": report.entry_calls.total,
+        "resolved_entry_calls": report.entry_calls.resolved,
         "locked_signatures": len(locked_functions(index)),
         "pinned_slots": len(slots),
         "violations": len(report.violations),

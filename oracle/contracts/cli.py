@@ -1,18 +1,24 @@
 """Command line: ``python -m oracle contracts [--root DIR] [--json FILE] [--lock FILE]
-[--update-lock] [--slots FILE] [--no-lock] [-v]`` (also ``python -m oracle.contracts``).
+[--update-lock] [--slots FILE] [--no-lock] [--min-entry-calls PCT] [-v]`` (also
+``python -m oracle.contracts``).
 
 Layout
 ------
 * :func:`main` parses ``argv``, optionally rewrites the lock (``--update-lock``), runs
   :func:`~.check.check_package`, prints one line per violation
-  ``path:line: [rule] caller -> callee: parameter <- expression (message)`` and a summary, writes
-  the JSON report when asked, and returns the exit status.
+  ``path:line: [rule] caller -> callee: parameter <- expression (message)``, a summary and
+  ``entry calls: R/T resolved (P%)`` (calls into marked entries, :mod:`.entries`; ``-v`` also
+  lists each unresolved one ``path:line: [entry-call] caller -> callee: why``), writes the JSON
+  report when asked, and returns the exit status.
 
 Invariants
 ----------
 * The JSON report (``--json``) carries ``schema`` = :data:`SCHEMA` (``oracle.contracts/1``) ahead
   of :meth:`~.check.ContractReport.to_json`'s keys; fields in ``docs/json_schemas.md``.
-* Exit status 1 when there is any violation, 0 otherwise; 2 for bad usage or an input the
+* Exit status 1 when there is any violation, or when ``--min-entry-calls PCT`` is given and
+  resolved/total*100 < PCT (one line says so; no minimum by default: the entry-call metric is
+  reported, not enforced, until every launch goes through a record); 0 otherwise; 2 for bad
+  usage (a PCT outside 0..100 too) or an input the
   checker refuses (a root that is not a directory, an unreadable lock or slots file), printed as
   ONE line ``python -m oracle contracts: error: ...`` on stderr, never a traceback.
 * Defaults: the root is the installed ``b12x`` package; when the root *is* b12x, the lock and
@@ -30,6 +36,7 @@ import sys
 from pathlib import Path
 
 from .check import DEFAULT_LOCK_PATH, DEFAULT_SLOTS_PATH, check_package, default_root
+from .entries import format_percent
 from .index import build_index
 from .lock import update_lock
 
@@ -67,8 +74,26 @@ def _parser() -> argparse.ArgumentParser:
         help="pinned slots JSON (default for b12x: fixtures/pinned_slots.json)",
     )
     parser.add_argument("--no-lock", action="store_true", help="skip the signature lock check")
+    parser.add_argument(
+        "--min-entry-calls",
+        type=_percent,
+        default=100.0,
+        metavar="PCT",
+        help="exit 1 when fewer than PCT %% of the calls into marked entries resolve "
+        "(default 100: every launch is bound to its kernel's signature; 0 reports only)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="also print infos")
     return parser
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage in 0..100, got {text}")
+    return value
 
 
 def _display_path(path: str) -> str:
@@ -123,12 +148,27 @@ def _main(argv: list[str] | None) -> int:
         f"{counts['pinned_slots']} pinned slot(s) in {_display_path(str(root))}"
         + ("" if lock is not None else " [no lock check]")
     )
+    entries = report.entry_calls
+    percent = format_percent(entries.percent)
+    print(f"entry calls: {entries.resolved}/{entries.total} resolved ({percent}%)")
+    if args.verbose:
+        for call in entries.unresolved:
+            print(call.format(Path.cwd()))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps({"schema": SCHEMA, **report.to_json()}, indent=2) + "\n", encoding="utf-8"
         )
-    return 0 if report.ok else 1
+    status = 0 if report.ok else 1
+    minimum = args.min_entry_calls
+    if minimum is not None and entries.below(minimum):
+        print(
+            f"contracts: entry calls {entries.resolved}/{entries.total} resolved ({percent}%) "
+            f"is below --min-entry-calls {format_percent(minimum)}%"
+            + ("" if args.verbose else " (-v lists the unresolved calls)")
+        )
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

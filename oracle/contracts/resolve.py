@@ -8,6 +8,9 @@ Layout
 * A :class:`Scope` carries what is known where a call is written: the module, the enclosing class
   and the name of ``self``/``cls``, local variables with a known class (``v = ClassName(...)``,
   ``p: ClassName``), and nested ``def``s.
+* :func:`collect_call_sites` returns the same sites as a list together with, per function
+  qualname, the *producers* of what it returns (see below): :mod:`.entries` derives from them
+  which functions hand out compiled kernels.
 * Resolution rules (everything else is left unresolved and is simply not checked):
   ``f(...)`` (module function, imported function, nested def); ``ClassName(...)`` and
   ``cls(...)`` → ``__init__`` (bound); ``obj(...)`` → ``__call__``; ``mod.f(...)`` through
@@ -16,6 +19,13 @@ Layout
   ``self.driver._moe_body(...)`` is reached); ``v.m(...)`` for typed locals;
   ``ClassName.m(...)`` (unbound: ``self`` is an explicit argument); and
   ``functools.partial(f, ...)``, checked as a partial binding against ``f``.
+* Facts kept for the entry-call count (:mod:`.entries`), whether or not the call resolved:
+  ``producers`` of the callee expression (``fn(...)`` where the local ``fn`` was assigned
+  ``g(...)``, or ``g(...)(...)``: the qualname of ``g`` when it is a package function, its
+  dotted name when imported, ``?.attr`` for a method of an unknown object) and ``record``, a
+  launch-record argument ``*Rec(...).args()`` / ``*rec.args()`` with every construction the
+  argument may come from (flow-insensitive: each assignment of ``rec`` in the scope) and its
+  class.
 
 Invariants
 ----------
@@ -63,6 +73,23 @@ class CallSite:
     callee: FunctionInfo | None = None
     skip_first: bool = False
     partial: bool = False
+    producers: frozenset[str] = frozenset()
+    record: RecordArg | None = None
+
+
+@dataclass(frozen=True)
+class RecordArg:
+    """A launch-record argument ``*X.args()`` of a call (see :mod:`.entries`).
+
+    ``constructions`` are the calls ``X`` may come from, each with the class it constructs (or
+    ``None``): the inline ``Rec(...)``, or every value assigned to the local ``X`` in the scope;
+    empty when one of them is not a call (a parameter, a loop target, ``X = other``) or ``X`` is
+    neither. ``sole``: ``*X.args()`` is the call's only argument (no other positional, no keyword).
+    """
+
+    expression: str
+    constructions: tuple[tuple[ast.Call, ClassInfo | None], ...]
+    sole: bool
 
 
 @dataclass
@@ -76,6 +103,9 @@ class Scope:
     local_names: set[str] = field(default_factory=set)
     local_funcs: dict[str, FunctionInfo | None] = field(default_factory=dict)
     module_types: dict[str, tuple[str, ClassInfo]] = field(default_factory=dict)
+    #: every value assigned to a local name (``None`` for a binding whose value is not an
+    #: expression: parameter, loop target, unpacking, ``with ... as``, augmented assignment)
+    local_values: dict[str, list[ast.expr | None]] = field(default_factory=dict)
 
     def child(self, caller: str) -> Scope:
         return Scope(
@@ -88,6 +118,7 @@ class Scope:
             set(self.local_names),
             dict(self.local_funcs),
             self.module_types,
+            {name: list(values) for name, values in self.local_values.items()},
         )
 
 
@@ -209,6 +240,58 @@ class Resolver:
             return None
         return method, not method.is_staticmethod
 
+    def producers(self, expr: ast.expr, scope: Scope, _depth: int = 0) -> frozenset[str]:
+        """Names of the callables whose result ``expr`` may be: ``g(...)`` → ``g``'s qualname
+        (package) or dotted name (imported) or ``?.attr`` (method of an unknown object); a local
+        name → the producers of every value assigned to it. Unknown parts add nothing."""
+        if _depth > 4:
+            return frozenset()
+        if isinstance(expr, ast.Call):
+            target = self.callee(expr.func, scope)
+            if target is not None:
+                return frozenset({target[0].qualname})
+            name = self.external_name(expr.func, scope)
+            if name is not None:
+                return frozenset({name})
+            if isinstance(expr.func, ast.Attribute):
+                return frozenset({f"?.{expr.func.attr}"})
+            return frozenset()
+        if isinstance(expr, ast.Name) and expr.id in scope.local_values:
+            found: set[str] = set()
+            for value in scope.local_values[expr.id]:
+                if value is not None:
+                    found |= self.producers(value, scope, _depth + 1)
+            return frozenset(found)
+        return frozenset()
+
+    def record_arg(self, call: ast.Call, scope: Scope) -> RecordArg | None:
+        """The launch-record argument ``*X.args()`` of ``call``, if it has one."""
+        for arg in call.args:
+            if not isinstance(arg, ast.Starred):
+                continue
+            inner = arg.value
+            if not (
+                isinstance(inner, ast.Call)
+                and not inner.args
+                and not inner.keywords
+                and isinstance(inner.func, ast.Attribute)
+                and inner.func.attr == "args"
+            ):
+                continue
+            holder = inner.func.value
+            values: list[ast.expr | None] = [holder] if isinstance(holder, ast.Call) else []
+            if isinstance(holder, ast.Name):
+                values = scope.local_values.get(holder.id, [])
+            constructions = []
+            if values and all(isinstance(v, ast.Call) for v in values):
+                for value in values:
+                    typed = self.type_of(value, scope)
+                    cls = typed[1] if typed is not None and typed[0] == INSTANCE else None
+                    constructions.append((value, cls))
+            sole = len(call.args) == 1 and not call.keywords
+            return RecordArg(ast.unparse(holder), tuple(constructions), sole)
+        return None
+
     def is_partial(self, func: ast.expr, scope: Scope) -> bool:
         return self.external_name(func, scope) == "functools.partial" or (
             dotted_name(func) == "functools.partial" and "functools" not in scope.local_names
@@ -240,6 +323,10 @@ def _own_nodes(body: list[ast.AST]) -> Iterator[ast.AST]:
             stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
 
+def _note_value(scope: Scope, name: str, value: ast.expr | None) -> None:
+    scope.local_values.setdefault(name, []).append(value)
+
+
 def _assigned_names(target: ast.expr) -> Iterator[str]:
     for node in ast.walk(target):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -252,6 +339,8 @@ class CallCollector:
     def __init__(self, index: PackageIndex) -> None:
         self.index = index
         self.resolver = Resolver(index)
+        #: function qualname → producers of its ``return`` values (filled while walking)
+        self.returns: dict[str, set[str]] = {}
 
     def iter_call_sites(self) -> Iterator[CallSite]:
         for module in self.index.modules.values():
@@ -275,16 +364,24 @@ class CallCollector:
                     for name in _assigned_names(target):
                         scope.local_names.add(name)
                         if isinstance(node, ast.AugAssign) or not isinstance(target, ast.Name):
+                            _note_value(scope, name, None)
                             continue
+                        if node.value is not None:
+                            _note_value(scope, name, node.value)
                         self._note_local_type(name, node, scope)
             elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                scope.local_names.update(_assigned_names(node.target))
+                for name in _assigned_names(node.target):
+                    scope.local_names.add(name)
+                    _note_value(scope, name, None)
             elif isinstance(node, (ast.With, ast.AsyncWith)):
                 for item in node.items:
                     if item.optional_vars is not None:
-                        scope.local_names.update(_assigned_names(item.optional_vars))
+                        for name in _assigned_names(item.optional_vars):
+                            scope.local_names.add(name)
+                            _note_value(scope, name, None)
             elif isinstance(node, ast.NamedExpr):
                 scope.local_names.add(node.target.id)
+                _note_value(scope, node.target.id, node.value)
         for name in scope.local_names & set(scope.local_funcs):
             scope.local_funcs[name] = None  # also bound otherwise: which one is called is unknown
 
@@ -320,6 +417,7 @@ class CallCollector:
             scope.local_types = {}
             scope.local_names = set()
             scope.local_funcs = {}
+            scope.local_values = {}
             if not fn.is_staticmethod and (node.args.posonlyargs or node.args.args):
                 scope.self_name = (node.args.posonlyargs or node.args.args)[0].arg
                 scope.self_kind = CLASS if fn.is_classmethod else INSTANCE
@@ -332,6 +430,7 @@ class CallCollector:
             scope.local_names.add(arg.arg)
             scope.local_types.pop(arg.arg, None)
             scope.local_funcs.pop(arg.arg, None)
+            scope.local_values[arg.arg] = [None]
             cls = self.resolver.annotation_class(arg.annotation, scope.module)
             if cls is not None:
                 scope.local_types[arg.arg] = (INSTANCE, cls)
@@ -342,6 +441,9 @@ class CallCollector:
         for node in _own_nodes(body):
             if isinstance(node, ast.Call):
                 yield self._site(node, scope)
+            elif isinstance(node, ast.Return) and node.value is not None:
+                produced = self.resolver.producers(node.value, scope)
+                self.returns.setdefault(scope.caller, set()).update(produced)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if scope.caller.endswith(".<module>"):
                     fn = scope.module.functions.get(node.name)
@@ -380,12 +482,24 @@ class CallCollector:
             if target is not None:
                 return CallSite(call, scope.caller, path, target[0], target[1], partial=True)
             return CallSite(call, scope.caller, path)
+        record = self.resolver.record_arg(call, scope)
         target = self.resolver.callee(call.func, scope)
         if target is None:
-            return CallSite(call, scope.caller, path)
-        return CallSite(call, scope.caller, path, target[0], target[1])
+            producers = frozenset()
+            if isinstance(call.func, (ast.Call, ast.Name)):
+                producers = self.resolver.producers(call.func, scope)
+            return CallSite(call, scope.caller, path, producers=producers, record=record)
+        return CallSite(call, scope.caller, path, target[0], target[1], record=record)
 
 
 def iter_call_sites(index: PackageIndex) -> Iterator[CallSite]:
     """Every call site of the package, with its resolved callee where one was found."""
     return CallCollector(index).iter_call_sites()
+
+
+def collect_call_sites(index: PackageIndex) -> tuple[list[CallSite], dict[str, set[str]]]:
+    """Every call site (as :func:`iter_call_sites`), and per function qualname the producers
+    of its ``return`` values."""
+    collector = CallCollector(index)
+    sites = list(collector.iter_call_sites())
+    return sites, collector.returns

@@ -25,6 +25,9 @@ Layout
   ``unverifiable`` (info)
       a call with ``*x``/``**y`` unpacking into an ordinary function.
 
+  Launch records (``fn(*Rec(...).args())``) are bound to their kernel entry by :mod:`.entries`,
+  with the same binding rules plus ``launch-record``.
+
 Invariants
 ----------
 * Rules read only the AST and the index; every violation names a file and line of the caller.
@@ -57,6 +60,7 @@ CALL_RULES = (
     "shared-body-unpacking",
     "pinned-slot",
     "shared-body-signature",
+    "launch-record",
 )
 
 
