@@ -2,7 +2,8 @@
 
 :func:`compute_metrics` computes on the device of ``y`` (the references are copied there), so a
 GPU job's judges do not copy every output to the host; the helpers that return tensors
-(:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors.
+(:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors
+(:func:`row_block_rel_l2` and :func:`rel_l2` also reduce on the device of ``y``).
 
 Layout
 ------
@@ -94,8 +95,9 @@ def _safe_ratio(num: float, den: float) -> float:
 
 
 def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖y − ref‖₂ / ‖ref‖₂ in float64."""
-    y64, r64 = _to_f64(y, "y"), _to_f64(ref, "ref")
+    """‖y − ref‖₂ / ‖ref‖₂ in float64 (on the device of ``y``)."""
+    device = y.device if isinstance(y, torch.Tensor) else "cpu"
+    y64, r64 = _to_f64(y, "y", device), _to_f64(ref, "ref", device)
     _check_same_shape(y64, r64, ("y", "ref"))
     return _safe_ratio(
         float(torch.linalg.vector_norm(y64 - r64)), float(torch.linalg.vector_norm(r64))
@@ -121,7 +123,8 @@ def row_block_rel_l2(y: torch.Tensor, ref: torch.Tensor, row_block: int = 16) ->
     """rel-L2 of each block of ``row_block`` consecutive rows (last block may be short)."""
     if isinstance(row_block, bool) or not isinstance(row_block, int) or row_block < 1:
         raise ValueError(f"row_block_rel_l2: row_block must be a positive int, got {row_block!r}")
-    y64, r64 = as_rows(_to_f64(y, "y")), as_rows(_to_f64(ref, "ref"))
+    device = y.device if isinstance(y, torch.Tensor) else "cpu"  # reduced there, returned on CPU
+    y64, r64 = as_rows(_to_f64(y, "y", device)), as_rows(_to_f64(ref, "ref", device))
     _check_same_shape(y64, r64, ("y", "ref"))
     rows = y64.shape[0]
     pad = (-rows) % row_block
@@ -133,7 +136,8 @@ def row_block_rel_l2(y: torch.Tensor, ref: torch.Tensor, row_block: int = 16) ->
     err_b = err.reshape(-1, row_block).sum(dim=1).sqrt()
     energy_b = energy.reshape(-1, row_block).sum(dim=1).sqrt()
     out = torch.where(energy_b == 0, torch.zeros_like(err_b), err_b / energy_b.clamp_min(1e-300))
-    return torch.where((energy_b == 0) & (err_b != 0), torch.full_like(err_b, math.inf), out)
+    out = torch.where((energy_b == 0) & (err_b != 0), torch.full_like(err_b, math.inf), out)
+    return out.cpu()
 
 
 def tile_errors(y: torch.Tensor, ref: torch.Tensor, tile: int = 16) -> torch.Tensor:
