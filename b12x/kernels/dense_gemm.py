@@ -10,7 +10,8 @@ Layout
 * **Work split.** A CTA has ``warps`` warps; warp w of CTA (x, y, z) owns N16 tiles
   ``(x·warps + w)·n_tiles + [0, n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows
   ``[z·kps, min((z+1)·kps, K/16))`` (``kps`` = K16 rows per split, a runtime argument).
-* **Mainloop** (:func:`decode_and_accumulate`, a shared body): per K16 row, each lane loads its
+* **Mainloop** (:func:`decode_and_accumulate`, a shared body; lane setup, accumulators, A and
+  ring word pointers come from :mod:`b12x.kernels.mainloop`): per K16 row, each lane loads its
   A fragments (rows g, g+8; k = 2r.., 2r+8..) and, per N16 tile, its 2–3 ring words, cuts its eight
   windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues
   two ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with
@@ -54,6 +55,8 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
@@ -61,6 +64,12 @@ from cutlass import Float32, Int32, Int64, Uint32
 from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
 from b12x.kernels import ptx
+from b12x.kernels.mainloop import (
+    clamped_a_pointers,
+    lane_coords,
+    ring_word_pointers,
+    zero_accumulators,
+)
 from b12x.kernels.trellis_decode import (
     decode_states_to_half2x4,
     lane_ring_start,
@@ -307,124 +316,139 @@ class DenseTrellisGemmKernel:
     ):
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
-        lane = tid % 32
-        warp = tid // 32
-        r = lane % 4
-        g = lane // 4
+        lane, warp, r, g = lane_coords(tid)
         m = a.shape[0]
         k_rows = payload.shape[0]
         tile0 = (bx * self.warps + warp) * self.n_tiles
         row_base = by * (16 * self.m_tiles)
         k_begin = bz * k_rows_per_split
         k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
-
-        acc = cute.make_rmem_tensor((self.m_tiles * self.n_tiles * 8,), Float32)
-        for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
-            acc[i] = Float32(0.0)
-
-        # A rows >= M read row M-1 (clamped) and are never stored: MMA rows are independent, so
-        # their C rows are don't-care values and need no zeroing.
-        a_base = a.iterator.toint()
-        a_row_bytes = Int64(a.shape[1]) * 4
-        a_ptrs = []
-        for mt in cutlass.range_constexpr(self.m_tiles):
-            for half in cutlass.range_constexpr(2):
-                row = row_base + mt * 16 + half * 8 + g
-                a_ptrs.append(a_base + Int64(cutlass.min(row, m - 1)) * a_row_bytes + r * 4)
-
+        acc = zero_accumulators(self.m_tiles, self.n_tiles)
+        a_base, a_row_bytes, a_ptrs = clamped_a_pointers(a, row_base, m, self.m_tiles, g, r)
         first, off = lane_ring_start(lane, self.bits)
-        nw = ring_words_per_lane(self.bits)
-        ring = 8 * self.bits
         # Bytes of one K16 row of the payload, 2bN < 2^31 (N < 2^27, module docstring): a 32-bit
         # factor, so each row offset is one 32x32->64 multiply (IMAD.WIDE) per pointer; the
         # product itself is formed in 64 bits.
-        row_bytes = Int64(payload.shape[1] * (4 * ring))
+        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
         pay_base = payload.iterator.toint()
-        word_ptrs = []
-        for i in cutlass.range_constexpr(nw):
-            idx = first + i
-            idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
-            word_ptrs.append(pay_base + Int64(tile0 * ring + idx) * 4)
+        word_ptrs = ring_word_pointers(pay_base, first, self.bits, tile0=tile0)
         if cutlass.const_expr(self.smem_stages == 0):
-            # Register stages: ``depth`` K16 rows are in flight while one is decoded. The loop
-            # body covers depth + 1 rows so every stage lives in fixed registers (no copies
-            # between iterations): step s loads row g0 + s + depth into stage
-            # (s + depth) % stages, then decodes stage s (row g0 + s; past the split's end in the
-            # last group, skipped). Loads past the end are clamped to the last row (re-reads,
-            # never used).
-            stages = self.depth + 1
-            zero = Uint32(0)
-            buf = [([zero] * (self.n_tiles * nw), [zero] * (4 * self.m_tiles))] * stages
-            for d in cutlass.range_constexpr(self.depth):
-                k_load = cutlass.min(k_begin + d, k_end - 1)
-                buf[d] = self._load_stage(k_load, word_ptrs, row_bytes, a_ptrs)
-            for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
-                for s in cutlass.range_constexpr(stages):
-                    k_next = cutlass.min(g0 + s + self.depth, k_end - 1)
-                    nxt = (s + self.depth) % stages
-                    buf[nxt] = self._load_stage(k_next, word_ptrs, row_bytes, a_ptrs)
-                    if g0 + s < k_end:  # always true for s = 0 (the loop bound), folded
-                        words, a_vals = buf[s]
-                        self._accumulate_row(words, a_vals, lut_addr, off, acc)
+            self._register_mainloop(
+                k_begin=k_begin, k_end=k_end, word_ptrs=word_ptrs, row_bytes=row_bytes,
+                a_ptrs=a_ptrs, lut_addr=lut_addr, off=off, acc=acc,
+            )  # fmt: skip
         else:
-            # Shared-memory ring (module docstring): each warp streams its own K16 rows through
-            # ``stages`` slots with cp.async, so only warp barriers are needed. Row
-            # k_begin + i lives in slot i % stages. Step s of a group: wait until the row of
-            # slot s has landed (at most stages - 2 newer groups pending), barrier (every lane's
-            # copies visible; every lane done reading slot s - 1), refill slot s - 1 with the row
-            # stages - 1 ahead, commit (one group per step, also past the end: the counting
-            # stays uniform), then read slot s and decode it.
-            stages = self.smem_stages
-            slot_bytes = self._slot_bytes()
-            allocator = cutlass.memory.SmemAllocator()
-            ring_smem = allocator.allocate(self.warps * stages * slot_bytes, byte_alignment=16)
-            warp_base = Uint32(ring_smem.toint()) + Uint32(warp * (stages * slot_bytes))
-            fill = (
-                warp_base + Uint32(lane * 16),
-                pay_base + Int64(tile0 * ring) * 4 + lane * 16,
-            )
-            # A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with
-            # the halves swapped in rows 4..7 mod 8 so the fragment reads below (rows g, words
-            # r / r + 4) hit 32 distinct banks.
-            # (The slot's payload run, ``n_tiles·32b`` bytes, is added as the immediate offset by
-            # _fill_slot / _read_slot; adding it here too put A past its slot — the first H200
-            # run, 2026-12-02, caught the last warp's last slot writing out of bounds.)
-            a_dst = warp_base + Uint32((lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16)
-            a_fill = []
-            for mt in cutlass.range_constexpr(self.m_tiles):
-                a_row = row_base + mt * 16 + lane // 2
-                a_src = a_base + Int64(cutlass.min(a_row, m - 1)) * a_row_bytes + (lane % 2) * 16
-                a_size = Uint32(cutlass.select_(a_row < m, Uint32(16), Uint32(0)))
-                a_fill.append((a_dst, a_src, a_size))
-            word_rd = []
-            for i in cutlass.range_constexpr(nw):
-                idx = first + i
-                idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
-                word_rd.append(warp_base + Uint32(idx * 4))
-            swap = ((g // 4) % 2) * 16
-            a_rd = (
-                warp_base + Uint32(g * 32 + r * 4 + swap),
-                warp_base + Uint32(g * 32 + r * 4 + (16 - swap)),
-            )
-            for d in cutlass.range_constexpr(stages - 1):
-                self._fill_slot(d, k_begin + d, k_end, lane, fill, row_bytes, a_fill)
-                ptx.cp_async_commit()
-            for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
-                for s in cutlass.range_constexpr(stages):
-                    k_row = g0 + s
-                    ptx.cp_async_wait(stages - 2)
-                    cute.arch.sync_warp()
-                    refill = (s + stages - 1) % stages
-                    self._fill_slot(
-                        refill, k_row + stages - 1, k_end, lane, fill, row_bytes, a_fill
-                    )
-                    ptx.cp_async_commit()
-                    if k_row < k_end:
-                        words, a_vals = self._read_slot(s, word_rd, a_rd)
-                        self._accumulate_row(words, a_vals, lut_addr, off, acc)
-            # No copy may still be writing the ring when the CTA exits.
-            ptx.cp_async_wait(0)
+            ring = _SmemRing(
+                lane=lane, warp=warp, r=r, g=g, m=m, row_base=row_base, tile0=tile0,
+                a_base=a_base, a_row_bytes=a_row_bytes, pay_base=pay_base, first=first,
+            )  # fmt: skip
+            self._smem_mainloop(
+                k_begin=k_begin, k_end=k_end, ring=ring, row_bytes=row_bytes,
+                lut_addr=lut_addr, off=off, acc=acc,
+            )  # fmt: skip
+        self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g, r=r)
 
+    @cute.jit
+    def _register_mainloop(
+        self, *, k_begin, k_end, word_ptrs, row_bytes, a_ptrs, lut_addr, off, acc
+    ):  # fmt: skip
+        """Register stages: ``depth`` K16 rows are in flight while one is decoded. The loop body
+        covers depth + 1 rows so every stage lives in fixed registers (no copies between
+        iterations): step s loads row g0 + s + depth into stage (s + depth) % stages, then
+        decodes stage s (row g0 + s; past the split's end in the last group, skipped). Loads
+        past the end are clamped to the last row (re-reads, never used)."""
+        nw = ring_words_per_lane(self.bits)
+        stages = self.depth + 1
+        zero = Uint32(0)
+        buf = [([zero] * (self.n_tiles * nw), [zero] * (4 * self.m_tiles))] * stages
+        for d in cutlass.range_constexpr(self.depth):
+            k_load = cutlass.min(k_begin + d, k_end - 1)
+            buf[d] = self._load_stage(k_load, word_ptrs, row_bytes, a_ptrs)
+        for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
+            for s in cutlass.range_constexpr(stages):
+                k_next = cutlass.min(g0 + s + self.depth, k_end - 1)
+                nxt = (s + self.depth) % stages
+                buf[nxt] = self._load_stage(k_next, word_ptrs, row_bytes, a_ptrs)
+                if g0 + s < k_end:  # always true for s = 0 (the loop bound), folded
+                    words, a_vals = buf[s]
+                    self._accumulate_row(words, a_vals, lut_addr, off, acc)
+
+    def _ring_pointers(self, ring: _SmemRing):
+        """``(fill, a_fill, word_rd, a_rd)`` of the lane in its warp's ring (module docstring).
+
+        A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with the
+        halves swapped in rows 4..7 mod 8 so the fragment reads (rows g, words r / r + 4) hit
+        32 distinct banks. (The slot's payload run, ``n_tiles·32b`` bytes, is added as the
+        immediate offset by _fill_slot / _read_slot; adding it here too put A past its slot —
+        the first H200 run, 2026-12-02, caught the last warp's last slot writing out of bounds.)
+        """
+        stages = self.smem_stages
+        slot_bytes = self._slot_bytes()
+        lane, g, r = ring.lane, ring.g, ring.r
+        allocator = cutlass.memory.SmemAllocator()
+        ring_smem = allocator.allocate(self.warps * stages * slot_bytes, byte_alignment=16)
+        warp_base = Uint32(ring_smem.toint()) + Uint32(ring.warp * (stages * slot_bytes))
+        fill = (
+            warp_base + Uint32(lane * 16),
+            ring.pay_base + Int64(ring.tile0 * (8 * self.bits)) * 4 + lane * 16,
+        )
+        a_dst = warp_base + Uint32((lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16)
+        a_fill = []
+        for mt in range(self.m_tiles):
+            a_row = ring.row_base + mt * 16 + lane // 2
+            a_src = (
+                ring.a_base
+                + Int64(cutlass.min(a_row, ring.m - 1)) * ring.a_row_bytes
+                + (lane % 2) * 16
+            )
+            a_size = Uint32(cutlass.select_(a_row < ring.m, Uint32(16), Uint32(0)))
+            a_fill.append((a_dst, a_src, a_size))
+        ring_words = 8 * self.bits
+        word_rd = []
+        for i in range(ring_words_per_lane(self.bits)):
+            idx = ring.first + i
+            idx = Int32(cutlass.select_(idx >= ring_words, idx - ring_words, idx))
+            word_rd.append(warp_base + Uint32(idx * 4))
+        swap = ((g // 4) % 2) * 16
+        a_rd = (
+            warp_base + Uint32(g * 32 + r * 4 + swap),
+            warp_base + Uint32(g * 32 + r * 4 + (16 - swap)),
+        )
+        return fill, a_fill, word_rd, a_rd
+
+    @cute.jit
+    def _smem_mainloop(self, *, k_begin, k_end, ring, row_bytes, lut_addr, off, acc):
+        """Shared-memory ring (module docstring): each warp streams its own K16 rows through
+        ``stages`` slots with cp.async, so only warp barriers are needed. Row k_begin + i lives
+        in slot i % stages. Step s of a group: wait until the row of slot s has landed (at most
+        stages - 2 newer groups pending), barrier (every lane's copies visible; every lane done
+        reading slot s - 1), refill slot s - 1 with the row stages - 1 ahead, commit (one group
+        per step, also past the end: the counting stays uniform), then read slot s and decode
+        it."""
+        stages = self.smem_stages
+        lane = ring.lane
+        fill, a_fill, word_rd, a_rd = self._ring_pointers(ring)
+        for d in cutlass.range_constexpr(stages - 1):
+            self._fill_slot(d, k_begin + d, k_end, lane, fill, row_bytes, a_fill)
+            ptx.cp_async_commit()
+        for g0 in cutlass.range(k_begin, k_end, stages, unroll=self.unroll):
+            for s in cutlass.range_constexpr(stages):
+                k_row = g0 + s
+                ptx.cp_async_wait(stages - 2)
+                cute.arch.sync_warp()
+                refill = (s + stages - 1) % stages
+                self._fill_slot(refill, k_row + stages - 1, k_end, lane, fill, row_bytes, a_fill)
+                ptx.cp_async_commit()
+                if k_row < k_end:
+                    words, a_vals = self._read_slot(s, word_rd, a_rd)
+                    self._accumulate_row(words, a_vals, lut_addr, off, acc)
+        # No copy may still be writing the ring when the CTA exits.
+        ptx.cp_async_wait(0)
+
+    @cute.jit
+    def _epilogue(self, *, out, acc, m, row_base, tile0, bz, g, r):
+        """Lane holds C rows g, g+8 and columns 2r, 2r+1 of each n-block; rows >= M are never
+        stored (fp32 partials ``[bz, row, col]`` under split-K, else the compute dtype)."""
         for mt in cutlass.range_constexpr(self.m_tiles):
             for half in cutlass.range_constexpr(2):
                 row = row_base + mt * 16 + half * 8 + g
@@ -442,6 +466,23 @@ class DenseTrellisGemmKernel:
                                 out[row, col // 2] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
                             else:
                                 out[row, col // 2] = Int32(ptx.f32x2_to_half2(lo, hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class _SmemRing:
+    """The lane's coordinates and base addresses the shared-memory ring is set up from."""
+
+    lane: object
+    warp: object
+    r: object
+    g: object
+    m: object
+    row_base: object
+    tile0: object
+    a_base: object
+    a_row_bytes: object
+    pay_base: object
+    first: object
 
 
 class SplitKReduceKernel:

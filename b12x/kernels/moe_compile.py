@@ -4,8 +4,9 @@ Layout
 ------
 * :func:`build_moe_gemm` maps a :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` to its kernel object
   and the fake (symbolic-shape) arguments ``cute.compile`` needs: an unpaired spec builds
-  :class:`~b12x.kernels.moe_gemm.MoeGroupedGemmKernel`, a paired one its subclass
-  :class:`~b12x.kernels.moe_pair_gemm.MoePairGemmKernel`. CPU compile checks
+  :class:`~b12x.kernels.moe_gemm.MoeGroupedGemmKernel`, a paired one
+  :class:`~b12x.kernels.moe_pair_gemm.MoePairGemmKernel` (composed from the shared mainloop
+  primitives, not a subclass). CPU compile checks
   (:mod:`b12x.moe.support`) and GPU launches share it.
 * :func:`compiled_moe_gemm` resolves a spec through the one runtime compile cache
   (:func:`b12x.runtime.compile_cache.compiled_kernel`, kernel id ``moe_gemm``, sources
@@ -13,7 +14,7 @@ Layout
 
 Invariants
 ----------
-* This module sits above both kernel modules (the base kernel and its pair subclass), so neither
+* This module sits above both kernel modules (the grouped kernel and the pair kernel), so neither
   kernel module imports it: the builder names both classes without an import circle.
 * No device code lives here; the kernels' PTX does not depend on where their builder is.
 """

@@ -33,11 +33,15 @@ Layout
   (m_tiles, n_tiles, warps and depth never change a row's summation order), which keeps the MoE
   batch-invariant per route as long as ``k_split`` depends on the weight geometry only
   (:func:`b12x.moe.plan.choose_k_split`).
-* **Mainloop.** Per K16 row each lane loads its A fragments and its 2–3 ring words per tile and
-  calls the dense kernel's shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by
-  keyword**, with the codegen constants taken from one frozen :class:`MainloopBundle`.
+* **Mainloop.** Composed from the shared primitives of :mod:`b12x.kernels.mainloop` (lane
+  setup, accumulators, routed A pointers, ring word pointers, staged loads, the scatter
+  epilogue): per K16 row each lane loads its A fragments and its 2–3 ring words per tile, and
+  :func:`accumulate_tile` calls the dense kernel's shared body
+  :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by keyword**, with the codegen
+  constants taken from one frozen :class:`MainloopBundle`.
 * **QSRT pairs** (spec §4.2; ``MoeGemmSpec.pair`` set, ``bits`` the base 3) build
-  :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel`, a subclass in its own module: FC1 with
+  :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel` in its own module (composition of the same
+  primitives, not a subclass): FC1 with
   records on the N axis (one 256-column pair per CTA, LLHH warp tiles), FC2 with records on the
   K axis (absolute K16 row ``16p + kt``: rows 0..7 of a pair at ``b_lo``, 8..15 at ``b_hi``);
   one :class:`MainloopBundle` per record rate, so every tile loop has a compile-time rate.
@@ -67,13 +71,22 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64
 
 from b12x.abi import abi_entry
 from b12x.formats import DecodeFormat, resolve_format
-from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import decode_and_accumulate
-from b12x.kernels.trellis_decode import lane_ring_start, ring_words_per_lane
+from b12x.kernels.mainloop import (
+    accumulate_staged,
+    lane_coords,
+    ring_word_pointers,
+    routed_a_pointers,
+    routed_epilogue,
+    stage_rows,
+    tile_row_words,
+    zero_accumulators,
+)
+from b12x.kernels.trellis_decode import lane_ring_start
 
 __all__ = [
     "DYNAMIC",
@@ -83,6 +96,7 @@ __all__ = [
     "MoeGroupedGemmKernel",
     "PAIR_KINDS",
     "TIER_SHIFT",
+    "accumulate_tile",
     "block_liveness",
 ]
 
@@ -241,6 +255,25 @@ def block_liveness(block_expert_ids, route_count, descriptors, block, row_base):
     return expert, in_count * low_ok * high_ok
 
 
+def accumulate_tile(bundle: MainloopBundle, lut_addr, a_frags, words, lane_off, acc, nt: int):
+    """The shared mainloop body (by keyword) for N16 tile ``nt`` at the bundle's rate: the
+    grouped kernel's decode-and-accumulate step (the pair kernel keeps its own keyword call, one
+    per record bundle)."""
+    decode_and_accumulate(
+        fmt=bundle.fmt,
+        bits=bundle.bits,
+        bf16=bundle.bf16,
+        lut_in_smem=bundle.lut_in_smem,
+        lut_addr=lut_addr,
+        a_frags=a_frags,
+        words=words,
+        lane_off=lane_off,
+        acc=acc,
+        acc_base=nt * bundle.m_tiles * 8,
+        m_tiles=bundle.m_tiles,
+    )
+
+
 class MoeGroupedGemmKernel:
     """One compiled specialisation of the grouped GEMM (see the module docstring)."""
 
@@ -348,10 +381,7 @@ class MoeGroupedGemmKernel:
     ):
         bundle = self.bundle
         bits = bundle.bits
-        lane = tid % 32
-        warp = tid // 32
-        r = lane % 4
-        g = lane // 4
+        lane, warp, r, g = lane_coords(tid)
         # Warp w = group·warps + column warp: the group picks the K slice, the column warp the
         # N tiles (k_split == 1: one group, the whole K range).
         col_warp = warp % self.warps
@@ -360,91 +390,49 @@ class MoeGroupedGemmKernel:
         slice_rows = k_rows // self.k_split  # a multiple of 8 (K % 128·k_split == 0)
         k_begin = group * slice_rows
         tile0 = (bx * self.warps + col_warp) * self.n_tiles
-
-        acc = cute.make_rmem_tensor((self.m_tiles * self.n_tiles * 8,), Float32)
-        for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
-            acc[i] = Float32(0.0)
-
-        a_base = a.iterator.toint()
-        a_row_bytes = Int64(a.shape[1]) * 4
-        n_rows = a.shape[0]
-        a_ptrs = []
-        rows = []
-        for mt in cutlass.range_constexpr(self.m_tiles):
-            for half in cutlass.range_constexpr(2):
-                route = route_rows[row_base + mt * 16 + half * 8 + g]
-                rows.append(route)  # >= n_rows: a padding slot (the sentinel), never stored
-                safe = Int32(cutlass.select_(route < n_rows, route, Int32(0)))
-                a_ptrs.append(a_base + Int64(safe) * a_row_bytes + r * 4)
-
+        acc = zero_accumulators(self.m_tiles, self.n_tiles)
+        a_ptrs, rows, n_rows = routed_a_pointers(a, route_rows, row_base, self.m_tiles, g, r)
         first, off = lane_ring_start(lane, bits)
-        nw = ring_words_per_lane(bits)
-        ring = 8 * bits
-        row_bytes = Int64(payload.shape[1]) * (4 * ring)
+        row_bytes = Int64(payload.shape[1]) * (4 * 8 * bits)
         expert_bytes = Int64(payload_expert) * Int64(k_rows) * row_bytes
         pay_base = payload.iterator.toint() + expert_bytes
-        word_ptrs = []
-        for i in cutlass.range_constexpr(nw):
-            idx = first + i
-            idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
-            word_ptrs.append(pay_base + Int64(tile0 * ring + idx) * 4)
+        word_ptrs = ring_word_pointers(pay_base, first, bits, tile0=tile0)
 
         # `depth` K16 rows per iteration: every load of the group is issued before the first
         # decode, so `depth` rows of ring words and A fragments are in flight at once.
         for kt0 in cutlass.range(k_begin, k_begin + slice_rows, self.depth):
-            staged = []
-            for d in cutlass.range_constexpr(self.depth):
-                row_off = Int64(kt0 + d) * row_bytes
-                words = []
-                for nt in cutlass.range_constexpr(self.n_tiles):
-                    for i in cutlass.range_constexpr(nw):
-                        ptr = word_ptrs[i] + row_off
-                        words.append(Uint32(ptx.ld_global_nc_u32_imm(ptr, nt * 32 * bits)))
-                a_off = Int64(kt0 + d) * 32
-                a_frags = []
-                for mt in cutlass.range_constexpr(self.m_tiles):
-                    frag = []
-                    for q in cutlass.range_constexpr(4):
-                        ptr = a_ptrs[2 * mt + q % 2] + a_off
-                        frag.append(Uint32(ptx.ld_global_nc_u32_imm(ptr, 16 * (q // 2))))
-                    a_frags.append(frag)
-                staged.append((words, a_frags))
-            for d in cutlass.range_constexpr(self.depth):
-                words, a_frags = staged[d]
-                for nt in cutlass.range_constexpr(self.n_tiles):
-                    decode_and_accumulate(
-                        fmt=bundle.fmt,
-                        bits=bundle.bits,
-                        bf16=bundle.bf16,
-                        lut_in_smem=bundle.lut_in_smem,
-                        lut_addr=lut_addr,
-                        a_frags=a_frags,
-                        words=words[nt * nw : nt * nw + nw],
-                        lane_off=off,
-                        acc=acc,
-                        acc_base=nt * self.m_tiles * 8,
-                        m_tiles=bundle.m_tiles,
-                    )
+            staged = stage_rows(
+                self.depth,
+                lambda d, kt0=kt0: tile_row_words(
+                    word_ptrs, Int64(kt0 + d) * row_bytes, bits, self.n_tiles
+                ),
+                a_ptrs,
+                lambda d, kt0=kt0: Int64(kt0 + d) * 32,
+                self.m_tiles,
+            )
+            accumulate_staged(
+                staged,
+                self.n_tiles,
+                lambda a_frags, words, nt: accumulate_tile(
+                    bundle, lut_addr, a_frags, words, off, acc, nt
+                ),
+            )
 
         if cutlass.const_expr(self.k_split > 1):
             self._reduce_groups(acc, group, col_warp * 32 + lane)
 
         # Group 0 holds the reduced sums and alone runs the epilogue (the scatter).
         if group == 0:
-            for mt in cutlass.range_constexpr(self.m_tiles):
-                for half in cutlass.range_constexpr(2):
-                    row = rows[2 * mt + half]
-                    if row < n_rows:
-                        for nt in cutlass.range_constexpr(self.n_tiles):
-                            for nb in cutlass.range_constexpr(2):
-                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
-                                col_word = ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
-                                lo = acc[base]
-                                hi = acc[base + 1]
-                                if cutlass.const_expr(bundle.bf16):
-                                    out[row, col_word] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
-                                else:
-                                    out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
+            routed_epilogue(
+                out,
+                acc,
+                rows,
+                n_rows,
+                lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
+                self.m_tiles,
+                self.n_tiles,
+                bundle.bf16,
+            )
 
     @cute.jit
     def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):

@@ -2,8 +2,12 @@
 
 Layout
 ------
-The launch, liveness, work split and epilogue are those of
-:class:`b12x.kernels.moe_gemm.MoeGroupedGemmKernel` (see that module); a paired spec
+The launch, liveness, work split and epilogue follow
+:class:`b12x.kernels.moe_gemm.MoeGroupedGemmKernel` (see that module), composed from the same
+pieces rather than inherited: :func:`~b12x.kernels.moe_gemm.block_liveness`, the primitives of
+:mod:`b12x.kernels.mainloop` (lane setup, accumulators, routed A pointers, ring word pointers,
+staged loads, the scatter epilogue) and its own keyword call into the shared body. A
+paired spec
 (``MoeGemmSpec.pair`` set, ``bits`` the base 3, ``k_split = 1``) differs in where each tile's
 rate comes from:
 
@@ -25,14 +29,26 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Int32, Int64
 
 from b12x.abi import abi_entry
 from b12x.formats import resolve_format
-from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import decode_and_accumulate
+from b12x.kernels.mainloop import (
+    accumulate_staged,
+    lane_coords,
+    load_tile_words,
+    ring_word_pointers,
+    routed_a_pointers,
+    routed_epilogue,
+    stage_rows,
+    tile_row_words,
+    zero_accumulators,
+)
 from b12x.kernels.moe_gemm import (
     DYNAMIC,
     LOCAL_MASK,
@@ -41,29 +57,23 @@ from b12x.kernels.moe_gemm import (
     TIER_SHIFT,
     MainloopBundle,
     MoeGemmSpec,
-    MoeGroupedGemmKernel,
     block_liveness,
 )
-from b12x.kernels.trellis_decode import lane_ring_start, ring_words_per_lane
+from b12x.kernels.trellis_decode import lane_ring_start
 
 __all__ = ["MoePairGemmKernel"]
 
 
-def _lane_word_ptrs(base, first, bits: int) -> list:
-    """Byte pointers of the lane's ring words ``first, first+1, ...`` (mod ``8·bits``) of the
-    tile whose ring starts at byte address ``base`` (Int64); plain Python, inlined at trace."""
-    ring = 8 * bits
-    ptrs = []
-    for i in range(ring_words_per_lane(bits)):
-        idx = first + i
-        idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
-        ptrs.append(base + Int64(idx) * 4)
-    return ptrs
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """Per-record (0 = ``b_lo``, 1 = ``b_hi``) inputs of one body: rate, the lane's first ring
+    word and window offset, the mainloop bundle; plus the pair's u32 words per K16 row."""
 
-
-def _load_tile_words(ptrs: list, row_off, tile: int, bits: int) -> list:
-    """The lane's ring words of tile ``tile`` (an immediate ``tile·32·bits`` bytes further)."""
-    return [Uint32(ptx.ld_global_nc_u32_imm(p + row_off, tile * 32 * bits)) for p in ptrs]
+    rates: tuple
+    firsts: tuple
+    offs: tuple
+    bundles: tuple
+    pair_words: int
 
 
 def _n_axis_tiles(n_tiles: int) -> list[tuple[int, int, int]]:
@@ -83,10 +93,10 @@ def _n_axis_tiles(n_tiles: int) -> list[tuple[int, int, int]]:
     return out
 
 
-class MoePairGemmKernel(MoeGroupedGemmKernel):
+class MoePairGemmKernel:
     """The grouped GEMM over QSRT pair payloads (spec §4.2): FC1 on the N axis, FC2 on K.
 
-    Arguments are the unpaired kernel's plus ``modes`` (int32 ``[E]``, 0 = P33, 1 = P24), read
+    Arguments are the grouped kernel's plus ``modes`` (int32 ``[E]``, 0 = P33, 1 = P24), read
     once per live CTA at ``modes[local]`` only for ``pair == "dynamic"`` (a static kind never
     reads it; the host passes any int32 tensor there). The mode picks one of two fully
     specialised bodies by a CTA-uniform branch, so every inner loop has compile-time rates.
@@ -104,7 +114,11 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
     """
 
     def __init__(self, spec: MoeGemmSpec):
-        super().__init__(spec)
+        self.spec = spec
+        self.n_tiles = spec.n_tiles
+        self.warps = spec.warps
+        self.m_tiles = spec.m_tiles
+        self.depth = spec.depth
         self.body_rates = tuple(PAIR_KINDS[kind] for kind in spec.body_kinds)
         self.rate_bundles = {
             rate: MainloopBundle(
@@ -222,124 +236,40 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
     ):
         """One live block with the rates of body ``body`` (compile-time)."""
         b_lo, b_hi = self.body_rates[body]
-        lane = tid % 32
-        warp = tid // 32
-        r = lane % 4
-        g = lane // 4
-        acc = cute.make_rmem_tensor((self.m_tiles * self.n_tiles * 8,), Float32)
-        for i in cutlass.range_constexpr(self.m_tiles * self.n_tiles * 8):
-            acc[i] = Float32(0.0)
-
-        a_base = a.iterator.toint()
-        a_row_bytes = Int64(a.shape[1]) * 4
-        n_rows = a.shape[0]
-        a_ptrs = []
-        rows = []
-        for mt in cutlass.range_constexpr(self.m_tiles):
-            for half in cutlass.range_constexpr(2):
-                route = route_rows[row_base + mt * 16 + half * 8 + g]
-                rows.append(route)  # >= n_rows: a padding slot (the sentinel), never stored
-                safe = Int32(cutlass.select_(route < n_rows, route, Int32(0)))
-                a_ptrs.append(a_base + Int64(safe) * a_row_bytes + r * 4)
+        lane, warp, r, g = lane_coords(tid)
+        acc = zero_accumulators(self.m_tiles, self.n_tiles)
+        a_ptrs, rows, n_rows = routed_a_pointers(a, route_rows, row_base, self.m_tiles, g, r)
         first_lo, off_lo = lane_ring_start(lane, b_lo)
         first_hi, off_hi = lane_ring_start(lane, b_hi)
-        offs = (off_lo, off_hi)
-        rates = (b_lo, b_hi)
-        bundles = (self.rate_bundles[b_lo], self.rate_bundles[b_hi])
+        rec = _Records(
+            rates=(b_lo, b_hi),
+            firsts=(first_lo, first_hi),
+            offs=(off_lo, off_hi),
+            bundles=(self.rate_bundles[b_lo], self.rate_bundles[b_hi]),
+            pair_words=64 * (b_lo + b_hi),
+        )
         pay = payload.iterator.toint()
-        pair_words = 64 * (b_lo + b_hi)
-
         if cutlass.const_expr(self.n_axis):
-            # N axis: one pair per CTA; K16 row kt of the expert holds `pairs` pair spans.
-            k_rows = a.shape[1] // 8
-            half_tiles = self.n_tiles // 2
-            row_bytes = Int64(payload.shape[1]) * (4 * pair_words)
-            pair_base = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
-            pair_base = pair_base + Int64(bx) * (4 * pair_words)
-            slab = Int64(warp * half_tiles)
-            lo_base = pair_base + slab * (32 * b_lo)
-            hi_base = pair_base + RECORD_TILES * 32 * b_lo + slab * (32 * b_hi)
-            ptrs = (
-                _lane_word_ptrs(lo_base, first_lo, b_lo),
-                _lane_word_ptrs(hi_base, first_hi, b_hi),
-            )
-            tiles = _n_axis_tiles(self.n_tiles)
-            for kt0 in cutlass.range(0, k_rows, self.depth):
-                staged = []
-                for d in cutlass.range_constexpr(self.depth):
-                    row_off = Int64(kt0 + d) * row_bytes
-                    words = []
-                    for nt in cutlass.range_constexpr(self.n_tiles):
-                        rec, j, _ = tiles[nt]
-                        words.append(_load_tile_words(ptrs[rec], row_off, j, rates[rec]))
-                    staged.append((words, self._a_frags(a_ptrs, Int64(kt0 + d) * 32)))
-                for d in cutlass.range_constexpr(self.depth):
-                    words, a_frags = staged[d]
-                    for nt in cutlass.range_constexpr(self.n_tiles):
-                        rec = tiles[nt][0]
-                        self._accumulate(bundles[rec], lut_addr, a_frags, words[nt], offs[rec],
-                                         acc, nt)  # fmt: skip
-            col0 = bx * 128 + warp * (8 * half_tiles) + r + out_col_word
-            for mt in cutlass.range_constexpr(self.m_tiles):
-                for half in cutlass.range_constexpr(2):
-                    row = rows[2 * mt + half]
-                    if row < n_rows:
-                        for nt in cutlass.range_constexpr(self.n_tiles):
-                            for nb in cutlass.range_constexpr(2):
-                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
-                                col_word = col0 + (tiles[nt][2] + nb * 4)
-                                self._store(out, row, col_word, acc[base], acc[base + 1])
+            self._n_axis_body(a=a, payload=payload, out=out, pay=pay, a_ptrs=a_ptrs, rows=rows,
+                              n_rows=n_rows, acc=acc, rec=rec, lut_addr=lut_addr,
+                              payload_expert=payload_expert, bx=bx, warp=warp, r=r,
+                              out_col_word=out_col_word)  # fmt: skip
         else:
-            # K axis: pairs along the reduction; record 0 = absolute K16 rows 16p + 0..7.
-            pairs = a.shape[1] // 128
-            n16 = payload.shape[1]
-            tile0 = (bx * self.warps + warp) * self.n_tiles
-            pair_bytes = Int64(n16) * (4 * pair_words)
-            plane_rows = (Int64(n16) * (32 * b_lo), Int64(n16) * (32 * b_hi))
-            expert_addr = pay + Int64(payload_expert) * Int64(pairs) * pair_bytes
-            lo_base = expert_addr + Int64(tile0) * (32 * b_lo)
-            hi_base = expert_addr + plane_rows[0] * RECORD_TILES + Int64(tile0) * (32 * b_hi)
-            ptrs = (
-                _lane_word_ptrs(lo_base, first_lo, b_lo),
-                _lane_word_ptrs(hi_base, first_hi, b_hi),
-            )
-            for p in cutlass.range(pairs):
-                pair_off = Int64(p) * pair_bytes
-                for rec in cutlass.range_constexpr(2):
-                    for kt0 in cutlass.range(0, RECORD_TILES, self.depth):
-                        staged = []
-                        for d in cutlass.range_constexpr(self.depth):
-                            row_off = pair_off + Int64(kt0 + d) * plane_rows[rec]
-                            words = []
-                            for nt in cutlass.range_constexpr(self.n_tiles):
-                                words.append(_load_tile_words(ptrs[rec], row_off, nt, rates[rec]))
-                            k16 = Int64(p) * 16 + (rec * RECORD_TILES) + Int64(kt0 + d)
-                            staged.append((words, self._a_frags(a_ptrs, k16 * 32)))
-                        for d in cutlass.range_constexpr(self.depth):
-                            words, a_frags = staged[d]
-                            for nt in cutlass.range_constexpr(self.n_tiles):
-                                self._accumulate(bundles[rec], lut_addr, a_frags, words[nt],
-                                                 offs[rec], acc, nt)  # fmt: skip
-            for mt in cutlass.range_constexpr(self.m_tiles):
-                for half in cutlass.range_constexpr(2):
-                    row = rows[2 * mt + half]
-                    if row < n_rows:
-                        for nt in cutlass.range_constexpr(self.n_tiles):
-                            for nb in cutlass.range_constexpr(2):
-                                base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
-                                col_word = ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
-                                self._store(out, row, col_word, acc[base], acc[base + 1])
+            self._k_axis_body(a=a, payload=payload, out=out, pay=pay, a_ptrs=a_ptrs, rows=rows,
+                              n_rows=n_rows, acc=acc, rec=rec, lut_addr=lut_addr,
+                              payload_expert=payload_expert, bx=bx, warp=warp, r=r,
+                              out_col_word=out_col_word)  # fmt: skip
 
-    def _a_frags(self, a_ptrs: list, a_off) -> list:
-        """A fragments of one K16 row (byte offset ``a_off`` from row 0) for every M16 block."""
-        frags = []
-        for mt in range(self.m_tiles):
-            frag = []
-            for q in range(4):
-                ptr = a_ptrs[2 * mt + q % 2] + a_off
-                frag.append(Uint32(ptx.ld_global_nc_u32_imm(ptr, 16 * (q // 2))))
-            frags.append(frag)
-        return frags
+    def _accumulate_rows(self, staged, rec: _Records, record_of, lut_addr, acc) -> None:
+        """Decode and accumulate staged rows; ``record_of(nt)`` is tile ``nt``'s record."""
+        accumulate_staged(
+            staged,
+            self.n_tiles,
+            lambda a_frags, words, nt: self._accumulate(
+                rec.bundles[record_of(nt)], lut_addr, a_frags, words, rec.offs[record_of(nt)],
+                acc, nt,
+            ),
+        )  # fmt: skip
 
     def _accumulate(self, bundle, lut_addr, a_frags, words, lane_off, acc, nt: int) -> None:
         """The shared mainloop body for N16 tile ``nt`` at the bundle's record rate."""
@@ -357,8 +287,89 @@ class MoePairGemmKernel(MoeGroupedGemmKernel):
             m_tiles=bundle.m_tiles,
         )
 
-    def _store(self, out, row, col_word, lo, hi) -> None:
-        if self.spec.bf16:
-            out[row, col_word] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
-        else:
-            out[row, col_word] = Int32(ptx.f32x2_to_half2(lo, hi))
+    @cute.jit
+    def _n_axis_body(
+        self, *, a, payload, out, pay, a_ptrs, rows, n_rows, acc, rec, lut_addr, payload_expert,
+        bx, warp, r, out_col_word,
+    ):  # fmt: skip
+        """FC1: one pair per CTA; K16 row kt of the expert holds ``pairs`` pair spans."""
+        b_lo, b_hi = rec.rates
+        k_rows = a.shape[1] // 8
+        half_tiles = self.n_tiles // 2
+        row_bytes = Int64(payload.shape[1]) * (4 * rec.pair_words)
+        pair_base = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
+        pair_base = pair_base + Int64(bx) * (4 * rec.pair_words)
+        slab = Int64(warp * half_tiles)
+        lo_base = pair_base + slab * (32 * b_lo)
+        hi_base = pair_base + RECORD_TILES * 32 * b_lo + slab * (32 * b_hi)
+        ptrs = (
+            ring_word_pointers(lo_base, rec.firsts[0], b_lo),
+            ring_word_pointers(hi_base, rec.firsts[1], b_hi),
+        )
+        tiles = _n_axis_tiles(self.n_tiles)
+        for kt0 in cutlass.range(0, k_rows, self.depth):
+            staged = stage_rows(
+                self.depth,
+                lambda d, kt0=kt0: self._n_row_words(
+                    ptrs, Int64(kt0 + d) * row_bytes, tiles, rec.rates
+                ),
+                a_ptrs,
+                lambda d, kt0=kt0: Int64(kt0 + d) * 32,
+                self.m_tiles,
+            )
+            self._accumulate_rows(staged, rec, lambda nt: tiles[nt][0], lut_addr, acc)
+        col0 = bx * 128 + warp * (8 * half_tiles) + r + out_col_word
+        routed_epilogue(out, acc, rows, n_rows, lambda nt, nb: col0 + (tiles[nt][2] + nb * 4),
+                        self.m_tiles, self.n_tiles, self.spec.bf16)  # fmt: skip
+
+    def _n_row_words(self, ptrs, row_off, tiles, rates) -> list:
+        """LLHH ring words of one K16 row: tile ``nt`` is tile ``j`` of record ``rec``."""
+        words = []
+        for nt in range(self.n_tiles):
+            rec, j, _ = tiles[nt]
+            words.append(load_tile_words(ptrs[rec], row_off, j, rates[rec]))
+        return words
+
+    @cute.jit
+    def _k_axis_body(
+        self, *, a, payload, out, pay, a_ptrs, rows, n_rows, acc, rec, lut_addr, payload_expert,
+        bx, warp, r, out_col_word,
+    ):  # fmt: skip
+        """FC2: pairs along the reduction; record 0 = absolute K16 rows 16p + 0..7."""
+        b_lo, b_hi = rec.rates
+        pairs = a.shape[1] // 128
+        n16 = payload.shape[1]
+        tile0 = (bx * self.warps + warp) * self.n_tiles
+        pair_bytes = Int64(n16) * (4 * rec.pair_words)
+        plane_rows = (Int64(n16) * (32 * b_lo), Int64(n16) * (32 * b_hi))
+        expert_addr = pay + Int64(payload_expert) * Int64(pairs) * pair_bytes
+        lo_base = expert_addr + Int64(tile0) * (32 * b_lo)
+        hi_base = expert_addr + plane_rows[0] * RECORD_TILES + Int64(tile0) * (32 * b_hi)
+        ptrs = (
+            ring_word_pointers(lo_base, rec.firsts[0], b_lo),
+            ring_word_pointers(hi_base, rec.firsts[1], b_hi),
+        )
+        for p in cutlass.range(pairs):
+            pair_off = Int64(p) * pair_bytes
+            for rc in cutlass.range_constexpr(2):
+                for kt0 in cutlass.range(0, RECORD_TILES, self.depth):
+                    staged = self._k_rows(ptrs, pair_off, plane_rows, rec.rates, rc, p, kt0, a_ptrs)
+                    self._accumulate_rows(staged, rec, lambda nt, rc=rc: rc, lut_addr, acc)
+        routed_epilogue(
+            out, acc, rows, n_rows,
+            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
+            self.m_tiles, self.n_tiles, self.spec.bf16,
+        )  # fmt: skip
+
+    def _k_rows(self, ptrs, pair_off, plane_rows, rates, rc: int, p, kt0, a_ptrs) -> list:
+        """Stage ``depth`` K16 rows of record ``rc`` of pair ``p``: absolute K16 row
+        ``16p + 8rc + kt0 + d`` of A against row ``kt0 + d`` of the record's plane."""
+        return stage_rows(
+            self.depth,
+            lambda d: tile_row_words(
+                ptrs[rc], pair_off + Int64(kt0 + d) * plane_rows[rc], rates[rc], self.n_tiles
+            ),
+            a_ptrs,
+            lambda d: (Int64(p) * 16 + (rc * RECORD_TILES) + Int64(kt0 + d)) * 32,
+            self.m_tiles,
+        )
