@@ -4,13 +4,16 @@ Layout
 ------
 * :data:`FORMATS` maps the lower-case codebook name (``"3inst"``, ``"mcg"``, ``"mul1"``,
   ``"sqg_e4m3"``, ``"sqg_fp16"``) to a :class:`DecodeFormat`. :func:`resolve_format` is the only
-  place a codebook *string* is looked at; kernels receive the format object and read its fields
-  as compile-time constants (they never branch on a string).
-* Each format carries the integer constants its device decoder uses (hash multiplier and
-  addend, LOP3 mask/xor, MUL1 fp16 constants, the SQG affine map), the legal kernel bitrates,
-  a stable integer ``codebook_id`` (EXL3's ``cb`` ids 0/1/2 for the fp16-hash codebooks), the
-  runtime sentinel (MCG ``0xCBAC1FED``) and whether the decoder reads a table through the LUT
-  slot (spec §2.8).
+  place a codebook *string* is looked at: public entry points resolve once and pass the format
+  object inward; kernels read its fields as compile-time constants and call its behaviour
+  (nothing in ``b12x`` branches on a codebook or decoder name).
+* Each format carries its decoder object (:class:`Fp16HashDecoder`, :class:`Mul1Decoder`,
+  :class:`SqgT12Decoder`, :class:`SqgD3lDecoder`: the integer constants of the device body, the
+  body itself via :meth:`DecodeFormat.device_decode`, its numpy host mirror
+  :meth:`DecodeFormat.host_values` and its LUT :meth:`DecodeFormat.lut`), the legal kernel
+  bitrates, a stable integer ``codebook_id`` (EXL3's ``cb`` ids 0/1/2 for the fp16-hash
+  codebooks), the runtime sentinel (MCG ``0xCBAC1FED``), whether the decoder reads a table
+  through the LUT slot (spec §2.8) and tile hints (``wide_tile_cap``, ``smem_stageable``).
 * Host mirrors: :func:`t12_table` (4096 B, sqg_e4m3) and :func:`d3l_descriptor_bytes` (416 B,
   sqg_fp16) build the constant tables the device reads. :func:`host_state_values` is a numpy
   emulation of each device decoder over all 65,536 states; tests pin every table by the SHA-256
@@ -35,6 +38,10 @@ import numpy as np
 
 __all__ = [
     "DecodeFormat",
+    "Fp16HashDecoder",
+    "Mul1Decoder",
+    "SqgT12Decoder",
+    "SqgD3lDecoder",
     "FORMATS",
     "MCG_SENTINEL",
     "resolve_format",
@@ -93,25 +100,171 @@ D3L_DESCRIPTORS: tuple[tuple[int, int], ...] = tuple(
 )
 
 
+# ---------------------------------------------------------------------------------------------
+# Decoders: the device body, the host mirror and the LUT of one decoder construction
+# ---------------------------------------------------------------------------------------------
+#
+# Each decoder is a frozen dataclass of the integer constants its device body uses. It does the
+# work itself: ``device(...)`` traces its body (in :mod:`b12x.kernels.trellis_decode`, imported
+# lazily so that this module stays free of the DSL), ``host_values(bits)`` is the numpy emulation
+# of that body over all 65,536 states, ``lut()`` the bytes it reads through the LUT slot, and
+# ``wide_tile_cap`` its tile hint (the most N16 tiles per warp of a grouped-GEMM CTA of four M16
+# blocks, bounded by the registers the body keeps live). No code asks a decoder (or a format) for
+# its name to choose among them.
+
+
+@dataclass(frozen=True)
+class Fp16HashDecoder:
+    """§2.0 / §2.2: ``x = s·multiplier + addend``, then one LOP3 ``(x & mask) ^ xor`` and the sum
+    of the two fp16 halves (3inst, mcg). Rounds to bf16 itself (one rounding of the sum)."""
+
+    multiplier: int
+    addend: int = 0
+    lop3_mask: int = LOP3_MASK
+    lop3_xor: int = LOP3_XOR
+    lut_nbytes: int = 0
+    wide_tile_cap: int = 4
+
+    def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
+        from b12x.kernels import trellis_decode
+
+        return trellis_decode.decode_fp16_hash(self, states, to_bf16)
+
+    def host_values(self, bits: int) -> np.ndarray:
+        s = np.arange(65536, dtype=np.uint64)
+        x = (s * self.multiplier + self.addend) & 0xFFFFFFFF
+        h = (x & self.lop3_mask) ^ self.lop3_xor
+        return _u16_as_f16(h & 0xFFFF) + _u16_as_f16(h >> 16)
+
+    def lut(self) -> bytes:
+        return b""
+
+
+@dataclass(frozen=True)
+class Mul1Decoder:
+    """§2.3: hash, dp4a byte sum onto ``acc_base``, one fp16 FMA ``acc·k_inv + k_bias``."""
+
+    multiplier: int = MUL1_MULTIPLIER
+    acc_base: int = MUL1_ACC_BASE
+    k_inv: int = MUL1_K_INV
+    k_bias: int = MUL1_K_BIAS
+    lut_nbytes: int = 0
+    wide_tile_cap: int = 4
+
+    def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
+        from b12x.kernels import trellis_decode
+
+        return trellis_decode.decode_mul1(self, states, to_bf16)
+
+    def host_values(self, bits: int) -> np.ndarray:
+        s = np.arange(65536, dtype=np.uint64)
+        x = (s * self.multiplier) & 0xFFFFFFFF
+        bsum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
+        acc = _u16_as_f16(self.acc_base + bsum).astype(np.float64)
+        k_inv = float(_u16_as_f16(np.uint16(self.k_inv)))
+        k_bias = float(_u16_as_f16(np.uint16(self.k_bias)))
+        # acc * k_inv is exact in fp64 (11-bit x 11-bit mantissas): one rounding to fp16 = fma.rn.
+        return (acc * k_inv + k_bias).astype(np.float16)
+
+    def lut(self) -> bytes:
+        return b""
+
+
+@dataclass(frozen=True)
+class SqgT12Decoder:
+    """§2.5: SQG-XOR rank → T12 byte (the 4096-byte LUT) → E4M3 widen (sqg_e4m3)."""
+
+    affine_mul: int = SQG_AFFINE_MUL
+    affine_add: int = SQG_AFFINE_ADD
+    lut_nbytes: int = 4096
+    wide_tile_cap: int = 4
+
+    def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
+        from b12x.kernels import trellis_decode
+
+        return trellis_decode.decode_sqg_t12(self, bits, states, lut_addr, lut_in_smem, to_bf16)
+
+    def host_values(self, bits: int) -> np.ndarray:
+        return _e4m3_to_f16(self.state_bytes(bits))
+
+    def state_bytes(self, bits: int) -> np.ndarray:
+        """The E4M3 byte of every state (the T12 lookup folded with the rank map)."""
+        return _t12_array()[sqg_rank(bits, self.affine_mul, self.affine_add) >> 4]
+
+    def lut(self) -> bytes:
+        return t12_table()
+
+
+@dataclass(frozen=True)
+class SqgD3lDecoder:
+    """§2.5: SQG-XOR rank → D3L descriptor (the 416-byte LUT) → fp16 FMA (sqg_fp16). Keeps more
+    values live than the other decoders, hence its tile hint ``wide_tile_cap`` 2."""
+
+    affine_mul: int = SQG_AFFINE_MUL
+    affine_add: int = SQG_AFFINE_ADD
+    lut_nbytes: int = 416
+    #: The body keeps more values live: a four-block CTA at 4 tiles spills 440 B on sm_90.
+    wide_tile_cap: int = 2
+
+    def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
+        from b12x.kernels import trellis_decode
+
+        return trellis_decode.decode_sqg_d3l(self, bits, states, lut_addr, to_bf16)
+
+    def host_values(self, bits: int) -> np.ndarray:
+        return _d3l_values(bits, self.affine_mul, self.affine_add)
+
+    def lut(self) -> bytes:
+        return d3l_descriptor_bytes()
+
+
+Decoder = Fp16HashDecoder | Mul1Decoder | SqgT12Decoder | SqgD3lDecoder
+
+
 @dataclass(frozen=True)
 class DecodeFormat:
-    """Everything a kernel specialisation needs to know about one codebook.
+    """Everything a kernel specialisation needs to know about one codebook, and what it does.
 
-    ``family`` selects the device decoder body: ``"fp16_hash"`` (3inst, mcg: integer hash then
-    the §2.0 LOP3 + half add), ``"mul1"`` (hash, dp4a byte sum, fp16 FMA), ``"sqg_t12"`` (SQG-XOR
-    rank → T12 byte → E4M3 widen) and ``"sqg_d3l"`` (SQG-XOR rank → D3L descriptor → fp16 FMA).
+    ``decoder`` is the device body / host mirror / LUT of the codebook (one of the decoder
+    classes above); the format delegates to it (:meth:`device_decode`, :meth:`host_values`,
+    :meth:`lut`), so no caller chooses a body by name. ``name`` is for messages, JSON and the
+    registry only. Tile hints: :attr:`wide_tile_cap` (the decoder's: the most N16 tiles per warp
+    a grouped-GEMM CTA of four M16 blocks takes; D3L keeps more values live, 4 × 4 spills 440 B
+    on sm_90, so 2); ``smem_stageable`` says the LUT may be staged in shared memory.
+    Capabilities the registry declares per format (not derived from its name anywhere):
+    ``tiered`` marks the codebook of EXL3's mixed K3/K4 expert tiers, ``k6_cooperative`` the one
+    the cooperative K6 small-M dense path (``k6_mcg_small_m``) serves.
     """
 
     name: str
     codebook_id: int
-    family: str
+    decoder: Decoder
     legal_bits: tuple[int, ...]
-    hash_multiplier: int | None = None
-    hash_addend: int = 0
     sentinel: int | None = None
-    reads_lut: bool = False
-    lut_nbytes: int = 0
     smem_stageable: bool = False
+    tiered: bool = False
+    k6_cooperative: bool = False
+
+    @property
+    def wide_tile_cap(self) -> int:
+        return self.decoder.wide_tile_cap
+
+    @property
+    def hash_multiplier(self) -> int | None:
+        return getattr(self.decoder, "multiplier", None)
+
+    @property
+    def hash_addend(self) -> int:
+        return getattr(self.decoder, "addend", 0)
+
+    @property
+    def lut_nbytes(self) -> int:
+        return self.decoder.lut_nbytes
+
+    @property
+    def reads_lut(self) -> bool:
+        """Whether the decoder reads a table through the LUT slot (spec §2.8)."""
+        return self.decoder.lut_nbytes > 0
 
     def check_bits(self, bits: int) -> int:
         if isinstance(bits, bool) or not isinstance(bits, int):
@@ -123,53 +276,67 @@ class DecodeFormat:
             )
         return bits
 
+    def device_decode(
+        self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool
+    ) -> list:
+        """Trace the decoder body: eight states -> four packed half2 (bf16x2 when ``to_bf16``)."""
+        return self.decoder.device(bits, states, lut_addr, lut_in_smem=lut_in_smem, to_bf16=to_bf16)
+
+    def lut(self) -> bytes:
+        """The table bytes the kernel reads through its LUT slot (empty for table-free ones)."""
+        return self.decoder.lut()
+
+    def host_values(self, bits: int) -> np.ndarray:
+        """fp16[65536]: the value the device decoder gives each 16-bit state (read-only)."""
+        return _host_values_cached(self.decoder, self.check_bits(bits))
+
+    def __repr__(self) -> str:
+        return f"DecodeFormat({self.name!r})"
+
 
 FORMATS: dict[str, DecodeFormat] = {
     "3inst": DecodeFormat(
         name="3inst",
         codebook_id=0,
-        family="fp16_hash",
+        decoder=Fp16HashDecoder(multiplier=89226354, addend=64248484),
         legal_bits=(1, 2, 3, 4, 5, 6, 7, 8),
-        hash_multiplier=89226354,
-        hash_addend=64248484,
     ),
     "mcg": DecodeFormat(
         name="mcg",
         codebook_id=1,
-        family="fp16_hash",
+        decoder=Fp16HashDecoder(multiplier=MCG_SENTINEL),
         legal_bits=(1, 2, 3, 4, 5, 6, 7, 8),
-        hash_multiplier=MCG_SENTINEL,
         sentinel=MCG_SENTINEL,
+        tiered=True,
+        k6_cooperative=True,
     ),
     "mul1": DecodeFormat(
         name="mul1",
         codebook_id=2,
-        family="mul1",
+        decoder=Mul1Decoder(),
         legal_bits=(1, 2, 3, 4, 5, 6, 7, 8),
-        hash_multiplier=MUL1_MULTIPLIER,
     ),
     "sqg_e4m3": DecodeFormat(
         name="sqg_e4m3",
         codebook_id=3,
-        family="sqg_t12",
+        decoder=SqgT12Decoder(),
         legal_bits=(2, 3, 4),
-        reads_lut=True,
-        lut_nbytes=4096,
         smem_stageable=True,
     ),
     "sqg_fp16": DecodeFormat(
         name="sqg_fp16",
         codebook_id=4,
-        family="sqg_d3l",
+        decoder=SqgD3lDecoder(),
         legal_bits=(5, 6),
-        reads_lut=True,
-        lut_nbytes=416,
     ),
 }
 
 
 def resolve_format(codebook: str, bits: int | None = None) -> DecodeFormat:
-    """Resolve a codebook name (and optionally check ``bits``) to its :class:`DecodeFormat`."""
+    """Resolve a codebook name (and optionally check ``bits``) to its :class:`DecodeFormat`.
+
+    The boundary: public entry points call this once and pass the format object inward.
+    """
     if not isinstance(codebook, str):
         raise TypeError(f"codebook: expected str, got {type(codebook).__name__}")
     fmt = FORMATS.get(codebook)
@@ -221,12 +388,7 @@ def d3l_descriptor_bytes() -> bytes:
 
 def lut_bytes(codebook: str) -> bytes:
     """The table bytes a kernel reads through its LUT slot (empty for table-free codebooks)."""
-    fmt = resolve_format(codebook)
-    if fmt.family == "sqg_t12":
-        return t12_table()
-    if fmt.family == "sqg_d3l":
-        return d3l_descriptor_bytes()
-    return b""
+    return resolve_format(codebook).lut()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,24 +400,6 @@ def _u16_as_f16(u: np.ndarray) -> np.ndarray:
     return np.asarray(u, dtype=np.uint16).view(np.float16)
 
 
-def _fp16_hash_values(fmt: DecodeFormat) -> np.ndarray:
-    s = np.arange(65536, dtype=np.uint64)
-    x = (s * fmt.hash_multiplier + fmt.hash_addend) & 0xFFFFFFFF
-    h = (x & LOP3_MASK) ^ LOP3_XOR
-    return _u16_as_f16(h & 0xFFFF) + _u16_as_f16(h >> 16)
-
-
-def _mul1_values() -> np.ndarray:
-    s = np.arange(65536, dtype=np.uint64)
-    x = (s * MUL1_MULTIPLIER) & 0xFFFFFFFF
-    bsum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
-    acc = _u16_as_f16(MUL1_ACC_BASE + bsum).astype(np.float64)
-    k_inv = float(_u16_as_f16(np.uint16(MUL1_K_INV)))
-    k_bias = float(_u16_as_f16(np.uint16(MUL1_K_BIAS)))
-    # acc * k_inv is exact in fp64 (11-bit x 11-bit mantissas), so one rounding to fp16 = fma.rn.
-    return (acc * k_inv + k_bias).astype(np.float16)
-
-
 def _bitrev(value: np.ndarray, width: int) -> np.ndarray:
     out = np.zeros_like(value)
     for i in range(width):
@@ -263,7 +407,9 @@ def _bitrev(value: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def sqg_rank(bits: int) -> np.ndarray:
+def sqg_rank(
+    bits: int, affine_mul: int = SQG_AFFINE_MUL, affine_add: int = SQG_AFFINE_ADD
+) -> np.ndarray:
     """§2.5 SQG-XOR graph: rank of every 16-bit codeword at bitrate ``bits`` (int64[65536])."""
     cw = np.arange(65536, dtype=np.int64)
     width = 16 - bits
@@ -272,7 +418,7 @@ def sqg_rank(bits: int) -> np.ndarray:
     beta = cw & ((1 << bits) - 1)
     m = h ^ (h >> 11)
     m = m ^ ((m << 11) & hmask)
-    p = (SQG_AFFINE_MUL * m + SQG_AFFINE_ADD) & 0xFFFFFFFF
+    p = (affine_mul * m + affine_add) & 0xFFFFFFFF
     phase = p & hmask
     syndrome = p >> (32 - bits)
     return ((_bitrev(beta, bits) ^ syndrome) << width) | phase
@@ -280,8 +426,8 @@ def sqg_rank(bits: int) -> np.ndarray:
 
 def sqg_state_bytes(bits: int) -> bytes:
     """sqg_e4m3 E4M3 byte of every state at ``bits`` (the T12 lookup folded with the rank map)."""
-    resolve_format("sqg_e4m3", bits)
-    return _t12_array()[sqg_rank(bits) >> 4].tobytes()
+    fmt = resolve_format("sqg_e4m3", bits)
+    return fmt.decoder.state_bytes(bits).tobytes()
 
 
 def _e4m3_to_f16(byte: np.ndarray) -> np.ndarray:
@@ -292,8 +438,8 @@ def _e4m3_to_f16(byte: np.ndarray) -> np.ndarray:
     return np.where(byte & 0x80, -mag, mag).astype(np.float16)
 
 
-def _d3l_values(bits: int) -> np.ndarray:
-    rank = sqg_rank(bits)
+def _d3l_values(bits: int, affine_mul: int, affine_add: int) -> np.ndarray:
+    rank = sqg_rank(bits, affine_mul, affine_add)
     neg = rank < 0x8000
     m = (rank & 0x7FFF) ^ np.where(neg, 0x7FFF, 0)
     v = 65535 - 2 * m
@@ -313,21 +459,12 @@ def _d3l_values(bits: int) -> np.ndarray:
 
 
 @functools.cache
-def _host_values_cached(codebook: str, bits: int) -> np.ndarray:
-    fmt = resolve_format(codebook, bits)
-    if fmt.family == "fp16_hash":
-        out = _fp16_hash_values(fmt)
-    elif fmt.family == "mul1":
-        out = _mul1_values()
-    elif fmt.family == "sqg_t12":
-        out = _e4m3_to_f16(_t12_array()[sqg_rank(bits) >> 4])
-    else:
-        out = _d3l_values(bits)
-    out = np.ascontiguousarray(out, dtype=np.float16)
+def _host_values_cached(decoder: Decoder, bits: int) -> np.ndarray:
+    out = np.ascontiguousarray(decoder.host_values(bits), dtype=np.float16)
     out.setflags(write=False)
     return out
 
 
 def host_state_values(codebook: str, bits: int) -> np.ndarray:
     """fp16[65536]: the value the device decoder of ``codebook`` gives each 16-bit state."""
-    return _host_values_cached(codebook, bits)
+    return resolve_format(codebook, bits).host_values(bits)

@@ -387,16 +387,16 @@ def supported_moe_variants() -> list[dict]:
 
 def kernel_specializations() -> list[KernelSpec]:
     specs = []
-    for name, fmt in FORMATS.items():
+    for fmt in FORMATS.values():
         for bits in fmt.legal_bits:
-            specs.append(KernelSpec("decode", name, bits))
+            specs.append(KernelSpec("decode", fmt, bits))
             for bf16 in (False, True):
                 for m_tiles, n_tiles in GEMM_TILES:
                     for partials in (False, True):
                         specs.append(
                             KernelSpec(
                                 "gemm",
-                                name,
+                                fmt,
                                 bits,
                                 bf16=bf16,
                                 m_tiles=m_tiles,

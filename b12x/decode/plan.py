@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels import host as host_kernels
 from b12x.kernels.specs import KernelSpec
 from b12x.runtime import compile_cache
@@ -72,6 +73,12 @@ class DecodeProblem:
     n: int
     bits: int
     codebook: str
+    #: The codebook's format, resolved once here from the validated name; every kernel spec
+    #: built for this problem carries it (never the name).
+    fmt: DecodeFormat = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", resolve_format(self.codebook, self.bits))
 
     @property
     def payload_shape(self) -> tuple[int, int, int]:
@@ -99,7 +106,7 @@ class DecodePlan:
     @property
     def kernel_specs(self) -> tuple[KernelSpec, ...]:
         """The kernel specialisations ``run`` launches (the warm-up set)."""
-        return (KernelSpec("decode", self.problem.codebook, self.problem.bits),)
+        return (KernelSpec("decode", self.problem.fmt, self.problem.bits),)
 
 
 def plan_decode(*, k: int, n: int, bits: int, codebook: str) -> DecodePlan:
@@ -200,5 +207,5 @@ class DecodeOp:
 
         p = _check_plan(plan).problem
         major, minor = device_limits(self.device).capability
-        never_launched = KernelSpec("decode", p.codebook, p.bits, unroll=2)
+        never_launched = KernelSpec("decode", p.fmt, p.bits, unroll=2)
         compile_cache.compiled_kernel(never_launched, f"sm_{major}{minor}")

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from b12x.dense import tiles as dense_tiles
+from b12x.formats import resolve_format
 from b12x.runtime.validate import check_bool, check_codebook_bits, check_positive_int
 
 __all__ = [
@@ -228,9 +229,9 @@ K6_ROW = Row(
         _cond("m<=128", lambda c: c["m"] <= K6_MAX_M, lambda c: f"m={c['m']} > {K6_MAX_M}"),
         _cond("bits==6", lambda c: c["bits"] == 6, lambda c: f"bits={c['bits']} != 6"),
         _cond(
-            "codebook==mcg",
-            lambda c: c["codebook"] == "mcg",
-            lambda c: f"codebook={c['codebook']!r} != 'mcg'",
+            "codebook_has_k6_kernel",
+            lambda c: resolve_format(c["codebook"]).k6_cooperative,
+            lambda c: f"codebook={c['codebook']!r} has no cooperative K6 kernel",
         ),
         _UNPAIRED,
         _cond(

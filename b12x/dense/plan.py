@@ -69,6 +69,7 @@ import torch
 from b12x.dense import dispatch as dense_dispatch
 from b12x.dense import split_k as split_table
 from b12x.dense import tiles as dense_tiles
+from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels import host as host_kernels
 from b12x.kernels.specs import KernelSpec
 from b12x.runtime import compile_cache
@@ -132,6 +133,12 @@ class DenseProblem:
     x_dtype: torch.dtype
     compute_dtype: torch.dtype
     external_rotation: bool
+    #: The codebook's format, resolved once here from the validated name; every kernel spec
+    #: built for this problem carries it (never the name).
+    fmt: DecodeFormat = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", resolve_format(self.codebook, self.bits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +176,12 @@ class DensePlan:
         if not p.external_rotation:
             specs.append(KernelSpec("rotate_in", in_bf16=False, out_bf16=False))
         if self.path == "decode_matmul":
-            specs.append(KernelSpec("decode", p.codebook, p.bits))
+            specs.append(KernelSpec("decode", p.fmt, p.bits))
         else:
             specs.append(
                 KernelSpec(
                     "gemm",
-                    p.codebook,
+                    p.fmt,
                     p.bits,
                     bf16=bf16,
                     m_tiles=self.m_tiles,
@@ -672,5 +679,5 @@ class DenseOp:
             raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
         major, minor = plan.device.capability
         p = plan.problem
-        never_launched = KernelSpec("gemm", p.codebook, p.bits, unroll=2, depth=2)
+        never_launched = KernelSpec("gemm", p.fmt, p.bits, unroll=2, depth=2)
         compile_cache.compiled_kernel(never_launched, f"sm_{major}{minor}")

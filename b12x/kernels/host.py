@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from b12x.formats import DecodeFormat, lut_bytes, resolve_format
+from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.launch import (
     DecodeLaunch,
     GemmLaunch,
@@ -85,12 +85,12 @@ def lut_tensor(fmt: DecodeFormat, device: torch.device) -> torch.Tensor | None:
     """The codebook's table on ``device`` (None for table-free codebooks); cached per device."""
     if not fmt.reads_lut:
         return None
-    return _lut_cached(fmt.name, str(torch.device(device)))
+    return _lut_cached(fmt, str(torch.device(device)))
 
 
 @functools.cache
-def _lut_cached(codebook: str, device: str) -> torch.Tensor:
-    data = torch.frombuffer(bytearray(lut_bytes(codebook)), dtype=torch.uint8)
+def _lut_cached(fmt: DecodeFormat, device: str) -> torch.Tensor:
+    data = torch.frombuffer(bytearray(fmt.lut()), dtype=torch.uint8)
     return data.to(device)
 
 
@@ -153,7 +153,7 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
     _check_tensor("out", out, dtypes=(torch.float16,), ndim=2, device=trellis.device)
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
-    fn = _kernel(KernelSpec("decode", fmt.name, bits), trellis.device)
+    fn = _kernel(KernelSpec("decode", fmt, bits), trellis.device)
     launch = DecodeLaunch(
         payload=trellis.view(torch.int32),
         out=out.view(torch.int16),
@@ -245,7 +245,7 @@ def trellis_matmul(
     lut = _lut_addr(fmt, a.device)
     spec = KernelSpec(
         "gemm",
-        fmt.name,
+        fmt,
         bits,
         bf16=bf16,
         m_tiles=m_tiles,

@@ -3,8 +3,9 @@
 Layout
 ------
 * :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one kernel
-  specialisation (kind, codebook, bits, dtype flags, tile shape, unroll, register stages
-  ``depth``, shared-memory ring stages ``smem_stages``). With the target arch,
+  specialisation (kind, the codebook's :class:`~b12x.formats.DecodeFormat` object, bits, dtype
+  flags, tile shape, unroll, register stages ``depth``, shared-memory ring stages
+  ``smem_stages``). With the target arch,
   the DSL version, the ABI version and the kernel source hash it makes the structural
   :class:`~b12x.runtime.compile_cache.CompileKey`: two specs that compile differently are never
   equal.
@@ -34,6 +35,10 @@ import io
 import re
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from b12x.formats import DecodeFormat
 
 __all__ = [
     "KernelSpec",
@@ -57,7 +62,10 @@ class KernelSpec:
     """Every codegen input of one kernel specialisation (the arch is added by the caller)."""
 
     kind: str
-    codebook: str | None = None
+    #: The codebook's :class:`~b12x.formats.DecodeFormat` (decode/gemm). A name given here (the
+    #: form external callers such as the oracle and benchmarks use) is resolved once, in
+    #: ``__post_init__``; inside ``b12x`` callers pass the format object they already hold.
+    fmt: DecodeFormat | None = None
     bits: int | None = None
     bf16: bool = False
     in_bf16: bool = False
@@ -75,8 +83,17 @@ class KernelSpec:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
-        if self.kind in ("decode", "gemm") and (self.codebook is None or self.bits is None):
+        if isinstance(self.fmt, str):
+            from b12x.formats import resolve_format
+
+            object.__setattr__(self, "fmt", resolve_format(self.fmt))
+        if self.kind in ("decode", "gemm") and (self.fmt is None or self.bits is None):
             raise ValueError(f"codebook/bits: a {self.kind} spec needs both")
+
+    @property
+    def codebook(self) -> str | None:
+        """The codebook's name (for messages and reports; code uses :attr:`fmt`)."""
+        return None if self.fmt is None else self.fmt.name
 
     @property
     def uses_mma(self) -> bool:
@@ -190,8 +207,6 @@ def build_kernel(spec: KernelSpec):
     from cutlass import Float32, Int16, Int32, Int64
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    from b12x.formats import resolve_format
-
     def fake(dtype, shape):
         order = tuple(range(len(shape) - 1, -1, -1))
         return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
@@ -200,7 +215,7 @@ def build_kernel(spec: KernelSpec):
     if spec.kind == "decode":
         from b12x.kernels.trellis_decode import TrellisDecodeKernel
 
-        fmt = resolve_format(spec.codebook, spec.bits)
+        fmt = spec.fmt
         payload = fake(Int32, (cute.sym_int(), cute.sym_int(), 8 * spec.bits))
         out = fake(Int16, (cute.sym_int(divisibility=16), cute.sym_int(divisibility=16)))
         kernel = TrellisDecodeKernel(fmt, spec.bits, warps_per_cta=spec.warps)
@@ -208,7 +223,7 @@ def build_kernel(spec: KernelSpec):
     if spec.kind == "gemm":
         from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
 
-        fmt = resolve_format(spec.codebook, spec.bits)
+        fmt = spec.fmt
         m = cute.sym_int()
         a = fake(Int32, (m, cute.sym_int(divisibility=8)))
         n_group = 16 * spec.n_tiles * spec.warps

@@ -31,7 +31,8 @@ Layout
 Invariants
 ----------
 * Everything that depends on the codebook or bitrate is a Python constant at trace time (the
-  :class:`~b12x.formats.DecodeFormat` fields); no codebook string reaches device code.
+  :class:`~b12x.formats.DecodeFormat` and its decoder's fields); no codebook string reaches
+  device code, and the decoder body is the format's own (``fmt.device_decode``).
 * Table-reading codebooks get the table through one 64-bit LUT slot (§2.8): a global address, or
   (``lut_in_smem``) a 32-bit shared-window address carried in the same slot.
 """
@@ -47,16 +48,6 @@ import cutlass.memory
 from cutlass import Int32, Int64, Uint32
 
 from b12x.abi import abi_entry
-from b12x.formats import (
-    LOP3_MASK,
-    LOP3_XOR,
-    MUL1_ACC_BASE,
-    MUL1_K_BIAS,
-    MUL1_K_INV,
-    SQG_AFFINE_ADD,
-    SQG_AFFINE_MUL,
-    DecodeFormat,
-)
 from b12x.kernels import ptx
 
 __all__ = [
@@ -72,6 +63,10 @@ __all__ = [
     "run_window_plan",
     "lane_windows",
     "decode_states_to_half2x4",
+    "decode_fp16_hash",
+    "decode_mul1",
+    "decode_sqg_t12",
+    "decode_sqg_d3l",
     "TrellisDecodeKernel",
 ]
 
@@ -318,16 +313,27 @@ def lane_windows(words: list, off, bits: int) -> list:
 # ---------------------------------------------------------------------------------------------
 
 
-def _decode_fp16_hash(fmt: DecodeFormat, states: list, to_bf16: bool) -> list:
-    hashes = [s * Uint32(fmt.hash_multiplier) + Uint32(fmt.hash_addend) for s in states]
+# Each body takes its decoder object (:mod:`b12x.formats`: the constants as dataclass fields);
+# the decoder's ``device`` method names its body, so nothing here chooses one. This module
+# imports nothing from :mod:`b12x.formats` (which imports it lazily: no circle).
+
+
+def _to_bf16(regs: list, to_bf16: bool) -> list:
+    return [ptx.half2_to_bfloat2(r) for r in regs] if to_bf16 else regs
+
+
+def decode_fp16_hash(dec, states: list, to_bf16: bool) -> list:
+    """§2.0 hash + LOP3 + half add (3inst, mcg); rounds to bf16 itself."""
+    hashes = [s * Uint32(dec.multiplier) + Uint32(dec.addend) for s in states]
     pair = ptx.lop3_hash_pair_to_bfloat2 if to_bf16 else ptx.lop3_hash_pair_to_half2
-    return [pair(hashes[2 * i], hashes[2 * i + 1], LOP3_MASK, LOP3_XOR) for i in range(4)]
+    return [pair(hashes[2 * i], hashes[2 * i + 1], dec.lop3_mask, dec.lop3_xor) for i in range(4)]
 
 
-def _decode_mul1(fmt: DecodeFormat, states: list) -> list:
-    sums = [ptx.dp4a_bytesum(s * Uint32(fmt.hash_multiplier), MUL1_ACC_BASE) for s in states]
-    k_inv = MUL1_K_INV * 0x10001
-    k_bias = MUL1_K_BIAS * 0x10001
+def decode_mul1(dec, states: list, to_bf16: bool) -> list:
+    """§2.3 hash, dp4a byte sum, fp16 FMA."""
+    sums = [ptx.dp4a_bytesum(s * Uint32(dec.multiplier), dec.acc_base) for s in states]
+    k_inv = dec.k_inv * 0x10001
+    k_bias = dec.k_bias * 0x10001
     out = []
     for i in range(4):
         pair = ptx.pack_lo16(sums[2 * i], sums[2 * i + 1])
@@ -338,10 +344,10 @@ def _decode_mul1(fmt: DecodeFormat, states: list) -> list:
             "fma.rn.f16x2 $0, $1, a, c; }"
         )
         out.append(ptx.asm_u32(text, pair))
-    return out
+    return _to_bf16(out, to_bf16)
 
 
-def _sqg_stratum_phase(state, bits: int):
+def _sqg_stratum_phase(dec, state, bits: int):
     """§2.5 graph pieces of one codeword: (stratum, p) with phase = p & (2^(16-b) - 1)."""
     width = 16 - bits
     hmask = (1 << width) - 1
@@ -349,7 +355,7 @@ def _sqg_stratum_phase(state, bits: int):
     if width > 11:
         h = h ^ (h >> Uint32(11))
         h = h ^ ((h << Uint32(11)) & Uint32(hmask))
-    p = h * Uint32(SQG_AFFINE_MUL) + Uint32(SQG_AFFINE_ADD)
+    p = h * Uint32(dec.affine_mul) + Uint32(dec.affine_add)
     beta_rev = ptx.brev_u32(state) >> Uint32(32 - bits)
     stratum = beta_rev ^ (p >> Uint32(32 - bits))
     return stratum, p
@@ -361,20 +367,22 @@ def _read_lut_u8(lut_addr, index, lut_in_smem: bool):
     return ptx.ld_global_nc_u8(Int64(lut_addr) + Int64(index))
 
 
-def _decode_sqg_t12(bits: int, states: list, lut_addr, lut_in_smem: bool) -> list:
+def decode_sqg_t12(dec, bits: int, states: list, lut_addr, lut_in_smem: bool, to_bf16: bool):
+    """§2.5 SQG-XOR rank -> T12 byte (LUT slot) -> E4M3 widen."""
     width = 16 - bits
     low_mask = (1 << (width - 4)) - 1
     codes = []
     for s in states:
-        stratum, p = _sqg_stratum_phase(s, bits)
+        stratum, p = _sqg_stratum_phase(dec, s, bits)
         index = (stratum << Uint32(width - 4)) | ((p >> Uint32(4)) & Uint32(low_mask))
         codes.append(_read_lut_u8(lut_addr, index, lut_in_smem))
-    return [ptx.e4m3x2_to_half2(codes[2 * i], codes[2 * i + 1]) for i in range(4)]
+    regs = [ptx.e4m3x2_to_half2(codes[2 * i], codes[2 * i + 1]) for i in range(4)]
+    return _to_bf16(regs, to_bf16)
 
 
-def _d3l_half(state, bits: int, lut_addr) -> Uint32:
+def _d3l_half(dec, state, bits: int, lut_addr) -> Uint32:
     width = 16 - bits
-    stratum, p = _sqg_stratum_phase(state, bits)
+    stratum, p = _sqg_stratum_phase(dec, state, bits)
     rank = (stratum << Uint32(width)) | (p & Uint32((1 << width) - 1))
     positive = rank >> Uint32(15)  # 1 when rank >= 0x8000
     neg_mask = (positive ^ Uint32(1)) * Uint32(0x7FFF)
@@ -399,28 +407,17 @@ def _d3l_half(state, bits: int, lut_addr) -> Uint32:
     return mag ^ ((positive ^ Uint32(1)) << Uint32(15))
 
 
-def _decode_sqg_d3l(bits: int, states: list, lut_addr) -> list:
-    halves = [_d3l_half(s, bits, lut_addr) for s in states]
-    return [ptx.pack_lo16(halves[2 * i], halves[2 * i + 1]) for i in range(4)]
+def decode_sqg_d3l(dec, bits: int, states: list, lut_addr, to_bf16: bool) -> list:
+    """§2.5 SQG-XOR rank -> D3L descriptor (LUT slot) -> fp16 FMA."""
+    halves = [_d3l_half(dec, s, bits, lut_addr) for s in states]
+    regs = [ptx.pack_lo16(halves[2 * i], halves[2 * i + 1]) for i in range(4)]
+    return _to_bf16(regs, to_bf16)
 
 
-def decode_states_to_half2x4(
-    fmt: DecodeFormat, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool
-) -> list:
-    """Decode eight states (w0..w7) to four packed half2 (bf16x2 when ``to_bf16``)."""
-    if fmt.family == "fp16_hash":
-        return _decode_fp16_hash(fmt, states, to_bf16)  # rounds to bf16 itself
-    if fmt.family == "mul1":
-        regs = _decode_mul1(fmt, states)
-    elif fmt.family == "sqg_t12":
-        regs = _decode_sqg_t12(bits, states, lut_addr, lut_in_smem)
-    elif fmt.family == "sqg_d3l":
-        regs = _decode_sqg_d3l(bits, states, lut_addr)
-    else:  # pragma: no cover - the registry only holds the four families
-        raise ValueError(f"fmt: unknown decoder family {fmt.family!r}")
-    if to_bf16:
-        regs = [ptx.half2_to_bfloat2(r) for r in regs]
-    return regs
+def decode_states_to_half2x4(fmt, bits: int, states: list, lut_addr, *, lut_in_smem, to_bf16):
+    """Decode eight states (w0..w7) to four packed half2 (bf16x2 when ``to_bf16``): the body of
+    ``fmt``'s decoder (:meth:`b12x.formats.DecodeFormat.device_decode`)."""
+    return fmt.device_decode(bits, states, lut_addr, lut_in_smem=lut_in_smem, to_bf16=to_bf16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,7 +439,7 @@ class TrellisDecodeKernel:
     skipped.
     """
 
-    def __init__(self, fmt: DecodeFormat, bits: int, *, warps_per_cta: int = 4):
+    def __init__(self, fmt, bits: int, *, warps_per_cta: int = 4):
         fmt.check_bits(bits)
         self.fmt = fmt
         self.bits = bits

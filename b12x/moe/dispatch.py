@@ -37,10 +37,11 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
    ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks share :data:`WIDE_CTA_WARPS` = 4 warps
    over the groups (``W = max(1, 4 // k_split)``, 128-thread CTAs: the wide accumulators need
-   ~250 registers) at depth 2: ``wide_d3l_two_tiles`` (m_tiles 4 and the D3L decoder family,
-   4 × 4 spills) → (2, W, 2), ``wide_four_tiles`` (``N % (64·W) == 0``) → (4, W, 2),
-   ``wide_two_tiles`` → (2, W, 2). Fields ``m_tiles, n, k_split``, ``family`` (the decoder
-   family of :mod:`b12x.formats`, None = not D3L), ``compute_dtype``.
+   ~250 registers) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a decoder tile hint below 4,
+   the D3L decoder's 2: 4 × 4 spills) → (cap, W, 2), ``wide_four_tiles`` (``N % (64·W) == 0``)
+   → (4, W, 2), ``wide_two_tiles`` → (2, W, 2). Fields ``m_tiles, n, k_split``,
+   ``wide_tile_cap`` (the format's tile hint :attr:`b12x.formats.DecodeFormat.wide_tile_cap`,
+   default 4), ``compute_dtype``.
 4. :data:`PAIR_GEOMETRY` ``moe_pair_geometry`` — ``(n_tiles, warps, depth, rate_axis)`` of a QSRT
    pair launch by phase: FC1 = N axis (one 256-column pair per CTA): ``n_axis_single`` (m_tiles
    1) → (2, 8, 8, n), ``n_axis_wide`` → (4, 4, 2, n); FC2 = K axis: ``k_axis_single`` (m_tiles 1)
@@ -119,9 +120,11 @@ K_SPLITS = (1, 2, 4, 8)
 #: Warps of a CTA at m_tiles ≥ 2 (all groups together): the 255-register budget per thread that
 #: the wide accumulators need holds only for 128-thread CTAs on sm_90.
 WIDE_CTA_WARPS = 4
-#: The decoder family whose 4-block CTAs take 2 tiles (4 × 4 spills 440 B on sm_90).
-D3L_FAMILY = "sqg_d3l"
-DECODER_FAMILIES = ("fp16_hash", "mul1", "sqg_t12", "sqg_d3l")
+#: Tile hints a decoder may carry (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`): the most N16
+#: tiles per warp of a four-block CTA. The D3L decoder carries 2 (4 × 4 spills 440 B on sm_90).
+WIDE_TILE_CAPS = (2, 4)
+#: The cap of a decoder without a hint (four tiles whenever N allows).
+WIDE_TILE_CAP = 4
 #: Columns of one QSRT pair (two 128-channel records).
 PAIR_CHANNELS = 256
 PHASES = ("fc1", "fc2")
@@ -509,7 +512,7 @@ _WIDE = _cond(
 
 
 def _geo(**changes: Any) -> dict:
-    base = {"m_tiles": 2, "n": 3072, "k_split": 1, "family": "fp16_hash"}
+    base = {"m_tiles": 2, "n": 3072, "k_split": 1, "wide_tile_cap": WIDE_TILE_CAP}
     return {**base, "compute_dtype": "float16", **changes}
 
 
@@ -520,7 +523,12 @@ GEMM_GEOMETRY = _table(
         Field("m_tiles", _int_choice(M_TILES)),
         Field("n", _positive_int, doc="output columns of the launch"),
         Field("k_split", _int_choice(K_SPLITS)),
-        Field("family", _str_choice(DECODER_FAMILIES, optional=True), None),
+        Field(
+            "wide_tile_cap",
+            _int_choice(WIDE_TILE_CAPS),
+            WIDE_TILE_CAP,
+            "the decoder's tile hint: most N16 tiles per warp at four M16 blocks",
+        ),
         Field("compute_dtype", _compute_dtype, "float16", "does not enter"),
     ),
     (
@@ -537,8 +545,9 @@ GEMM_GEOMETRY = _table(
             GemmGeometry(2, 4, 8),
         ),
         (
-            "wide_d3l_two_tiles",
-            "four M16 blocks of the D3L decoder: 2 tiles (4 × 4 spills), 128-thread CTA",
+            "wide_capped_tiles",
+            "four M16 blocks of a decoder whose tile hint caps the tiles (D3L: 2, as 4 × 4 "
+            "spills), 128-thread CTA",
             (
                 _cond(
                     "m_tiles==4",
@@ -546,12 +555,12 @@ GEMM_GEOMETRY = _table(
                     lambda c: f"m_tiles={c['m_tiles']} != 4",
                 ),
                 _cond(
-                    "family==sqg_d3l",
-                    lambda c: c["family"] == D3L_FAMILY,
-                    lambda c: f"family={c['family']!r} != {D3L_FAMILY!r}",
+                    "wide_tile_cap<4",
+                    lambda c: c["wide_tile_cap"] < WIDE_TILE_CAP,
+                    lambda c: f"wide_tile_cap={c['wide_tile_cap']} is not below {WIDE_TILE_CAP}",
                 ),
             ),
-            lambda c: GemmGeometry(2, _group_warps(c), 2),
+            lambda c: GemmGeometry(c["wide_tile_cap"], _group_warps(c), 2),
         ),
         (
             "wide_four_tiles",
@@ -589,22 +598,22 @@ GEMM_GEOMETRY = _table(
             "wide_four_tiles",
         ),
         Boundary(
-            "geometry_d3l_family",
+            "geometry_tile_cap",
             _geo(m_tiles=4),
-            "family",
-            "fp16_hash",
-            "sqg_d3l",
+            "wide_tile_cap",
+            2,
+            4,
+            "wide_capped_tiles",
             "wide_four_tiles",
-            "wide_d3l_two_tiles",
         ),
         Boundary(
-            "geometry_d3l_needs_four_blocks",
-            _geo(family="sqg_d3l"),
+            "geometry_cap_needs_four_blocks",
+            _geo(wide_tile_cap=2),
             "m_tiles",
             2,
             4,
             "wide_four_tiles",
-            "wide_d3l_two_tiles",
+            "wide_capped_tiles",
         ),
         Boundary(
             "geometry_compute_dtype_does_not_enter",

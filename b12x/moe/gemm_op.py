@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 
+from b12x.formats import resolve_format
 from b12x.kernels import host as host_kernels
 from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
@@ -262,7 +263,7 @@ def plan_moe_gemm(
     routes = routing.plan_routes(m=m, top_k=top_k, num_experts=num_experts, block_size=16 * m_tiles)
     check_grid(routes, m)
     spec = plan_gemm_spec(
-        decisions=decisions, role=phase, codebook=codebook, bits=bits,
+        decisions=decisions, role=phase, fmt=resolve_format(codebook), bits=bits,
         compute_dtype=compute_dtype, m_tiles=m_tiles, phase=phase, choice=pair, k=k, n=n,
     )  # fmt: skip
     if phase == "fc2":

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from b12x.formats import resolve_format
 from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
@@ -116,7 +117,7 @@ def check_moe_op_args(
         w13_layout=w13_layout, x_dtype=x.dtype,
     )  # fmt: skip
     if tiered:
-        if codebook != TIER_CODEBOOK:
+        if not resolve_format(codebook).tiered:
             raise ValueError(f"codebook: mixed tiers are EXL3 MCG tiers, got {codebook!r}")
         keywords.update(
             tier0_bits=bits[0], tier1_bits=bits[1], tier0_experts=experts[0],
@@ -281,7 +282,7 @@ class MoeOp:
         if not isinstance(problem, Mapping):
             raise TypeError(f"problem: expected a mapping, got {type(problem).__name__}")
         if "tier0_bits" in problem:
-            if problem.get("codebook", TIER_CODEBOOK) != TIER_CODEBOOK:
+            if not resolve_format(problem.get("codebook", TIER_CODEBOOK)).tiered:
                 raise ValueError(
                     f"codebook: mixed tiers are MCG tiers, got {problem['codebook']!r}"
                 )

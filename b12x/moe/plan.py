@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from b12x.formats import resolve_format
+from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.moe import routing
 from b12x.moe.dispatch import (
@@ -134,6 +134,11 @@ class MoeProblem:
     num_global_experts: int | None  # tiers only: the router's namespace
     fc1_pair: str | None = None  # QSRT pairs on FC1's N axis: None, a kind or "dynamic"
     fc2_pair: str | None = None  # QSRT pairs on FC2's K axis
+    #: The codebook's format, resolved once from the validated name (specs are planned from it).
+    fmt: DecodeFormat = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", resolve_format(self.codebook))
 
     @property
     def paired(self) -> bool:
@@ -213,7 +218,7 @@ def choose_k_split(k: int, n: int) -> int:
 
 
 def gemm_geometry(
-    m_tiles: int, n: int, k_split: int = 1, *, family: str | None = None
+    m_tiles: int, n: int, k_split: int = 1, *, wide_tile_cap: int = 4
 ) -> tuple[int, int, int]:
     """(n_tiles, warps, depth) of the grouped GEMM; ``warps`` per K group (CTA: warps·k_split):
     the :data:`~b12x.moe.dispatch.GEMM_GEOMETRY` table's answer.
@@ -224,11 +229,11 @@ def gemm_geometry(
     (``warps = 4 / k_split``, narrower CTAs, more of them) and 4 tiles when N allows.
     ``k_split`` does not change any route's summation order here: n_tiles, warps and depth only
     pick which warp computes a tile and how many rows are in flight, each lane still adds its
-    slice's K16 rows in ascending order. ``family`` (the decoder family of :mod:`b12x.formats`):
-    the D3L decoder (``"sqg_d3l"``) keeps more values live, so its 4-block CTAs take 2 tiles
-    (4 × 4 spills 440 B on sm_90, split or not).
+    slice's K16 rows in ascending order. ``wide_tile_cap`` (the format's tile hint,
+    :attr:`b12x.formats.DecodeFormat.wide_tile_cap`): the D3L decoder keeps more values live, so
+    its 4-block CTAs take 2 tiles (4 × 4 spills 440 B on sm_90, split or not).
     """
-    case = {"m_tiles": m_tiles, "n": n, "k_split": k_split, "family": family}
+    case = {"m_tiles": m_tiles, "n": n, "k_split": k_split, "wide_tile_cap": wide_tile_cap}
     return GEMM_GEOMETRY.decide(case)
 
 
@@ -236,7 +241,7 @@ def plan_gemm_spec(
     *,
     decisions: list[Decision],
     role: str,
-    codebook: str,
+    fmt: DecodeFormat,
     bits: int,
     compute_dtype: torch.dtype,
     m_tiles: int,
@@ -247,7 +252,7 @@ def plan_gemm_spec(
 ) -> MoeGemmSpec:
     """The compile-time spec of one grouped-GEMM launch (``k``: reduction, ``n``: output
     columns), every geometry taken from the tables: unpaired → :data:`K_SPLIT` then
-    :data:`GEMM_GEOMETRY` (by m_tiles, N, k_split and the decoder family); paired (``choice``
+    :data:`GEMM_GEOMETRY` (by m_tiles, N, k_split and the format's tile hint); paired (``choice``
     a kind or ``"dynamic"``) → :data:`PAIR_GEOMETRY` by phase. The compute dtype only becomes
     ``MoeGemmSpec.bf16``."""
     bf16 = compute_dtype == torch.bfloat16
@@ -255,19 +260,20 @@ def plan_gemm_spec(
         case = {"phase": phase, "m_tiles": m_tiles, "n": n, "compute_dtype": compute_dtype}
         geometry = decide(decisions, f"{role}.pair_geometry", PAIR_GEOMETRY, case)
         return pair_spec(
-            codebook=codebook, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
+            codebook=fmt.name, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
         )
     k_split = decide(decisions, f"{role}.k_split", K_SPLIT, {"k": k})
     case = {
         "m_tiles": m_tiles,
         "n": n,
         "k_split": k_split,
-        "family": resolve_format(codebook, bits).family,
+        "wide_tile_cap": fmt.wide_tile_cap,
         "compute_dtype": compute_dtype,
     }
     g = decide(decisions, f"{role}.geometry", GEMM_GEOMETRY, case)
+    # MoeGemmSpec (b12x.kernels.moe_gemm) still keys on the codebook's registry name.
     return MoeGemmSpec(
-        codebook, bits, bf16, m_tiles=m_tiles, n_tiles=g.n_tiles, warps=g.warps, depth=g.depth,
+        fmt.name, bits, bf16, m_tiles=m_tiles, n_tiles=g.n_tiles, warps=g.warps, depth=g.depth,
         k_split=k_split,
     )  # fmt: skip
 
@@ -434,16 +440,17 @@ def check_moe_problem(
             f"{bits!r} and {num_experts!r}"
         )
     tiers = []
+    fmt = resolve_format(codebook)
     for t, (b, e) in enumerate(zip(bits_t, experts_t, strict=True)):
         if isinstance(b, bool) or not isinstance(b, int):
             raise TypeError(f"bits: expected int, got {type(b).__name__}")
-        resolve_format(codebook, b)
+        fmt.check_bits(b)
         check_positive_int("num_experts", e)
         if len(bits_t) == 2 and e > MAX_TIER_EXPERTS:
             raise ValueError(f"num_experts: tier {t} holds {e} experts (at most 256 per tier)")
         tiers.append(TierSpec(b, e))
     if len(tiers) == 2:
-        if codebook != "mcg":
+        if not fmt.tiered:
             raise ValueError(
                 f"codebook: mixed K3/K4 tiers are EXL3 MCG tiers, expected 'mcg', got {codebook!r}"
             )
@@ -519,7 +526,7 @@ def plan_moe(
         for t, tier in enumerate(problem.tiers if choice is None else problem.tiers[:1]):
             role = f"{phase}[{t}]"
             spec = plan_gemm_spec(
-                decisions=decisions, role=role, codebook=codebook, bits=tier.bits,
+                decisions=decisions, role=role, fmt=problem.fmt, bits=tier.bits,
                 compute_dtype=compute_dtype, m_tiles=m_tiles, phase=phase, choice=choice, k=k,
                 n=n,
             )  # fmt: skip

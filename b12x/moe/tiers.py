@@ -123,7 +123,8 @@ def plan_tiered_moe(
 
     Both FC1 layouts (``"packed"``, ``"proj"``) and both compute dtypes are supported; every
     refusal names the argument (``tier0_bits``, ``tier1_experts``, ...) and what it accepts."""
-    if codebook != TIER_CODEBOOK:
+    fmt = resolve_format(codebook)
+    if not fmt.tiered:
         raise ValueError(
             f"codebook: mixed tiers are EXL3 MCG tiers, expected {TIER_CODEBOOK!r}, got "
             f"{codebook!r}"
@@ -137,7 +138,7 @@ def plan_tiered_moe(
         check_positive_int(name, value)
     for name, value in (("tier0_bits", tier0_bits), ("tier1_bits", tier1_bits)):
         try:
-            resolve_format(TIER_CODEBOOK, value)
+            fmt.check_bits(value)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
     for name, value in (("tier0_experts", tier0_experts), ("tier1_experts", tier1_experts)):

@@ -22,6 +22,7 @@ import torch
 
 from b12x.abi import ABI_LOCK_PATH
 from b12x.dense import plan_dense
+from b12x.formats import resolve_format
 from b12x.kernels import specs as kernel_specs
 from b12x.kernels.specs import KernelSpec
 from b12x.runtime import compile_cache as cc
@@ -32,7 +33,7 @@ BASE = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
 # One alternative value per KernelSpec field; a new field without an entry fails the test below.
 MUTATIONS = {
     "kind": "decode",
-    "codebook": "3inst",
+    "fmt": "3inst",  # a name is resolved to its format object once, by KernelSpec
     "bits": 5,
     "bf16": True,
     "in_bf16": True,
@@ -256,7 +257,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
     (key,) = cache.compiled_keys()
     assert key.kernel == "decode" and key.arch == "sm_90"
     assert dict(key.codegen) == {
-        "codebook": "mcg",
+        "fmt": cc._structural(resolve_format("mcg"), "fmt"),  # the whole format object
         "bits": 4,
         "bf16": False,
         "in_bf16": False,
@@ -309,7 +310,7 @@ def test_frozen_launch_path_raises_naming_the_key(launch_path):
     host.decode_weight(_payload(4), "mcg", out=out)
     with cc.frozen():
         host.decode_weight(_payload(4), "mcg", out=out)  # warmed: still launches
-        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: decode\(.*codebook='3inst'"):
+        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: decode\(.*'name', '3inst'"):
             host.decode_weight(_payload(3), "3inst", out=out)
     assert len(cache) == 1 and len(builds) == 1
 
@@ -387,7 +388,7 @@ def test_gpu_launch_resolves_through_the_runtime_cache(monkeypatch):
     cold = torch.randint(-(2**15), 2**15, (16, 16, 48), generator=gen).to(torch.int16).cuda()
     with cc.frozen():
         assert torch.equal(host.decode_weight(payload, "mcg"), first)
-        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: decode\(.*codebook='3inst'"):
+        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: decode\(.*'name', '3inst'"):
             host.decode_weight(cold, "3inst")
     assert len(cache) == 1
 

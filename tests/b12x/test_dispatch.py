@@ -69,8 +69,8 @@ def test_oracle_generic_checks_pass():
     [
         ("m", 128, 129, "m=129 > 128"),
         ("bits", 6, 5, "bits=5 != 6"),
-        ("codebook", "mcg", "sqg_fp16", "codebook='sqg_fp16' != 'mcg'"),
-        ("codebook", "mcg", "3inst", "codebook='3inst' != 'mcg'"),
+        ("codebook", "mcg", "sqg_fp16", "codebook='sqg_fp16' has no cooperative K6 kernel"),
+        ("codebook", "mcg", "3inst", "codebook='3inst' has no cooperative K6 kernel"),
         ("compute_dtype", "float16", "bfloat16", "compute_dtype=bfloat16 != float16"),
         ("compute_dtype", torch.float16, torch.bfloat16, "compute_dtype=bfloat16 != float16"),
         ("external_rotation", False, True, "external H128"),

@@ -45,10 +45,8 @@ GRIDS = {
     ],
     "moe_k_split": [{"k": k} for k in (128, 512, 896, 1536, 3072, 5120, 7168)],
     "moe_gemm_geometry": [
-        {"m_tiles": mt, "n": n, "k_split": ks, "family": f}
-        for mt, n, ks, f in itertools.product(
-            (1, 2, 4), (128, 384, 5120), (1, 4), D.DECODER_FAMILIES
-        )
+        {"m_tiles": mt, "n": n, "k_split": ks, "wide_tile_cap": f}
+        for mt, n, ks, f in itertools.product((1, 2, 4), (128, 384, 5120), (1, 4), D.WIDE_TILE_CAPS)
     ],
     "moe_pair_geometry": [
         {"phase": ph, "m_tiles": mt, "n": n}
@@ -101,7 +99,7 @@ PLANTS = [
     ("moe_k_split", D, "MIN_K_SLICE", 384, "k_split_4_min_slice"),
     ("moe_k_split", D, "K_UNIT", 64, "k_split_4_whole_units"),
     ("moe_gemm_geometry", D, "WIDE_CTA_WARPS", 8, "geometry_group_width"),
-    ("moe_gemm_geometry", D, "D3L_FAMILY", "sqg_t12", "geometry_d3l_family"),
+    ("moe_gemm_geometry", D, "WIDE_TILE_CAP", 2, "geometry_tile_cap"),
     ("moe_pair_geometry", D, "PAIR_CHANNELS", 128, "pair_k_axis_2_n"),
     ("moe_fc2_tile", dense_tiles, "SMEM_RESERVE", 0, "fc2_tile_shared_memory"),
 ]
@@ -133,8 +131,8 @@ def test_a_moved_threshold_fails_its_boundary(table_name, module, constant, plan
         (D.K_SPLIT, {"k": 4096.0}, TypeError, "k: expected int, got float"),
         (D.K_SPLIT, [("k", 128)], TypeError, "case: expected a mapping"),
         (D.GEMM_GEOMETRY, {"m_tiles": 1, "n": 128, "k_split": 3}, ValueError, "k_split"),
-        (D.GEMM_GEOMETRY, {"m_tiles": 1, "n": 128, "k_split": 1, "family": "mcg"}, ValueError,
-         "family: expected None or one of"),
+        (D.GEMM_GEOMETRY, {"m_tiles": 1, "n": 128, "k_split": 1, "wide_tile_cap": 3},
+         ValueError, "wide_tile_cap: expected one of"),
         (D.GEMM_GEOMETRY, {"m_tiles": 1, "n": 128, "k_split": 1, "compute_dtype": torch.float32},
          ValueError, "compute_dtype"),
         (D.GEMM_GEOMETRY, {"m_tiles": 1, "n": 128, "k_split": 1, "compute_dtype": 16}, TypeError,
@@ -159,7 +157,7 @@ def test_case_validation_accepts_dtypes_and_defaults():
     )
     assert D.GEMM_GEOMETRY.normalize_case(geo) == {
         **geo,
-        "family": None,
+        "wide_tile_cap": 4,
         "compute_dtype": "float16",
     }
     assert D.ROUTE_BLOCK.normalize_case({"m": 1, "top_k": 1, "num_experts": 1})["m_tiles"] is None
@@ -188,8 +186,9 @@ def _expected_spec(*, codebook, bits, compute_dtype, m_tiles, phase, pair, k, n)
         )
         return 1, g.n_tiles, g.warps, g.depth, g.rate_axis
     k_split = D.K_SPLIT.decide({"k": k})
-    family = resolve_format(codebook, bits).family
-    case = {"m_tiles": m_tiles, "n": n, "k_split": k_split, "family": family, "compute_dtype": cd}
+    cap = resolve_format(codebook, bits).wide_tile_cap
+    case = {"m_tiles": m_tiles, "n": n, "k_split": k_split, "wide_tile_cap": cap}
+    case["compute_dtype"] = cd
     g = D.GEMM_GEOMETRY.decide(case)
     return k_split, g.n_tiles, g.warps, g.depth, None
 
@@ -313,7 +312,7 @@ def test_legacy_helpers_answer_from_the_tables(monkeypatch):
 
     assert plan_mod.choose_m_tiles(385, 8, 128) == 2
     assert plan_mod.choose_k_split(5120, 1) == 4
-    assert plan_mod.gemm_geometry(4, 3072, 1, family="sqg_d3l") == (2, 4, 2)
+    assert plan_mod.gemm_geometry(4, 3072, 1, wide_tile_cap=2) == (2, 4, 2)
     assert pairs.pair_geometry(phase="fc2", m_tiles=4, n=512) == (2, 4, 1, "k")
     spec = plan_moe(**dict(PROBLEMS[1], device=H200)).fc2_spec[0]
     assert spec.n_group == 512  # the wave-balanced tile

@@ -60,7 +60,7 @@ def test_plan_takes_its_geometry_from_the_tables():
     m_tiles = ROUTE_BLOCK.decide({"m": 128, "top_k": 8, "num_experts": 16})
     k_split = K_SPLIT.decide({"k": 5120})
     geometry = GEMM_GEOMETRY.decide(
-        {"m_tiles": m_tiles, "n": 3072, "k_split": k_split, "family": "fp16_hash"}
+        {"m_tiles": m_tiles, "n": 3072, "k_split": k_split, "wide_tile_cap": 4}
     )
     spec = plan.spec
     assert (m_tiles, k_split) == (4, 4) and plan.routes.block_size == 64
