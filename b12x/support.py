@@ -13,14 +13,15 @@ Layout
   :mod:`b12x.formats`, both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an
   external identity H128 callback: the raw GEMM) with the dispatch rows that can serve each
   (:func:`dense_paths`, asked of the dense dispatch table at its boundary M values and
-  capabilities); MoE uniform (both w13 layouts), tiers (:data:`b12x.moe.tiers.TIER_BITS`, codebook
-  :data:`b12x.moe.tiers.TIER_CODEBOOK`) and QSRT pairs (each kind of
+  capabilities); MoE uniform (both w13 layouts), tiers (:data:`b12x.ops.moe.tiers.TIER_BITS`,
+  codebook
+  :data:`b12x.ops.moe.tiers.TIER_CODEBOOK`) and QSRT pairs (each kind of
   :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the
   codebook; ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
 * Deprecated views (the oracle still reads them; the lead switches it to :data:`OPS`):
   :func:`supported_variants` and :func:`supported_moe_variants` return the old dict lists,
   derived from :data:`OPS`.
-* :func:`kernel_specializations` lists every :class:`~b12x.kernels.specs.KernelSpec` the host
+* :func:`kernel_specializations` lists every :class:`~b12x.launch.specs.KernelSpec` the host
   wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
   :func:`representative_specializations` is a small subset that still touches every kernel kind,
   codebook family, both compute dtypes and both window geometries (2- and 3-word lanes).
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from b12x.formats import FORMATS
-from b12x.kernels.specs import KernelSpec, compile_spec
+from b12x.launch.specs import KernelSpec, compile_spec
 
 __all__ = [
     "ARCHES",
@@ -64,7 +65,7 @@ __all__ = [
 ]
 
 ARCHES = ("sm_80", "sm_90", "sm_120")
-#: (m_tiles, n_tiles) per warp used by :func:`b12x.kernels.host.choose_tiles`.
+#: (m_tiles, n_tiles) per warp used by :func:`b12x.launch.host.choose_tiles`.
 GEMM_TILES = ((1, 4), (2, 4), (1, 2), (2, 2), (4, 2))
 COMPUTE_DTYPES = ("float16", "bfloat16")
 OP_NAMES = ("decode", "dense", "moe", "moe_gemm")
@@ -142,9 +143,9 @@ def _dtypes() -> tuple[Any, ...]:
 
 @functools.cache
 def dense_paths(codebook: str, bits: int, compute_dtype: Any, rotation: str) -> tuple[str, ...]:
-    """The dense dispatch rows that serve a variant: :func:`b12x.dense.dispatch.explain` over
+    """The dense dispatch rows that serve a variant: :func:`b12x.ops.dense.dispatch.explain` over
     every capability and M the table's boundaries name (both sides), in table order."""
-    from b12x.dense import dispatch
+    from b12x.ops.dense import dispatch
 
     points = [dispatch.DEFAULT_CASE, *(side for b in dispatch.BOUNDARIES for side in (
         {**b.base, b.field: b.below}, {**b.base, b.field: b.above}))]  # fmt: skip
@@ -191,8 +192,8 @@ def _dense_variants() -> tuple[DeclaredVariant, ...]:
 
 def _moe_variants() -> tuple[DeclaredVariant, ...]:
     from b12x.kernels.moe_gemm import DYNAMIC, DYNAMIC_KINDS, PAIR_KINDS
-    from b12x.moe.pairs import PAIR_BASE_BITS
-    from b12x.moe.tiers import TIER_BITS, TIER_CODEBOOK
+    from b12x.ops.moe.pairs import PAIR_BASE_BITS
+    from b12x.ops.moe.tiers import TIER_BITS, TIER_CODEBOOK
 
     out = [
         DeclaredVariant("moe", codebook, bits, dtype, "full", layouts=MOE_LAYOUTS)
@@ -246,17 +247,17 @@ def _moe_gemm_variants() -> tuple[DeclaredVariant, ...]:
 def _build_ops() -> tuple[OpContract, ...]:
     import types
 
-    import b12x.ops  # noqa: F401 - registers b12x::trellis_dense_linear
-    from b12x.decode import plan as decode
-    from b12x.dense import dispatch as dense_dispatch
-    from b12x.dense import plan as dense
-    from b12x.dense import split_k as dense_split_k
-    from b12x.dense import tiles as dense_tiles
-    from b12x.moe import dispatch as moe_dispatch
-    from b12x.moe import gemm_op as moe_gemm
-    from b12x.moe import ops as moe_ops
-    from b12x.moe import plan as moe_plan
-    from b12x.moe import run as moe_run
+    import b12x.ops.dense.custom_op  # noqa: F401 - registers b12x::trellis_dense_linear
+    from b12x.ops.decode import plan as decode
+    from b12x.ops.dense import dispatch as dense_dispatch
+    from b12x.ops.dense import plan as dense
+    from b12x.ops.dense import split_k as dense_split_k
+    from b12x.ops.dense import tiles as dense_tiles
+    from b12x.ops.moe import custom_op as moe_ops
+    from b12x.ops.moe import dispatch as moe_dispatch
+    from b12x.ops.moe import gemm_op as moe_gemm
+    from b12x.ops.moe import plan as moe_plan
+    from b12x.ops.moe import run as moe_run
 
     frozen = types.MappingProxyType
     decode_op = OpContract(
@@ -279,7 +280,7 @@ def _build_ops() -> tuple[OpContract, ...]:
         run=dense.run_dense,
         allocate=dense.allocate_dense_buffers,
         graph_op=dense.DenseOp,
-        custom_op=b12x.ops.OP_NAME,
+        custom_op=b12x.ops.dense.custom_op.OP_NAME,
         variants=_dense_variants(),
         dispatch=(dense_dispatch.TABLE, dense_split_k.TABLE),
         tiles=dense_tiles.REGISTRY,
@@ -287,7 +288,7 @@ def _build_ops() -> tuple[OpContract, ...]:
     )
     moe_op = OpContract(
         name="moe",
-        plan=moe_plan.plan_moe,  # tiers: b12x.moe.tiers.plan_tiered_moe (graph op: tier0_bits)
+        plan=moe_plan.plan_moe,  # tiers: b12x.ops.moe.tiers.plan_tiered_moe (graph op: tier0_bits)
         bind=moe_plan.bind_moe,
         run=moe_run.run_moe,
         allocate=moe_plan.allocate_moe_buffers,

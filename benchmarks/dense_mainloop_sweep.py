@@ -23,7 +23,7 @@ import argparse
 import torch
 from bench_timing import median_us
 
-from b12x.kernels import host
+from b12x.launch import host
 
 K, N = 8192, 28672
 L2_BYTES = 60 * 2**20

@@ -8,7 +8,7 @@ weight (``x_bf16 @ W_bf16``) measured in the same run. Payloads are rotated over
 so the working set exceeds the L2; timings are medians of CUDA-event samples.
 
 Per (bits, M) a ``dispatch`` line then puts the path the dense dispatch table picks on this
-device (:func:`b12x.dense.dispatch.explain`; the K6 and generic rows run the fused GEMM) next to
+device (:func:`b12x.ops.dense.dispatch.explain`; the K6 and generic rows run the fused GEMM) next to
 the fused and decode+cuBLAS GEMM times, names the faster one and says whether the table agrees,
 so the decode_matmul threshold (``DECODE_MATMUL_MIN_M``) can be checked against the measurement.
 M = 32 and 48 sit between the last fused win (16) and the first decode+cuBLAS win (64) of the
@@ -26,16 +26,16 @@ import torch
 from bench_timing import capture_graph, hbm_copy_bandwidth
 from bench_timing import median_us as _time_us
 
-from b12x.dense import dispatch
-from b12x.dense import tiles as dense_tiles
-from b12x.dense.plan import (
+from b12x.launch import host
+from b12x.ops.dense import dispatch
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.dense.plan import (
     allocate_dense_buffers,
     bind_dense,
     device_limits,
     plan_dense,
     run_dense,
 )
-from b12x.kernels import host
 
 K, N = 8192, 28672
 L2_BYTES = 60 * 2**20

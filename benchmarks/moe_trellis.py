@@ -3,7 +3,7 @@
 GLM-like geometry by default: hidden 5120, intermediate 1536, 128 experts, top-8, MCG K4,
 ``packed`` FC1, M = 1, 8, 64, 512, 4096. Per M it prints:
 
-* ``trellis graph``: one CUDA-graph replay of the whole :func:`b12x.moe.run.run_moe` sequence
+* ``trellis graph``: one CUDA-graph replay of the whole :func:`b12x.ops.moe.run.run_moe` sequence
   (route packing, rotations, grouped trellis GEMMs, boundary, top-k sum), caller-owned buffers;
 * ``trellis eager``: the same sequence launched eagerly (launch overhead included);
 * ``bf16 graph``: the baseline, captured too: for each routed expert (grouping fixed on the host
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from bench_timing import capture_graph as _graph
 from bench_timing import hbm_copy_bandwidth, median_us
 
-from b12x.kernels import host
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.launch import host
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
 
 
 def make_weights(args):

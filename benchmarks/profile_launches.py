@@ -1,7 +1,7 @@
 """Where the time of one MoE step and one dense linear goes: every GPU kernel, its count and time.
 
-Runs :func:`b12x.moe.run.run_moe` (GLM-like geometry of ``moe_trellis.py``) and the dense
-linear through its front door (``b12x.dense.plan``: plan → bind → run; 8192 × 28672, MCG) at
+Runs :func:`b12x.ops.moe.run.run_moe` (GLM-like geometry of ``moe_trellis.py``) and the dense
+linear through its front door (``b12x.ops.dense.plan``: plan → bind → run; 8192 × 28672, MCG) at
 small M under ``torch.profiler`` and prints, per kernel name, the launch count and total
 device time, largest first, plus the step's sum. This is a diagnostic for the launch sequence
 (how much of a step is glue versus the trellis GEMMs), not a benchmark: its times include
@@ -20,9 +20,9 @@ import torch
 from moe_trellis import make_weights
 from torch.profiler import ProfilerActivity, profile
 
-from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
 
 
 def _table(label: str, fn, top: int) -> None:

@@ -3,7 +3,7 @@
 What it measures
 ----------------
 For each (codebook, bits) the dense GEMM specialisation is compiled on the CPU (fake tensors,
-``--gpu-arch``, the same spill-free optimisation level that :func:`b12x.kernels.specs.
+``--gpu-arch``, the same spill-free optimisation level that :func:`b12x.launch.specs.
 compile_spec` picks), its cubin is disassembled with ``nvdisasm`` and the **steady-state loop**
 is located: the backward branch whose body holds the most ``HMMA`` instructions (the unrolled
 K16-row loop, not a remainder loop). Each N16 tile contributes two ``HMMA`` per M16 block and
@@ -126,7 +126,7 @@ def compile_cubin(spec, arch: str) -> Compiled:
     """Compile ``spec`` for ``arch`` and return its cubin, at the level ``compile_spec`` picks."""
     import cutlass.cute as cute
 
-    from b12x.kernels.specs import OPT_LEVELS, build_kernel, compile_options
+    from b12x.launch.specs import OPT_LEVELS, build_kernel, compile_options
 
     first = None
     for level in OPT_LEVELS:
@@ -255,7 +255,7 @@ def budget(
     dump: str | None = None,
 ) -> LoopBudget:
     """Compile one dense GEMM specialisation and count its steady-state loop (module doc)."""
-    from b12x.kernels.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec
 
     tool = nvdisasm or find_nvdisasm()
     if tool is None:

@@ -571,7 +571,7 @@ def tile_specializations(
     (specs without a codebook — reductions, rotations — are kept), or ``([], reason)``.
 
     Hook (optional on each registry): ``registry.specializations(tile) -> Iterable[spec]``, every
-    kernel specialisation (``b12x.kernels.specs.KernelSpec``) a launch with ``tile`` compiles."""
+    kernel specialisation (``b12x.launch.specs.KernelSpec``) a launch with ``tile`` compiles."""
     from oracle.checks.dispatch_tiles import parse_tile
 
     spec = parse_tile(text)

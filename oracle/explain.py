@@ -2,25 +2,27 @@
 
 What it shows
 -------------
-* ``--op dense`` (default): :func:`b12x.dense.plan.plan_dense` on a *simulated* part
+* ``--op dense`` (default): :func:`b12x.ops.dense.plan.plan_dense` on a *simulated* part
   (:data:`oracle.tiles.DEVICES`: ``--arch sm_80|sm_90|sm_120`` takes the first part of that
   capability, ``--device NAME`` any part by name), then
 
   - the chosen path and **every** row of the dense dispatch table
-    (:data:`b12x.dense.dispatch.TABLE`) in priority order: ``taken``, ``rejected`` with the first
+    (:data:`b12x.ops.dense.dispatch.TABLE`) in priority order: ``taken``, ``rejected`` with the
+    first
     failed condition, or ``not reached`` (a row below the taken one, with what it would have
     said);
   - the tile (generic path only) and the kernel geometry (``m_tiles``, ``n_tiles``, ``warps``);
-  - every row of the split-K table (:data:`b12x.dense.split_k.TABLE`), the row that decided, the
+  - every row of the split-K table (:data:`b12x.ops.dense.split_k.TABLE`), the row that decided, the
     requested split and the split the launcher makes of it;
   - the plan's buffers (:class:`~b12x.runtime.scratch.BufferSpec`: name, shape, dtype, role,
     zeroed). Nothing is allocated anywhere: these are the specs, not tensors.
 
-* ``--op moe``: :func:`b12x.moe.plan.plan_moe` on the same simulated part, printing every
-  :class:`~b12x.moe.plan.Decision` of :attr:`~b12x.moe.plan.MoePlan.decisions` (role, table, case,
-  path, value) with the table's reasons (re-asked from :data:`b12x.moe.dispatch.TABLES_BY_NAME`
+* ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same simulated part, printing every
+  :class:`~b12x.ops.moe.plan.Decision` of :attr:`~b12x.ops.moe.plan.MoePlan.decisions` (role,
+  table, case,
+  path, value) with the table's reasons (re-asked from :data:`b12x.ops.moe.dispatch.TABLES_BY_NAME`
   for the recorded case), the grouped-GEMM specialisations and the buffer specs
-  (:func:`b12x.moe.plan.moe_buffer_specs`, which the plan lists).
+  (:func:`b12x.ops.moe.plan.moe_buffer_specs`, which the plan lists).
 
 The pure functions :func:`explain_dense` and :func:`explain_moe` return frozen data objects
 (:class:`DenseExplanation`, :class:`MoeExplanation`) that the CLI prints and ``--json`` writes
@@ -106,7 +108,7 @@ class BufferRow:
 
 @dataclasses.dataclass(frozen=True)
 class DecisionRow:
-    """One :class:`b12x.moe.plan.Decision` plus the table's reasons for its case."""
+    """One :class:`b12x.ops.moe.plan.Decision` plus the table's reasons for its case."""
 
     role: str
     table: str
@@ -275,8 +277,8 @@ def explain_dense(
     """The dense plan b12x makes for this problem on a simulated part (module docstring).
     ``compute_dtype`` defaults to ``x_dtype``. Raises :class:`PlanRefused` with the plan
     validator's message for an invalid problem or argument."""
-    from b12x.dense import dispatch, split_k
-    from b12x.dense.plan import plan_dense
+    from b12x.ops.dense import dispatch, split_k
+    from b12x.ops.dense.plan import plan_dense
 
     part = simulated_device(arch, device)
     if rotation not in ROTATIONS:
@@ -293,7 +295,8 @@ def explain_dense(
     except (ValueError, TypeError) as exc:
         raise PlanRefused(f"plan_dense: {exc}") from None
     p = plan.problem
-    # the case plan_dense hands the dispatch table (b12x/dense/plan.py), rebuilt to show each row
+    # the case plan_dense hands the dispatch table (b12x/ops/dense/plan.py), rebuilt to show each
+    # row
     case = dispatch.normalize_case(
         {
             "capability": tuple(plan.device.capability),
@@ -367,8 +370,8 @@ def explain_moe(
     """The MoE plan b12x makes on a simulated part: its decisions and buffers (module
     docstring). ``pair`` (a kind or ``"dynamic"``) pairs both phases. Raises
     :class:`PlanRefused` with the plan validator's message for an invalid problem."""
-    from b12x.moe.dispatch import TABLES_BY_NAME
-    from b12x.moe.plan import plan_moe
+    from b12x.ops.moe.dispatch import TABLES_BY_NAME
+    from b12x.ops.moe.plan import plan_moe
 
     part = simulated_device(arch, device)
     xd = _dtype(x_dtype, "--x-dtype")

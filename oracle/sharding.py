@@ -155,8 +155,8 @@ def kernel_group(case: Any) -> str:
     if v.op == "decode":
         return f"decode/{v.codebook}/k{v.bits}"
     if v.op == "dense" and v.pair_kind is None and v.tier_layout is None:
-        from b12x.dense.dispatch import DECODE_MATMUL_MIN_M
-        from b12x.kernels.host import choose_tiles
+        from b12x.launch.host import choose_tiles
+        from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
 
         if v.rotation == "full" and case.m >= DECODE_MATMUL_MIN_M:  # decode Wq, then a dense GEMM
             return f"decode/{v.codebook}/k{v.bits}"

@@ -35,12 +35,12 @@ import traceback
 
 import torch
 
-from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.dense.plan import device_limits
-from b12x.kernels import host
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
-from b12x.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
+from b12x.launch import host
+from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.dense.plan import device_limits
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
 
 F16, BF16 = torch.float16, torch.bfloat16
 DEV = "cuda"

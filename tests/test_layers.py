@@ -213,10 +213,10 @@ def describe_cycles(cycles: list[list[str]], graph: Graph, package_dir: Path) ->
 def test_b12x_has_no_import_circles() -> None:
     package_dir = ROOT / "b12x"
     graph = import_graph(package_dir)
-    # the graph is real: lazy imports are edges (b12x.moe.support imports b12x.support inside a
+    # the graph is real: lazy imports are edges (b12x.ops.moe.support imports b12x.support inside a
     # function), relative-free absolute forms resolve to modules
-    assert len(graph) > 30 and "b12x.support" in graph["b12x.moe.support"]
-    assert "b12x.runtime.compile_cache" in graph["b12x.kernels.specs"]
+    assert len(graph) > 30 and "b12x.support" in graph["b12x.ops.moe.support"]
+    assert "b12x.runtime.compile_cache" in graph["b12x.launch.specs"]
     cycles = find_cycles(graph)
     assert cycles == [], describe_cycles(cycles, graph, package_dir)
 
@@ -273,8 +273,8 @@ def test_import_graph_catches_a_planted_circle(tmp_path: Path) -> None:
     cache = copy / "runtime" / "compile_cache.py"
     cache.write_text(
         cache.read_text(encoding="utf-8")
-        + "\n\ndef _planted():\n    from b12x.kernels.specs import compile_spec\n",
+        + "\n\ndef _planted():\n    from b12x.launch.specs import compile_spec\n",
         encoding="utf-8",
     )
     planted = find_cycles(import_graph(copy))
-    assert planted == [["b12x.kernels.specs", "b12x.runtime.compile_cache", "b12x.kernels.specs"]]
+    assert planted == [["b12x.launch.specs", "b12x.runtime.compile_cache", "b12x.launch.specs"]]

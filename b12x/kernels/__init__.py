@@ -7,9 +7,9 @@ Layout
 * :mod:`b12x.kernels.dense_gemm` — the decode-and-accumulate mainloop (a shared body), the GEMM
   kernel (mma.sync m16n8k16, fp32 accumulation, split-K partials) and the split-K reduction.
 * :mod:`b12x.kernels.hadamard` — the input/output H128 rotation kernels.
-* :mod:`b12x.kernels.specs` — :class:`KernelSpec` (every codegen input), fake-tensor builders and
+* :mod:`b12x.launch.specs` — :class:`KernelSpec` (every codegen input), fake-tensor builders and
   :func:`compile_spec` (kernels are cached only in :mod:`b12x.runtime.compile_cache`);
-  :mod:`b12x.kernels.host` — validated launchers on torch tensors.
+  :mod:`b12x.launch.host` — validated launchers on torch tensors.
 
 Invariants
 ----------

@@ -1,5 +1,5 @@
 """CuTe DSL boundary kernels of the fused MoE: the work between (and around) the grouped GEMMs,
-one launch per stage (spec §3.1, §3.4; :func:`b12x.moe.run.run_moe`).
+one launch per stage (spec §3.1, §3.4; :func:`b12x.ops.moe.run.run_moe`).
 
 Layout
 ------
@@ -7,7 +7,7 @@ Layout
   ``4l .. 4l+3`` of the block: two packed 16-bit pairs read from the operand viewed as
   ``int32[rows, F/2]`` (words ``64·blk + 2l + q``, ``q = 0, 1``; the lower element in the low
   half). Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
-* The butterfly (:func:`_h128`) is the fp32 H128 of :func:`b12x.moe.boundary.h128_fp32_` in the
+* The butterfly (:func:`_h128`) is the fp32 H128 of :func:`b12x.ops.moe.boundary.h128_fp32_` in the
   same add/sub order: stages over index bits 0..6; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)``
   then ``(s0+s2, s1+s3, s0−s2, s1−s3)``), bits 2–6 as xor-shuffles with lane offsets 1..16 where
   the lower lane keeps ``lo + hi`` and the upper ``lo − hi``; then ``× 0.088388347648`` in fp32.
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 BOUNDARY_KINDS = ("rotate", "activate", "reduce")
-H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.moe.boundary (fp32-rounded)
+H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.ops.moe.boundary (fp32-rounded)
 WORDS_PER_BLOCK = 64  # a 128-feature block of 16-bit values, as int32 words
 
 
@@ -379,7 +379,7 @@ def build_moe_boundary(spec: MoeBoundarySpec):
 MOE_BOUNDARY_SOURCE_MODULES = (
     "b12x.kernels.ptx",
     "b12x.kernels.moe_boundary",
-    "b12x.kernels.specs",  # compile_options
+    "b12x.launch.specs",  # compile_options
 )
 
 
@@ -390,7 +390,7 @@ def compiled_moe_boundary(spec: MoeBoundarySpec, arch: str):
     :data:`MOE_BOUNDARY_SOURCE_MODULES` as the hashed sources; honours the freeze switch and
     capture detection.
     """
-    from b12x.kernels.specs import compile_options
+    from b12x.launch.specs import compile_options
     from b12x.runtime import compile_cache
 
     def build():

@@ -32,7 +32,7 @@ Layout
   each row's output is a deterministic function of its own A row and the spec's ``k_split``
   (m_tiles, n_tiles, warps and depth never change a row's summation order), which keeps the MoE
   batch-invariant per route as long as ``k_split`` depends on the weight geometry only
-  (:func:`b12x.moe.plan.choose_k_split`).
+  (:func:`b12x.ops.moe.plan.choose_k_split`).
 * **Mainloop.** Composed from the shared primitives of :mod:`b12x.kernels.mainloop` (lane
   setup, accumulators, routed A pointers, ring word pointers, staged loads, the scatter
   epilogue): per K16 row each lane loads its A fragments and its 2–3 ring words per tile, and
@@ -47,7 +47,7 @@ Layout
   one :class:`MainloopBundle` per record rate, so every tile loop has a compile-time rate.
   ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and branches
   CTA-uniformly into two fully specialised bodies.
-* **Host side.** :mod:`b12x.kernels.moe_compile` builds either kernel from a spec
+* **Host side.** :mod:`b12x.launch.moe_compile` builds either kernel from a spec
   (``build_moe_gemm``) and resolves it through the runtime compile cache (``compiled_moe_gemm``);
   it imports this module and the pair module, and neither of them imports it.
 

@@ -6,7 +6,7 @@
   bind-time :func:`require_buffer` (the "not initialized for CUDA graph capture" errors).
 * :mod:`b12x.runtime.validate` — dtype / shape / contiguity / alignment / device / legality checks.
 
-Ops built on these (plan / bind / run) live in :mod:`b12x.dense`.
+Ops built on these (plan / bind / run) live in :mod:`b12x.ops.dense`.
 """
 
 from b12x.runtime.compile_cache import (

@@ -6,13 +6,13 @@ Layout
   sorted ``(field, value)`` pairs, the target arch (``"sm_90"``), the CuTe DSL version, the ABI
   version read from the signature lock (:func:`b12x.abi.abi_version`) and a SHA-256 of the kernel
   module sources. :func:`make_key` builds one; :func:`key_for_spec` builds the key of a
-  :class:`~b12x.kernels.specs.KernelSpec` (whose fields are every codegen input of a kernel).
+  :class:`~b12x.launch.specs.KernelSpec` (whose fields are every codegen input of a kernel).
 * :class:`CompileCache` maps ``CompileKey -> compiled object`` in memory, backed by an optional
   :class:`DiskStore`. :data:`CACHE` is THE process cache (backed by the disk store of
   :func:`cache_root`): every launch path resolves its kernels through :func:`compiled_kernel`
-  (``cute.compile`` itself does not cache). A dense :class:`~b12x.kernels.specs.KernelSpec` is
+  (``cute.compile`` itself does not cache). A dense :class:`~b12x.launch.specs.KernelSpec` is
   keyed by :func:`key_for_spec` and built by its own ``compile_for(arch)``
-  (:func:`b12x.kernels.specs.compile_spec`, the spill-free optimisation level), so this module
+  (:func:`b12x.launch.specs.compile_spec`, the spill-free optimisation level), so this module
   never imports the kernel specs; another spec type (the grouped MoE GEMM, the MoE boundary)
   passes its kernel id, source modules and builder. The compiled object is the tvm-ffi callable,
   which launches on torch's current stream.
@@ -27,7 +27,7 @@ Layout
   current (or a given) CUDA stream is capturing a graph, raises :class:`KernelResolutionFrozen`
   naming the key, before anything is compiled **or loaded from disk**.
 * :func:`dump_dir`: where this process's ``--keep-ptx`` / ``--keep-cubin`` files go
-  (:func:`b12x.kernels.specs.compile_options` passes it as ``--dump-dir``), never the working
+  (:func:`b12x.launch.specs.compile_options` passes it as ``--dump-dir``), never the working
   directory.
 
 The disk cache
@@ -76,8 +76,8 @@ Invariants
   tensor, a stream) is a ``TypeError``: two equal keys always mean the same compiled code, and a
   field that changes codegen always changes the key.
 * Runtime-only values (M, pointers, split sizes passed as kernel arguments) are not key fields.
-* There is one cache and one switch: :func:`b12x.kernels.specs.compiled` and
-  :func:`b12x.kernels.specs.freeze` are thin aliases of :func:`compiled_kernel` and
+* There is one cache and one switch: :func:`b12x.launch.specs.compiled` and
+  :func:`b12x.launch.specs.freeze` are thin aliases of :func:`compiled_kernel` and
   :func:`freeze` / :func:`unfreeze`, so no layer can compile behind the switch.
 * A launch key is built once per ``(spec, arch)`` and memoised: the loaded kernel code cannot
   change under a running process (an edited source file gives a new key in the next process).
@@ -150,7 +150,7 @@ KERNEL_SOURCE_MODULES: tuple[str, ...] = (
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.hadamard",
-    "b12x.kernels.specs",
+    "b12x.launch.specs",
 )
 
 

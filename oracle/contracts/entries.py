@@ -36,7 +36,7 @@ kernel entry:
 * a string, the dotted qualname in the package: a kernel class,
   ``entry: ClassVar[str] = "b12x.kernels.moe_gemm.MoeGroupedGemmKernel"``, which stands for its
   ``__call__``, or a method or function (``"...MoeGroupedGemmKernel.__call__"``,
-  ``"b12x.moe.run.launch_grouped_gemm"``); re-exports are followed; or
+  ``"b12x.ops.moe.run.launch_grouped_gemm"``); re-exports are followed; or
 * a reference as written in the module: ``entry = MoeGroupedGemmKernel`` or
   ``entry = moe_gemm.MoeGroupedGemmKernel.__call__``.
 

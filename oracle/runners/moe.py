@@ -24,7 +24,7 @@ __all__ = ["moe_op_inputs", "moe_problem", "run_case"]
 def moe_problem(case: Any, experts: Any, choices: Any, device: Any = None) -> dict[str, Any]:
     """The MoE op's problem (plan keywords) for one case. ``device`` is handed to a uniform or
     paired plan as a serving engine does (it lets an unpaired FC2 take the wave-balanced tile
-    of ``b12x.moe.dispatch``'s ``moe_fc2_tile`` table); a tiered plan takes none."""
+    of ``b12x.ops.moe.dispatch``'s ``moe_fc2_tile`` table); a tiered plan takes none."""
     v = case.variant
     common = {
         "m": case.m,
@@ -143,7 +143,8 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
             note=choices.describe(),
             extra={
                 "choices": choices.describe(),
-                # which rows of b12x.moe.dispatch served the case (the wave-balanced FC2 tile...)
+                # which rows of b12x.ops.moe.dispatch served the case (the wave-balanced FC2
+                # tile...)
                 "paths": ",".join(
                     sorted({f"{d.table}={d.path}" for d in getattr(result.plan, "decisions", ())})
                 ),

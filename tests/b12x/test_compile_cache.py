@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from b12x.abi import ABI_LOCK_PATH
-from b12x.dense import plan_dense
 from b12x.formats import resolve_format
-from b12x.kernels import specs as kernel_specs
-from b12x.kernels.specs import KernelSpec
+from b12x.launch import specs as kernel_specs
+from b12x.launch.specs import KernelSpec
+from b12x.ops.dense import plan_dense
 from b12x.runtime import compile_cache as cc
 from oracle.tiles import DEVICES
 
@@ -178,7 +178,7 @@ DENSE_SOURCES = (  # the device code of the dense kernels and the spec builder (
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.hadamard",
-    "b12x.kernels.specs",
+    "b12x.launch.specs",
 )
 MOE_SOURCES = (
     "b12x.formats",
@@ -187,8 +187,8 @@ MOE_SOURCES = (
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
     "b12x.kernels.moe_pair_gemm",  # paired specs build its subclass: its source is codegen too
-    "b12x.kernels.moe_compile",  # the builder (fake-argument shapes) moved out of moe_gemm
-    "b12x.kernels.specs",
+    "b12x.launch.moe_compile",  # the builder (fake-argument shapes) moved out of moe_gemm
+    "b12x.launch.specs",
 )
 
 
@@ -221,7 +221,7 @@ def launch_path(monkeypatch):
     """
     import cutlass.cute as cute
 
-    from b12x.kernels import host, moe_compile
+    from b12x.launch import host, moe_compile
 
     cache = cc.CompileCache()
     monkeypatch.setattr(cc, "CACHE", cache)
@@ -246,7 +246,7 @@ def _payload(bits: int, k: int = 256, n: int = 256) -> torch.Tensor:
 
 
 def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
-    from b12x.kernels import host
+    from b12x.launch import host
 
     cache, builds = launch_path
     out = torch.empty(256, 256, dtype=torch.float16)
@@ -276,7 +276,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
 
 
 def test_launch_key_holds_abi_version_dsl_version_and_source_hash(launch_path):
-    from b12x.kernels import host
+    from b12x.launch import host
 
     cache, _ = launch_path
     host.decode_weight(_payload(3), "3inst", out=torch.empty(256, 256, dtype=torch.float16))
@@ -288,7 +288,7 @@ def test_launch_key_holds_abi_version_dsl_version_and_source_hash(launch_path):
 
 
 def test_split_k_launch_resolves_gemm_and_reduce_through_the_cache(launch_path):
-    from b12x.kernels import host
+    from b12x.launch import host
 
     cache, builds = launch_path
     a = torch.zeros(8, 256, dtype=torch.bfloat16)
@@ -303,7 +303,7 @@ def test_split_k_launch_resolves_gemm_and_reduce_through_the_cache(launch_path):
 
 
 def test_frozen_launch_path_raises_naming_the_key(launch_path):
-    from b12x.kernels import host
+    from b12x.launch import host
 
     cache, builds = launch_path
     out = torch.empty(256, 256, dtype=torch.float16)
@@ -316,7 +316,7 @@ def test_frozen_launch_path_raises_naming_the_key(launch_path):
 
 
 def test_launch_during_capture_refuses_to_compile(launch_path, monkeypatch):
-    from b12x.kernels import host
+    from b12x.launch import host
 
     cache, builds = launch_path
     out = torch.empty(256, 256, dtype=torch.float16)
@@ -338,8 +338,8 @@ def test_kernel_specs_alias_has_no_cache_of_its_own(launch_path):
 
 
 def test_moe_launch_goes_through_the_same_cache(launch_path):
-    from b12x.kernels.moe_compile import compiled_moe_gemm
     from b12x.kernels.moe_gemm import MoeGemmSpec
+    from b12x.launch.moe_compile import compiled_moe_gemm
 
     cache, builds = launch_path
     spec = MoeGemmSpec("mcg", 4, False, m_tiles=2, n_tiles=2, warps=4, depth=4)
@@ -366,7 +366,7 @@ def test_moe_launch_goes_through_the_same_cache(launch_path):
 @pytest.mark.gpu
 def test_gpu_launch_resolves_through_the_runtime_cache(monkeypatch):
     """On the device: the real compile lands in the runtime cache once, and freezing holds."""
-    from b12x.kernels import host
+    from b12x.launch import host
     from reference import trellis as ref_trellis
 
     cache = cc.CompileCache()
@@ -534,7 +534,7 @@ def test_a_source_edit_deep_in_the_import_closure_changes_the_disk_entry(tmp_pat
 
 def test_the_real_kernel_closures_hold_their_helpers():
     from b12x.kernels.moe_boundary import MOE_BOUNDARY_SOURCE_MODULES
-    from b12x.kernels.moe_compile import MOE_SOURCE_MODULES
+    from b12x.launch.moe_compile import MOE_SOURCE_MODULES
 
     dense = cc.source_closure(cc.KERNEL_SOURCE_MODULES)
     assert set(DENSE_SOURCES) <= set(dense) and "b12x.abi" in dense  # dense_gemm's shared_body
@@ -750,7 +750,7 @@ def test_a_ptx_compile_leaves_the_working_directory_empty(tmp_path, monkeypatch)
 
 _PROBE = """
 import sys, torch
-from b12x.kernels.specs import KernelSpec
+from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache as cc
 fn = cc.compiled_kernel(KernelSpec("reduce"), sys.argv[1])
 try:  # CPU tensors: the tvm-ffi contract check answers, naming the kernel's parameters
@@ -802,7 +802,7 @@ def test_real_kernel_is_loaded_by_a_second_process(tmp_path):
 
 _GPU_PROBE = """
 import json, torch
-from b12x.kernels import host
+from b12x.launch import host
 from b12x.runtime import compile_cache as cc
 from reference import trellis as ref_trellis
 words = torch.randint(-(2**15), 2**15, (16, 16, 64), generator=torch.Generator().manual_seed(5))

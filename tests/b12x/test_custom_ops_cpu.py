@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import b12x.moe.ops as moe_ops
-import b12x.ops as dense_ops
+import b12x.ops.dense.custom_op as dense_ops
+import b12x.ops.moe.custom_op as moe_ops
 
 F16, BF16 = torch.float16, torch.bfloat16
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from b12x.formats import FORMATS
-from b12x.kernels import host
+from b12x.launch import host
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""plan / bind / run of the decode op (b12x.decode): the buffer contract, validation before any
+"""plan / bind / run of the decode op (b12x.ops.decode): the buffer contract, validation before any
 launch, no allocation in run, and the graph protocol on CPU (stand-in kernel) and on the GPU.
 
 The buffer table (one fp16 ``output`` [K, N]) and the payload shape ``[K/16, N/16, 16·bits]``
@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.decode import (
+from b12x.formats import FORMATS
+from b12x.ops.decode import (
     DecodeOp,
     allocate_decode_buffers,
     bind_decode,
     plan_decode,
     run_decode,
 )
-from b12x.decode import plan as decode_mod
-from b12x.formats import FORMATS
+from b12x.ops.decode import plan as decode_mod
 from b12x.runtime import compile_cache as cc
 from b12x.runtime.scratch import BufferNotProvided
 from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
@@ -101,7 +101,7 @@ class FakeDecode:
 @pytest.fixture
 def fake_decode(monkeypatch):
     fake = FakeDecode()
-    monkeypatch.setattr(decode_mod.host_kernels, "decode_weight", fake)
+    monkeypatch.setattr(decode_mod.launchers, "decode_weight", fake)
     return fake
 
 
@@ -165,7 +165,7 @@ def test_cpu_graph_protocol_catches_an_allocating_run(monkeypatch):
     def allocating(trellis, codebook, *, out):
         out.copy_(torch.zeros(out.shape, dtype=out.dtype))  # a fresh tensor inside run
 
-    monkeypatch.setattr(decode_mod.host_kernels, "decode_weight", allocating)
+    monkeypatch.setattr(decode_mod.launchers, "decode_weight", allocating)
     problem = dict(k=64, n=128, bits=4, codebook="mcg")
     op = DecodeOp(H200)
     fixture = ConsumerFixture(

@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.dense import tiles as dense_tiles
-from b12x.dense.plan import (
+from b12x.launch import host
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.dense.plan import (
     allocate_dense_buffers,
     bind_dense,
     device_limits,
     plan_dense,
     run_dense,
 )
-from b12x.kernels import host
 from reference import linear as ref_linear
 from reference import trellis as ref_trellis
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.kernels import host
+from b12x.launch import host
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu

@@ -14,8 +14,8 @@ import itertools
 import pytest
 import torch
 
-from b12x.dense import dispatch as D
-from b12x.dense import plan_dense
+from b12x.ops.dense import dispatch as D
+from b12x.ops.dense import plan_dense
 from oracle import dispatch as O
 from oracle.tiles import SimulatedDevice
 
@@ -230,8 +230,8 @@ def test_plan_path_follows_the_table(cap, m, bits, compute_dtype, external, path
 def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
     """The custom op's real implementation on CPU stand-ins: plan → bind → run picks the
     table's path (the device is replaced by a simulated H200; everything else is the op's)."""
-    import b12x.ops as ops
-    from b12x.dense import plan as plan_mod
+    import b12x.ops.dense.custom_op as ops
+    from b12x.ops.dense import plan as plan_mod
 
     k = n = 128
     seen = []
@@ -252,7 +252,7 @@ def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
     def rotate(x, s, *, out_dtype, out):
         out.copy_(x)
 
-    host = plan_mod.host_kernels
+    host = plan_mod.launchers
     monkeypatch.setattr(ops, "plan_dense", on_h200)
     monkeypatch.setattr(host, "rotate_input", rotate)
     monkeypatch.setattr(host, "rotate_output", rotate)
@@ -304,13 +304,13 @@ def _decode_inputs(m, k, n, bits, seed):
 
 @pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
 def test_decode_matmul_at_m_64_is_planned_and_capture_safe(monkeypatch, compute_dtype):
-    from b12x.dense import plan as plan_mod
-    from b12x.dense.plan import DenseOp, allocate_dense_buffers
+    from b12x.ops.dense import plan as plan_mod
+    from b12x.ops.dense.plan import DenseOp, allocate_dense_buffers
     from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 
     fake = _InPlaceKernels()
     for name in ("rotate_input", "rotate_output", "decode_weight", "trellis_matmul"):
-        monkeypatch.setattr(plan_mod.host_kernels, name, getattr(fake, name))
+        monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
     backend = SimulatedBackend()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: backend.capturing)
     h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))

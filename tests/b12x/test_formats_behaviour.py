@@ -39,8 +39,8 @@ FORBIDDEN = frozenset(FORMATS) | FAMILY_NAMES
 #:   still keys on the registry name, so this is an equality of two registry keys (a consistency
 #:   check that raises), not a choice of behaviour.
 ALLOWED_NAME_COMPARES = {
-    ("b12x/moe/run.py", "if codebook != spec.codebook:"),
-    ("b12x/moe/pairs.py", "if codebook != spec.codebook:"),
+    ("b12x/ops/moe/run.py", "if codebook != spec.codebook:"),
+    ("b12x/ops/moe/pairs.py", "if codebook != spec.codebook:"),
 }
 
 _NAMEY = ("codebook", "family")
@@ -172,7 +172,7 @@ def test_the_name_decides_nothing():
     )
     assert np.array_equal(clone.host_values(4), mcg.host_values(4))
     assert clone.lut() == b"" and not clone.reads_lut
-    from b12x.moe.plan import gemm_geometry
+    from b12x.ops.moe.plan import gemm_geometry
 
     assert gemm_geometry(4, 3072, 1, wide_tile_cap=clone.wide_tile_cap) == (2, 4, 2)
     assert gemm_geometry(4, 3072, 1, wide_tile_cap=mcg.wide_tile_cap) == (4, 4, 2)
@@ -200,7 +200,7 @@ def test_device_decode_is_the_formats_own():
 
 
 def test_kernel_spec_holds_the_format_object():
-    from b12x.kernels.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec
     from b12x.runtime.compile_cache import key_for_spec
 
     fmt = FORMATS["sqg_fp16"]
@@ -216,7 +216,7 @@ def test_kernel_spec_holds_the_format_object():
 
 def test_declared_and_planned_specs_carry_registry_objects():
     from b12x import support
-    from b12x.decode.plan import plan_decode
+    from b12x.ops.decode.plan import plan_decode
 
     specs = [s for s in support.kernel_specializations() if s.kind in ("decode", "gemm")]
     assert specs and all(s.fmt is FORMATS[s.fmt.name] for s in specs)
@@ -228,7 +228,7 @@ def test_declared_and_planned_specs_carry_registry_objects():
 def test_moe_planner_takes_the_format():
     import torch
 
-    from b12x.moe import plan as moe_plan
+    from b12x.ops.moe import plan as moe_plan
 
     params = inspect.signature(moe_plan.plan_gemm_spec).parameters
     assert "fmt" in params and "codebook" not in params

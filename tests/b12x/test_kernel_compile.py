@@ -15,11 +15,11 @@ import re
 import pytest
 import torch
 
-import b12x.ops  # noqa: F401 - registers torch.ops.b12x.trellis_dense_linear
+import b12x.ops.dense.custom_op  # noqa: F401 - registers torch.ops.b12x.trellis_dense_linear
 from b12x import support
 from b12x.formats import FORMATS
-from b12x.kernels import host
-from b12x.kernels.specs import KernelSpec
+from b12x.launch import host
+from b12x.launch.specs import KernelSpec
 
 
 @functools.cache

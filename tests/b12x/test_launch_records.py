@@ -5,7 +5,7 @@ The compiled tvm-ffi callables take positional arguments only, in the order of t
 lookup by a recorder, call the host launch helpers on small CPU tensors and compare what reached
 the "compiled" callable with the tuple stated here, by name, from the kernel's documented
 parameter order and the inputs the test built. They passed on the positional call sites before
-the launch records (:mod:`b12x.kernels.launch`) replaced them, and pin that the records pass the
+the launch records (:mod:`b12x.launch.records`) replaced them, and pin that the records pass the
 very same arguments. The second half tests the records themselves: construction by keyword only,
 a missing or unknown field named, and the derivation check failing when a kernel's signature
 changes under its record.
@@ -21,15 +21,15 @@ import sys
 import pytest
 import torch
 
-import b12x.kernels.host as host
-import b12x.moe.boundary as boundary
-import b12x.moe.pairs as pairs_mod
-import b12x.moe.run as run_mod
+import b12x.launch.host as host
+import b12x.ops.moe.boundary as boundary
+import b12x.ops.moe.pairs as pairs_mod
+import b12x.ops.moe.run as run_mod
 from b12x.formats import resolve_format
-from b12x.kernels import launch
 from b12x.kernels.moe_boundary import MoeBoundarySpec
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.kernels.specs import KernelSpec
+from b12x.launch import records as launch
+from b12x.launch.specs import KernelSpec
 
 ARCH = "sm_90"
 LUT = 0x5EED00  # the LUT address every patched lookup returns (a value no other slot has)
@@ -470,9 +470,9 @@ def test_entries_that_cannot_be_called_positionally_are_refused(signature, messa
 
 def test_importing_the_records_loads_no_kernel():
     code = (
-        "import sys, b12x.kernels.launch, b12x.kernels.host; "
+        "import sys, b12x.launch.records, b12x.launch.host; "
         "print(sorted(m for m in sys.modules if m == 'cutlass' or m.startswith('b12x.kernels.')"
-        " and m not in ('b12x.kernels.launch', 'b12x.kernels.host', 'b12x.kernels.specs')))"
+        " and m not in ('b12x.launch.records', 'b12x.launch.host', 'b12x.launch.specs')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -132,7 +132,7 @@ def _compile_dense(arch: str) -> str:
 
 
 def _compile_moe(pair: bool) -> str:
-    from b12x.moe.support import compile_moe_specialization, moe_kernel_specializations
+    from b12x.ops.moe.support import compile_moe_specialization, moe_kernel_specializations
 
     specs = [s for s in moe_kernel_specializations() if (s.pair is not None) == pair]
     return compile_moe_specialization(specs[0], "sm_90")

@@ -2,7 +2,7 @@
 sm_80 / sm_90 / sm_120 with uncontracted ``.rn`` fp32 arithmetic, their specs validate, they
 resolve through the runtime compile cache, the launch wrappers reject bad arguments before any
 compile, and the kernels' lane butterfly order is bit-identical to the torch path's
-:func:`b12x.moe.boundary.h128_fp32_` (an fp32 emulation of the lane algorithm).
+:func:`b12x.ops.moe.boundary.h128_fp32_` (an fp32 emulation of the lane algorithm).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from b12x.kernels.moe_boundary import (
     build_moe_boundary,
     compiled_moe_boundary,
 )
-from b12x.kernels.specs import compile_with_remarks
-from b12x.moe import boundary
-from b12x.moe.plan import plan_moe
+from b12x.launch.specs import compile_with_remarks
+from b12x.ops.moe import boundary
+from b12x.ops.moe.plan import plan_moe
 from b12x.runtime import compile_cache
 
 ARCHES = ("sm_80", "sm_90", "sm_120")

@@ -1,5 +1,5 @@
 """GPU: the MoE boundary kernels (:mod:`b12x.kernels.moe_boundary`) against the torch path of
-:mod:`b12x.moe.boundary` on the same inputs and plan buffers.
+:mod:`b12x.ops.moe.boundary` on the same inputs and plan buffers.
 
 * Rotation and output reduce: **bit-identical** (every op is an IEEE add/sub/mul/cvt in the same
   order), for fp16/bf16 inputs and compute dtypes, packed/proj, broadcast and per-expert tables,
@@ -17,10 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.kernels import host as host_kernels
-from b12x.moe import boundary
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.launch import host as launchers
+from b12x.ops.moe import boundary
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
 
 pytestmark = pytest.mark.gpu
 
@@ -102,7 +102,7 @@ def test_rotation_is_bit_identical_to_the_torch_path(case, m, broadcast):
                       out_up=up)  # fmt: skip
         if name == "kernel":
             boundary.rotate_inputs(
-                arch=host_kernels.device_arch(DEV),
+                arch=launchers.device_arch(DEV),
                 route_expert=buf["route_expert"].narrow(0, 0, n), top_k=TOP_K, num_experts=E,
                 **common,
             )  # fmt: skip
@@ -137,7 +137,7 @@ def test_activation_matches_the_torch_path(case, m):
         out = buf["activated"].narrow(0, 0, n)
         if name == "kernel":
             boundary.activate(
-                arch=host_kernels.device_arch(DEV), fc1=fc1, rotations=tables["rotations"],
+                arch=launchers.device_arch(DEV), fc1=fc1, rotations=tables["rotations"],
                 route_expert=buf["route_expert"].narrow(0, 0, n), out=out, num_experts=E,
             )  # fmt: skip
         else:
@@ -169,7 +169,7 @@ def test_output_reduce_is_bit_identical_to_the_torch_path(case, m, broadcast):
         out = buf["output"].narrow(0, 0, m)
         if name == "kernel":
             boundary.reduce_output(
-                arch=host_kernels.device_arch(DEV), fc2=fc2, svh=tables["down_svh"],
+                arch=launchers.device_arch(DEV), fc2=fc2, svh=tables["down_svh"],
                 route_expert=buf["route_expert"].narrow(0, 0, n),
                 route_inactive=buf["route_inactive"].narrow(0, 0, n), weights=weights, out=out,
                 top_k=TOP_K, num_experts=E,

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe.support import (
+from b12x.ops.moe.support import (
     compile_moe_specialization,
     moe_kernel_specializations,
     supported_moe_variants,
 )
 from oracle.contracts import DEFAULT_SLOTS_PATH, check_package, default_root
 
-TIER_FILE = Path("moe") / "run.py"  # the tier stage (tier_gemm_stage) launches from run
+TIER_FILE = Path("ops") / "moe" / "run.py"  # the tier stage (tier_gemm_stage) launches from run
 FC2_CALL = """            launch_grouped_gemm(
                 spec=bound.plan.fc2_spec[tier],
                 codebook="mcg",
@@ -96,12 +96,12 @@ def test_other_codebook_is_caught_by_the_pinned_slot(tmp_path):
 def test_tier_plan_codebook_is_pinned(tmp_path):
     root = tmp_path / "b12x"
     shutil.copytree(default_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
-    ops = root / "moe" / "ops.py"
+    ops = root / "ops" / "moe" / "custom_op.py"
     text = ops.read_text(encoding="utf-8")
     assert text.count('        codebook="mcg",\n') == 1
     ops.write_text(text.replace('        codebook="mcg",\n', ""), "utf-8")
     report = check_package(root, slots_path=DEFAULT_SLOTS_PATH)
-    found = [v for v in report.violations if Path(v.path).name == "ops.py"]
+    found = [v for v in report.violations if Path(v.path).name == "custom_op.py"]
     assert found and all(v.parameter == "codebook" for v in found), found
 
 

@@ -1,11 +1,11 @@
-"""CPU: the MoE's host decisions are the tables of ``b12x.moe.dispatch`` (design §4 "Dispatch").
+"""CPU: the MoE's host decisions are the tables of ``b12x.ops.moe.dispatch`` (design §4 "Dispatch").
 
 * Each table passes ``oracle.dispatch``'s generic checks: both sides of every declared boundary
   pick the expected row (whose own predicate holds), every row is reachable, ``explain`` is
   deterministic and does not mutate the case.
 * The boundaries are literal: changing a threshold constant (planted below, then removed) makes
   the table's own boundary check fail instead of moving along with it — the tile predicate's
-  shared-memory reserve included (the FC2 tile goes through ``b12x.dense.tiles.qualify``).
+  shared-memory reserve included (the FC2 tile goes through ``b12x.ops.dense.tiles.qualify``).
 * Cases are validated: an unknown or missing field, a wrong type or value names the field.
 * ``plan_moe`` takes every decision from the tables: on a grid of problems (uniform, tiers,
   pairs, pinned m_tiles, every decoder family, both compute dtypes, no device and simulated
@@ -22,11 +22,11 @@ import itertools
 import pytest
 import torch
 
-from b12x.dense import tiles as dense_tiles
 from b12x.formats import resolve_format
-from b12x.moe import dispatch as D
-from b12x.moe import plan as plan_mod
-from b12x.moe.plan import plan_moe
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.moe import dispatch as D
+from b12x.ops.moe import plan as plan_mod
+from b12x.ops.moe.plan import plan_moe
 from oracle.dispatch import check_boundaries, check_table
 from oracle.tiles import SimulatedDevice
 
@@ -308,7 +308,7 @@ def test_a_geometry_decided_outside_the_tables_is_caught(monkeypatch):
 
 
 def test_legacy_helpers_answer_from_the_tables(monkeypatch):
-    from b12x.moe import pairs
+    from b12x.ops.moe import pairs
 
     assert plan_mod.choose_m_tiles(385, 8, 128) == 2
     assert plan_mod.choose_k_split(5120, 1) == 4

@@ -2,7 +2,7 @@
 
 * Planning: route block, K split and geometry are the tables' answers (recorded decisions), the
   wave-balanced FC2 tile needs an unpaired FC2 and a device (simulated here), payload shapes
-  match ``b12x.moe.pairs.pair_payload_shape``, buffer specs are exact.
+  match ``b12x.ops.moe.pairs.pair_payload_shape``, buffer specs are exact.
 * Validation: every ``plan_moe_gemm`` argument, every buffer at bind (meta refused), every run
   input (dtype, shape, device, contiguity, alignment, id dtype, the mode table only when
   dynamic) raises naming it, before anything is packed or launched.
@@ -19,13 +19,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from b12x.kernels import host
 from b12x.kernels.moe_gemm import DYNAMIC_KINDS
-from b12x.moe import gemm_op
-from b12x.moe import pairs as pairs_mod
-from b12x.moe import run as run_mod
-from b12x.moe.dispatch import FC2_TILE, GEMM_GEOMETRY, K_SPLIT, PAIR_GEOMETRY, ROUTE_BLOCK
-from b12x.moe.gemm_op import (
+from b12x.launch import host
+from b12x.ops.moe import gemm_op
+from b12x.ops.moe import pairs as pairs_mod
+from b12x.ops.moe import run as run_mod
+from b12x.ops.moe.dispatch import FC2_TILE, GEMM_GEOMETRY, K_SPLIT, PAIR_GEOMETRY, ROUTE_BLOCK
+from b12x.ops.moe.gemm_op import (
     MoeGemmOp,
     allocate_moe_gemm_buffers,
     bind_moe_gemm,

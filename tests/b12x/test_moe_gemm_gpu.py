@@ -16,7 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.moe.gemm_op import allocate_moe_gemm_buffers, bind_moe_gemm, plan_moe_gemm, run_moe_gemm
+from b12x.ops.moe.gemm_op import (
+    allocate_moe_gemm_buffers,
+    bind_moe_gemm,
+    plan_moe_gemm,
+    run_moe_gemm,
+)
 from reference.pairs import decode_pair
 from reference.trellis import decode
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import b12x.moe.ops  # noqa: F401  (registers torch.ops.b12x.trellis_moe)
-from b12x.moe.ops import MoeOp
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
-from b12x.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
+import b12x.ops.moe.custom_op  # noqa: F401  (registers torch.ops.b12x.trellis_moe)
+from b12x.ops.moe.custom_op import MoeOp
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
 from oracle.graph_protocol import ConsumerFixture, CudaBackend, GraphProtocol
 from reference.moe import TrellisExperts, expert_route_outputs, moe_forward, row_magnitude
 

@@ -5,7 +5,7 @@ The block step (:class:`BlockStep`)
 -----------------------------------
 ``router_logits`` (static input, fp32 ``[M, E]``: what the gate linear produced) → softmax →
 top-k → renormalise → ``expert_map`` (static, global → local id; −1 and ids ≥ E mark experts this
-rank does not hold, as expert parallelism does) → the fused MoE (:func:`b12x.moe.run.run_moe` on
+rank does not hold, as expert parallelism does) → the fused MoE (:func:`b12x.ops.moe.run.run_moe` on
 the plan's buffers) → ``block_output = hidden + moe``. Every intermediate lives in a caller-owned
 buffer, and the MoE gets exactly :attr:`MoePlan.buffers` (``allocate_moe_buffers``, nothing more).
 The plan holds ``M_PLAN`` = 32 tokens and the live batch is ``M_LIVE`` = 27, so every route-order
@@ -20,9 +20,9 @@ and token-order buffer has a tail the step must not write.
   half-words; random bytes); each replay bit-for-bit equal to the eager run of a *clean* step
   (zeroed buffers, never poisoned) on the same inputs; one input set maps six experts to inactive
   ids (−1, E, E + 3, a huge id); the route tensors the MoE reads are bit-unchanged after it ran.
-* Tails (R8), as the contract states them: :mod:`b12x.moe.routing` "Live M may be below the
+* Tails (R8), as the contract states them: :mod:`b12x.ops.moe.routing` "Live M may be below the
   planned M: every buffer is used through a row-prefix view", so past the live prefix (the size
-  the same plan gives that buffer at the live M) no byte may change; :mod:`b12x.moe.plan` "Rows
+  the same plan gives that buffer at the live M) no byte may change; :mod:`b12x.ops.moe.plan` "Rows
   of inactive routes are never written" (FC1) and :mod:`b12x.kernels.moe_gemm` (a route in no
   live block is never stored), so the ``fc1`` and ``fc2`` rows of inactive routes keep the poison.
 * :class:`oracle.graph_protocol.GraphProtocol` (CUDA backend) over the FULL step
@@ -37,7 +37,7 @@ and token-order buffer has a tail the step must not write.
 * N-run determinism: 5 eager runs with different poisons in between are bitwise equal.
 * Batch invariance, as the design promises it: ``b12x/kernels/moe_gemm.py`` "No split-K, so the
   result is deterministic and independent of the other blocks: each row's output depends only on
-  its own A row, which makes the MoE batch-invariant per route", and ``b12x/moe/plan.py`` "a
+  its own A row, which makes the MoE batch-invariant per route", and ``b12x/ops/moe/plan.py`` "a
   token's output at batch M equals its batch-1 output bit for bit, given the same routes". Tested
   for M = 5, 33 and 129 (129 plans two M16 tiles per route block) against batch 1, fp16 and bf16,
   several tokens each (inactive routes included: they are part of "the same routes").
@@ -54,9 +54,9 @@ import dataclasses
 import pytest
 import torch
 
-from b12x.moe.ops import MoeOp
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.custom_op import MoeOp
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import BufferNotProvided
 from oracle.graph_protocol import (
@@ -386,7 +386,8 @@ class BlockStep:
 
 def live_extents(plan, m_live: int) -> dict[str, int]:
     """Elements of each buffer a live batch of ``m_live`` may write: its size in the same plan
-    made for ``m_live`` (same block size), per the row-prefix contract of ``b12x.moe.routing``."""
+    made for ``m_live`` (same block size), per the row-prefix contract of
+    ``b12x.ops.moe.routing``."""
     p = plan.problem
     live = plan_moe(
         m=m_live, top_k=p.top_k, hidden=p.hidden, intermediate=p.intermediate,

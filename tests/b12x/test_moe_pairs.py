@@ -16,14 +16,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from b12x.kernels.moe_compile import build_moe_gemm
 from b12x.kernels.moe_gemm import DYNAMIC_KINDS, MoeGemmSpec
-from b12x.kernels.specs import compile_with_remarks
-from b12x.moe import pairs as pairs_mod
-from b12x.moe import run as run_mod
-from b12x.moe.ops import MoeOp, check_moe_op_args
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
+from b12x.launch.moe_compile import build_moe_gemm
+from b12x.launch.specs import compile_with_remarks
+from b12x.ops.moe import pairs as pairs_mod
+from b12x.ops.moe import run as run_mod
+from b12x.ops.moe.custom_op import MoeOp, check_moe_op_args
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
 from reference import pairs as ref_pairs
 from reference.moe import row_magnitude
 from reference.moe_pairs import PairedExperts, paired_moe_forward, paired_route_outputs
@@ -225,7 +225,7 @@ def gemm(monkeypatch):
     monkeypatch.setattr(run_mod, "compiled_moe_gemm", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(pairs_mod, "_lut_addr", lambda spec, device: 0)
-    monkeypatch.setattr(run_mod.host_kernels, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(run_mod.launchers, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(run_mod, "LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))  # the emulated tier
     return emulated
 
@@ -399,7 +399,7 @@ def test_moe_pair_variants_are_covered_by_the_declared_kernels():
 
 
 def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
-    from b12x.dense import tiles
+    from b12x.ops.dense import tiles
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
     glm = dict(

@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import b12x.moe.ops  # noqa: F401  (registers torch.ops.b12x.trellis_moe)
-from b12x.kernels import host as host_kernels
-from b12x.moe.pairs import launch_paired_gemm, pair_gemm_spec
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import GemmContext, MoeInputs, run_moe
+import b12x.ops.moe.custom_op  # noqa: F401  (registers torch.ops.b12x.trellis_moe)
+from b12x.launch import host as launchers
+from b12x.ops.moe.pairs import launch_paired_gemm, pair_gemm_spec
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import GemmContext, MoeInputs, run_moe
 from reference.moe import TrellisExperts
 from reference.moe_pairs import (
     PairedExperts,
@@ -277,7 +277,7 @@ def test_paired_kernel_writes_only_live_routes_of_live_blocks(phase, choice):
     route_rows = torch.arange(rows, dtype=torch.int32)  # slot s computes route s
     route_rows[5] = rows  # the sentinel: a padding slot inside the live block
     ctx = GemmContext(
-        arch=host_kernels.device_arch(torch.device(DEV)),
+        arch=launchers.device_arch(torch.device(DEV)),
         block_expert_ids=torch.tensor([1, -1, e, 3], dtype=torch.int32, device=DEV),
         route_count=torch.tensor([48], dtype=torch.int32, device=DEV),  # block 3 is past it
         route_rows=route_rows.to(DEV),

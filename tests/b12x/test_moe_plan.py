@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from b12x.moe import run as run_mod
-from b12x.moe.ops import MoeOp
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
-from b12x.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
+from b12x.ops.moe import run as run_mod
+from b12x.ops.moe.custom_op import MoeOp
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
 from b12x.runtime.scratch import BufferNotProvided
 from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 from reference import tiers as ref_tiers
@@ -108,7 +108,7 @@ def gemm(monkeypatch):
     emulated = EmulatedGemm()
     monkeypatch.setattr(run_mod, "compiled_moe_gemm", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
-    monkeypatch.setattr(run_mod.host_kernels, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(run_mod.launchers, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(run_mod, "LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))  # the emulated tier
     return emulated
 

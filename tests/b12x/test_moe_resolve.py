@@ -1,7 +1,7 @@
 """``run_moe`` resolves every kernel of the step before its first launch (R5).
 
 While the compile cache is frozen (or a graph is capturing), a step whose kernels were never
-compiled must fail at :func:`b12x.moe.run.resolve_kernels`, naming a key, before any route
+compiled must fail at :func:`b12x.ops.moe.run.resolve_kernels`, naming a key, before any route
 packing, rotation or GEMM is launched or captured. CPU-only: the arch lookup is stubbed and the
 cache is emptied for the test, so nothing compiles.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.kernels import host
-from b12x.moe import run as run_mod
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.launch import host
+from b12x.ops.moe import run as run_mod
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.runtime import compile_cache
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from b12x.moe import routing
+from b12x.ops.moe import routing
 from b12x.runtime.scratch import allocate_buffers
 from reference.routing import pack_routes
 

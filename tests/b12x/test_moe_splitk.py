@@ -17,10 +17,10 @@ import re
 import pytest
 import torch
 
-from b12x.kernels.moe_compile import build_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.kernels.specs import compile_with_remarks
-from b12x.moe.plan import choose_k_split, gemm_geometry, plan_moe
+from b12x.launch.moe_compile import build_moe_gemm
+from b12x.launch.specs import compile_with_remarks
+from b12x.ops.moe.plan import choose_k_split, gemm_geometry, plan_moe
 
 GLM = dict(
     top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=4, num_experts=128,
@@ -84,7 +84,7 @@ def test_plans_pick_k_split_from_geometry_only(layout, bits):
 
 
 def test_tiered_and_device_plans_keep_the_factor():
-    from b12x.dense import tiles
+    from b12x.ops.dense import tiles
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
     tiered = dict(GLM, bits=(3, 4), num_experts=(64, 64), num_global_experts=128)
@@ -151,7 +151,7 @@ def _planned_split_specs(codebooks, dtypes, ms=(1, 512, 4096)):
 
 
 def _extra_split_specs():
-    from b12x.dense import tiles
+    from b12x.ops.dense import tiles
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
     p = plan_moe(m=8, **{**GLM, "w13_layout": "proj", "bits": 3, "num_experts": 160}, device=h200)

@@ -21,10 +21,10 @@ import pathlib
 import pytest
 import torch
 
-from b12x.kernels import host
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, gemm_geometry, plan_moe
-from b12x.moe.run import GemmContext, MoeInputs, launch_grouped_gemm, run_moe
+from b12x.launch import host
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, gemm_geometry, plan_moe
+from b12x.ops.moe.run import GemmContext, MoeInputs, launch_grouped_gemm, run_moe
 from reference.moe import TrellisExperts
 from reference.trellis import decode
 

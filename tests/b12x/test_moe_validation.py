@@ -16,10 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.moe import run as run_mod
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
-from b12x.moe.tiers import plan_tiered_moe
+from b12x.ops.moe import run as run_mod
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.tiers import plan_tiered_moe
 from oracle.tiles import SimulatedDevice
 
 F16, BF16 = torch.float16, torch.bfloat16

@@ -23,11 +23,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.kernels import host
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import GemmContext, MoeInputs, launch_grouped_gemm, run_moe
+from b12x.launch import host
+from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import GemmContext, MoeInputs, launch_grouped_gemm, run_moe
 from reference.trellis import decode
 
 pytestmark = pytest.mark.gpu
@@ -151,7 +151,7 @@ def test_pinned_m_tiles_packs_routes_in_the_launch_block_size(m_tiles):
 
 
 def test_dense_op_computes_in_the_requested_dtype():
-    import b12x.ops as ops
+    import b12x.ops.dense.custom_op as ops
 
     m, k, n, bits = 24, 256, 256, 4
     g = torch.Generator().manual_seed(91)

@@ -2,7 +2,7 @@
 allocation in run, and the CUDA-graph protocol (design §7) on CPU and (marked) on the GPU.
 
 Buffer tables are written by hand from spec §3.3 (generic) and §5.5 (K6/MCG small-M). On CPU the
-kernels of ``b12x.kernels.host`` are replaced by in-place stand-ins that record their arguments,
+kernels of ``b12x.launch.host`` are replaced by in-place stand-ins that record their arguments,
 so the orchestration (which buffer each launch reads and writes) is checked without a GPU.
 """
 
@@ -15,10 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.dense import plan as plan_mod
-from b12x.dense.plan import DenseOp
-from b12x.kernels.specs import KernelSpec
+from b12x.launch.specs import KernelSpec
+from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.dense import plan as plan_mod
+from b12x.ops.dense.plan import DenseOp
 from b12x.runtime import compile_cache as cc
 from b12x.runtime.scratch import BufferNotProvided
 from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend, capture_graph
@@ -304,7 +304,7 @@ def test_bind_rejects_unknown_names():
 
 
 class FakeKernels:
-    """In-place CPU stand-ins for ``b12x.kernels.host`` that record what each launch touched."""
+    """In-place CPU stand-ins for ``b12x.launch.host`` that record what each launch touched."""
 
     def __init__(self):
         self.calls = []
@@ -334,7 +334,7 @@ class FakeKernels:
 def fake_kernels(monkeypatch):
     fake = FakeKernels()
     for name in ("rotate_input", "trellis_matmul", "rotate_output", "decode_weight"):
-        monkeypatch.setattr(plan_mod.host_kernels, name, getattr(fake, name))
+        monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
     return fake
 
 
@@ -549,7 +549,7 @@ def test_cpu_protocol_catches_an_allocating_run(simulated, monkeypatch):
     def allocating_rotate(x, suh, *, out_dtype, out):
         out.copy_(x * suh)  # x * suh allocates a fresh tensor
 
-    monkeypatch.setattr(plan_mod.host_kernels, "rotate_input", allocating_rotate)
+    monkeypatch.setattr(plan_mod.launchers, "rotate_input", allocating_rotate)
     problem = dict(SMALL, x_dtype=F16)
     op = DenseOp(RTX)
     fixture = _consumer(op.plan(problem), "cpu", placeholders={})
@@ -709,7 +709,7 @@ def _op_args(device, m=4, k=256, n=256, bits=6, x_dtype=F16):
 
 
 def test_custom_op_fake_path_passes_opcheck_on_meta():
-    import b12x.ops  # noqa: F401 - registers the op
+    import b12x.ops.dense.custom_op  # noqa: F401 - registers the op
 
     op = torch.ops.b12x.trellis_dense_linear.default
     result = torch.library.opcheck(op, _op_args("meta", x_dtype=BF16))
@@ -721,7 +721,7 @@ def test_custom_op_fake_path_passes_opcheck_on_meta():
 def test_custom_op_validates_under_fake_tensors():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import b12x.ops  # noqa: F401
+    import b12x.ops.dense.custom_op  # noqa: F401
 
     with FakeTensorMode() as mode:
         x, trellis, suh, svh, cb = (
@@ -741,7 +741,7 @@ def test_custom_op_validates_under_fake_tensors():
 
 @pytest.mark.gpu
 def test_custom_op_full_opcheck_and_tile_pin_on_cuda():
-    import b12x.ops as ops
+    import b12x.ops.dense.custom_op as ops
 
     op = torch.ops.b12x.trellis_dense_linear.default
     args = _random_layer(33, 512, 256, 6, F16)

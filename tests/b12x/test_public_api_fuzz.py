@@ -10,7 +10,7 @@ declared per entry below, from the documented domains (not read back from b12x).
 
 Direct ``torch.ops.b12x.*`` calls are fuzzed with tensor arguments and schema-typed scalars: a
 value of the wrong *schema* type never reaches b12x (torch's dispatcher rejects it first), so
-those go through the Python front door :func:`b12x.ops.dense_linear` and the fake
+those go through the Python front door :func:`b12x.ops.dense.custom_op.dense_linear` and the fake
 implementations instead, which are fuzzed with everything.
 """
 
@@ -28,15 +28,15 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import b12x.moe.ops as moe_ops
-import b12x.ops as dense_ops
-from b12x.decode import allocate_decode_buffers, bind_decode, plan_decode, run_decode
-from b12x.dense import dispatch, split_k
-from b12x.dense import tiles as T
-from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.moe.plan import ALL_BUFFER_NAMES, allocate_moe_buffers, bind_moe, plan_moe
-from b12x.moe.run import MoeInputs, run_moe
-from b12x.moe.tiers import plan_tiered_moe
+import b12x.ops.dense.custom_op as dense_ops
+import b12x.ops.moe.custom_op as moe_ops
+from b12x.ops.decode import allocate_decode_buffers, bind_decode, plan_decode, run_decode
+from b12x.ops.dense import dispatch, split_k
+from b12x.ops.dense import tiles as T
+from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.moe.plan import ALL_BUFFER_NAMES, allocate_moe_buffers, bind_moe, plan_moe
+from b12x.ops.moe.run import MoeInputs, run_moe
+from b12x.ops.moe.tiers import plan_tiered_moe
 from oracle.tiles import SimulatedDevice
 
 F16, BF16, F32, I16, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int16, torch.int32

@@ -12,9 +12,9 @@ import itertools
 import pytest
 import torch
 
-from b12x.dense import plan_dense
-from b12x.dense import split_k as S
-from b12x.kernels import host
+from b12x.launch import host
+from b12x.ops.dense import plan_dense
+from b12x.ops.dense import split_k as S
 from oracle import dispatch as O
 from oracle.tiles import SimulatedDevice
 

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 import b12x.support as support
-from b12x.decode import plan as decode_plan
-from b12x.dense import dispatch as dense_dispatch
-from b12x.dense import plan as dense_plan
-from b12x.dense import split_k as dense_split_k
-from b12x.dense import tiles as dense_tiles
-from b12x.moe import dispatch as moe_dispatch
-from b12x.moe import gemm_op as moe_gemm
-from b12x.moe import ops as moe_ops
-from b12x.moe import plan as moe_plan
-from b12x.moe import run as moe_run
+from b12x.ops.decode import plan as decode_plan
+from b12x.ops.dense import dispatch as dense_dispatch
+from b12x.ops.dense import plan as dense_plan
+from b12x.ops.dense import split_k as dense_split_k
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.moe import custom_op as moe_ops
+from b12x.ops.moe import dispatch as moe_dispatch
+from b12x.ops.moe import gemm_op as moe_gemm
+from b12x.ops.moe import plan as moe_plan
+from b12x.ops.moe import run as moe_run
 from oracle import dispatch as oracle_dispatch
 from oracle import tiles as oracle_tiles
 
@@ -225,7 +225,8 @@ def test_deprecated_views_are_derived_from_ops(monkeypatch):
 
 def test_importing_support_stays_light():
     code = (
-        "import sys, b12x.support; print('cutlass' in sys.modules, 'b12x.moe.plan' in sys.modules)"
+        "import sys, b12x.support; "
+        "print('cutlass' in sys.modules, 'b12x.ops.moe.plan' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b12x.dense import tiles as T
+from b12x.ops.dense import tiles as T
 from oracle.tiles import (
     DEVICES,
     SimulatedDevice,

@@ -390,8 +390,8 @@ def test_the_real_registry_compiles_nothing_without_its_hook(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_real_tile_specialisation_compiles_for_every_arch(tmp_path, capsys, monkeypatch):
     """Once b12x's registry declares ``specializations(tile)``, the run compiles for real."""
-    from b12x.dense import tiles
-    from b12x.kernels.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec
+    from b12x.ops.dense import tiles
 
     spec = KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=2, warps=8)
     monkeypatch.setattr(type(tiles.REGISTRY), "specializations", lambda s, t: [spec], raising=False)

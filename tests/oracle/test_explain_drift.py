@@ -1,7 +1,7 @@
 """``python -m oracle explain`` and ``python -m oracle drift`` (CPU only).
 
 * explain: the K6/MCG small-M row is taken on a simulated sm_120 and rejected on sm_90 with its
-  first failed condition (``b12x.dense.dispatch.K6_ROW``: capability (12, 0) only); invalid
+  first failed condition (``b12x.ops.dense.dispatch.K6_ROW``: capability (12, 0) only); invalid
   problems are refused with the plan validator's message (one stderr line, exit 2); ``--json``
   carries the documented schema.
 * drift: a grid case id shows faithful vs exact only; a saved case whose kernel output was made

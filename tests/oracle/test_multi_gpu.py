@@ -166,7 +166,7 @@ def test_replacement_worker_keeps_the_crashed_workers_gpu(tmp_path):
 def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     import cutlass.cute as cute
 
-    from b12x.kernels import host, specs
+    from b12x.launch import host, specs
     from b12x.runtime import compile_cache
     from b12x.runtime.compile_cache import CompileCache, key_for_spec
 
@@ -248,7 +248,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _graph_vs_eager(device: str, problem: dict) -> tuple[str, list[torch.Tensor]]:
     """Plan/bind/run on ``device``; capture once, replay per input set; bitwise vs eager.
     Returns the plan's path and the eager outputs (on the CPU)."""
-    from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+    from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
     from b12x.runtime.compile_cache import frozen
 
     dev = torch.device(device)
@@ -334,7 +334,7 @@ def test_dense_graphs_on_two_devices_in_sequence(name):
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
 def test_dense_eager_on_device_1_while_device_0_is_current():
-    from b12x.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+    from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 
     problem = DENSE_PATHS["generic_split_k"]
     dev = torch.device("cuda:1")
@@ -369,6 +369,7 @@ def test_dense_eager_on_device_1_while_device_0_is_current():
 @pytest.mark.graph
 def test_oracle_graph_protocol_on_device_1():
     from oracle.checks.gpu_ops import graph_targets
+
     from oracle.graph_protocol import CudaBackend, GraphProtocol
 
     with torch.cuda.device(1):
@@ -385,7 +386,7 @@ def test_oracle_graph_protocol_on_device_1():
 def test_compiles_are_shared_by_identical_devices_only(monkeypatch):
     import cutlass.cute as cute
 
-    from b12x.kernels.host import device_arch
+    from b12x.launch.host import device_arch
 
     calls: list[str] = []
     real = cute.compile

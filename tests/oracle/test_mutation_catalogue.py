@@ -277,7 +277,7 @@ def test_runner_verdicts_on_a_tiny_project(tiny_project):
     assert lost.status == "stale" and "not found" in lost.reason
     gpu = run(_mutant([breaks], kill, tier="gpu"))
     assert gpu.status == "not-applicable" and "gpu tier" in gpu.reason
-    later = run(_mutant([breaks], kill, requires=("b12x/moe",), not_applicable_reason="later"))
+    later = run(_mutant([breaks], kill, requires=("b12x/ops/moe",), not_applicable_reason="later"))
     assert later.status == "not-applicable" and later.reason.startswith("later")
     assert _digest(tiny_project) == before  # the source tree was never written
 

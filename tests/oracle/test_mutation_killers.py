@@ -6,7 +6,8 @@
   to a stale call site).
 * ``codebook-default-flipped`` (R11): the CPU stand-in kernels of the plan/bind/run tests ignore
   the codebook, so a launch that silently fell back to a default codebook passed. Here every launch
-  of :func:`b12x.dense.run_dense` is spied on and must receive the planned codebook, on every path.
+  of :func:`b12x.ops.dense.run_dense` is spied on and must receive the planned codebook, on every
+  path.
 * ``moe-route-block-size-static`` (R12/R15): no test pinned the MoE ``m_tiles``, so a planner
   whose route block ignored the pin (packing in the automatic block size while the launches
   compile the pinned one) survived. Here every plan, pinned or automatic, uniform or tiered,
@@ -26,8 +27,8 @@ import re
 import pytest
 import torch
 
-from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
-from b12x.dense import plan as plan_mod
+from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.dense import plan as plan_mod
 from oracle.contracts import check_package, default_root
 from oracle.contracts.check import DEFAULT_SLOTS_PATH
 from oracle.tiles import SimulatedDevice
@@ -58,7 +59,7 @@ class CodebookSpy:
 @pytest.fixture
 def spy(monkeypatch):
     fake = CodebookSpy()
-    host = plan_mod.host_kernels
+    host = plan_mod.launchers
     monkeypatch.setattr(host, "trellis_matmul", fake.trellis_matmul)
     monkeypatch.setattr(host, "decode_weight", fake.decode_weight)
     monkeypatch.setattr(host, "rotate_input", fake.rotate)
@@ -109,7 +110,7 @@ def test_b12x_call_sites_bind_to_their_callees():
 @pytest.mark.parametrize("m_tiles", [None, 1, 2, 4])
 @pytest.mark.parametrize("tiered", [False, True])
 def test_moe_plan_packs_routes_in_the_block_size_it_launches(m_tiles, tiered):
-    from b12x.moe.plan import plan_moe
+    from b12x.ops.moe.plan import plan_moe
 
     bits, experts = ((3, 4), (3, 5)) if tiered else (3, 8)
     plan = plan_moe(
@@ -136,7 +137,7 @@ class _Planned(Exception):
 
 @pytest.mark.parametrize("compute_dtype", [None, torch.float16, torch.bfloat16])
 def test_dense_op_plans_the_requested_compute_dtype(monkeypatch, compute_dtype):
-    import b12x.ops as ops
+    import b12x.ops.dense.custom_op as ops
 
     seen = {}
 
@@ -195,7 +196,7 @@ def test_the_barrier_check_flags_a_missing_barrier():
 @pytest.mark.parametrize("codebook, bits", [("mcg", 4), ("sqg_e4m3", 3)])
 def test_shared_memory_handoffs_have_a_barrier(codebook, bits):
     from b12x import support
-    from b12x.kernels.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec
 
     ptx = support.compile_specialization(KernelSpec("decode", codebook, bits), "sm_90").ptx
     assert _ST_SHARED.search(ptx) and _LD_SHARED.search(ptx), "the kernel no longer stages in smem"

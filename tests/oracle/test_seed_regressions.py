@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from b12x.dense import allocate_dense_buffers, bind_dense, plan_dense
-from b12x.dense import dispatch as real_dispatch
-from b12x.dense import plan as plan_mod
+from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense
+from b12x.ops.dense import dispatch as real_dispatch
+from b12x.ops.dense import plan as plan_mod
 from b12x.runtime.scratch import BufferNotProvided
 from oracle import dispatch as O
 from oracle.contracts import check_package, default_root
@@ -113,7 +113,7 @@ def _failures(module) -> list[str]:
 
 @pytest.fixture
 def regressed_dispatch(tmp_path):
-    return _load_dispatch(_regressed_b12x(tmp_path, SEED2) / "dense" / "dispatch.py")
+    return _load_dispatch(_regressed_b12x(tmp_path, SEED2) / "ops" / "dense" / "dispatch.py")
 
 
 def test_seed2_dispatch_checks_pass_on_the_real_table():

@@ -19,9 +19,9 @@ Layout
   aligned) and keeps it by identity.
 * :func:`run_decode` validates ``trellis`` against the plan (int16, exact shape, device of the
   bound output, contiguous, aligned) before launching
-  :func:`b12x.kernels.host.decode_weight` into the bound output; it never allocates.
+  :func:`b12x.launch.host.decode_weight` into the bound output; it never allocates.
 * :class:`DecodeOp` — the graph-op protocol of ``oracle.graph_protocol`` (same shape as
-  :class:`b12x.dense.plan.DenseOp`): ``plan(problem)`` / ``bind(plan, buffers)`` /
+  :class:`b12x.ops.dense.plan.DenseOp`): ``plan(problem)`` / ``bind(plan, buffers)`` /
   ``run(bound, inputs)`` (input ``trellis``) / ``freeze()`` / ``compile_unwarmed(plan)``.
 
 Invariants
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from b12x.formats import DecodeFormat, resolve_format
-from b12x.kernels import host as host_kernels
-from b12x.kernels.specs import KernelSpec
+from b12x.launch import host as launchers
+from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import (
     BufferSpec,
@@ -160,7 +160,7 @@ def run_decode(bound: BoundDecode, trellis: torch.Tensor) -> torch.Tensor:
         "trellis", trellis, dtypes=(torch.int16,), shape=p.payload_shape, device=bound.device
     )
     output = bound.buffers["output"]
-    host_kernels.decode_weight(trellis, p.codebook, out=output)
+    launchers.decode_weight(trellis, p.codebook, out=output)
     return output
 
 
@@ -203,7 +203,7 @@ class DecodeOp:
     def compile_unwarmed(self, plan: DecodePlan) -> None:
         """Ask for a decode specialisation no run launches (``unroll=2``): it must raise once
         frozen or under capture."""
-        from b12x.dense.plan import device_limits
+        from b12x.ops.dense.plan import device_limits
 
         p = _check_plan(plan).problem
         major, minor = device_limits(self.device).capability

@@ -1,12 +1,12 @@
 """The dense trellis linear: plan / bind / run, its dispatch table and its tile registry.
 
-* :mod:`b12x.dense.plan` — :func:`plan_dense`, :func:`allocate_dense_buffers`,
+* :mod:`b12x.ops.dense.plan` — :func:`plan_dense`, :func:`allocate_dense_buffers`,
   :func:`bind_dense`, :func:`run_dense` and the per-path buffer contract.
-* :mod:`b12x.dense.dispatch` — the declarative path table with ``explain(case)``.
-* :mod:`b12x.dense.tiles` — the tile registry and its one qualification predicate.
+* :mod:`b12x.ops.dense.dispatch` — the declarative path table with ``explain(case)``.
+* :mod:`b12x.ops.dense.tiles` — the tile registry and its one qualification predicate.
 """
 
-from b12x.dense.plan import (
+from b12x.ops.dense.plan import (
     BoundDense,
     DensePlan,
     allocate_dense_buffers,

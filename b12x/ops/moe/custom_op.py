@@ -9,7 +9,7 @@ Layout
   Tensor? fc2_modes=None) -> Tensor`` — ``[M, H]`` in ``x.dtype``. One payload in
   ``w13``/``w2`` is a uniform stack; two are K3/K4 tiers (then the two maps are required and the
   codebook must be ``"mcg"``). ``fc1_pair``/``fc2_pair`` select QSRT pairs per phase
-  (:mod:`b12x.moe.pairs`): the phase's payload is then a pair payload and a ``"dynamic"`` phase
+  (:mod:`b12x.ops.moe.pairs`): the phase's payload is then a pair payload and a ``"dynamic"`` phase
   takes its int32 ``[E]`` mode table. The CUDA implementation plans, allocates the plan's
   buffers (an eager op may: it is plan time for this call), binds and runs; graph consumers call
   plan / bind / run themselves (:class:`MoeOp`).
@@ -30,13 +30,13 @@ from typing import Any
 import torch
 
 from b12x.formats import resolve_format
-from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
-from b12x.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, check_moe_problem, plan_moe
-from b12x.moe.routing import check_route_ids
-from b12x.moe.run import MoeInputs, check_rotation_table, payload_shapes, run_moe
-from b12x.moe.tiers import TIER_CODEBOOK, plan_tiered_moe
+from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.ops.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
+from b12x.ops.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, check_moe_problem, plan_moe
+from b12x.ops.moe.routing import check_route_ids
+from b12x.ops.moe.run import MoeInputs, check_rotation_table, payload_shapes, run_moe
+from b12x.ops.moe.tiers import TIER_CODEBOOK, plan_tiered_moe
 from b12x.runtime import compile_cache
 from b12x.runtime.validate import HALF_DTYPES, check_dtype_choice, check_tensor
 
@@ -51,7 +51,7 @@ def check_moe_op_args(
 ) -> dict[str, Any]:  # fmt: skip
     """Metadata-only validation shared by the real, the fake and the CPU op; returns the plan
     keywords (less ``compute_dtype``). The tensors are read for their metadata, then the problem
-    goes through :func:`b12x.moe.plan.check_moe_problem`, the validator the plan runs.
+    goes through :func:`b12x.ops.moe.plan.check_moe_problem`, the validator the plan runs.
     ``tables`` (the op's ``gate_suh``, ``up_suh``, ``intermediate_rotations``, ``down_svh``,
     ``fc1_modes``, ``fc2_modes`` by name) are checked for dtype, shape and device as ``run``
     will (mode values are read at run time only)."""
@@ -268,9 +268,9 @@ def _trellis_moe_cpu(
 class MoeOp:
     """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
 
-    ``plan(problem)`` takes :func:`~b12x.moe.plan.plan_moe`'s keywords (or
-    :func:`~b12x.moe.tiers.plan_tiered_moe`'s, recognised by ``tier0_bits``; its codebook is
-    always ``"mcg"``); ``run(bound, inputs)`` reads the :class:`~b12x.moe.run.MoeInputs` fields
+    ``plan(problem)`` takes :func:`~b12x.ops.moe.plan.plan_moe`'s keywords (or
+    :func:`~b12x.ops.moe.tiers.plan_tiered_moe`'s, recognised by ``tier0_bits``; its codebook is
+    always ``"mcg"``); ``run(bound, inputs)`` reads the :class:`~b12x.ops.moe.run.MoeInputs` fields
     by name (``w13``/``w2``: one tensor, a tuple, or ``w13_tier0``/``w13_tier1`` entries)."""
 
     name = "trellis_moe"
@@ -313,7 +313,7 @@ class MoeOp:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: MoePlan) -> None:
-        from b12x.dense.plan import device_limits
+        from b12x.ops.dense.plan import device_limits
 
         major, minor = device_limits(self.device).capability
         spec = plan.fc2_spec[0]

@@ -3,16 +3,16 @@
 Layout
 ------
 * Validation, one function per kind of argument, shared by every door (this module, the custom
-  op ``b12x::trellis_dense_linear`` of :mod:`b12x.ops` and its fake implementation):
+  op ``b12x::trellis_dense_linear`` of :mod:`b12x.ops.dense.custom_op` and its fake implementation):
   :func:`check_dense_problem` (the scalar problem: dims, codebook/bits, dtypes, external rotation,
   tile, split-K; metadata only), :func:`check_dense_inputs` (the tensors against K, N, bits,
   dtype and device), :func:`payload_geometry` (K, N, bits read off a payload) and
   :func:`dense_problem_from_tensors` (the op's tensors → the plan's keywords, through the two
   validators above).
 * :func:`plan_dense` (host only, may allocate nothing on the device) validates the problem, asks
-  the dispatch table (:mod:`b12x.dense.dispatch`) for the path, picks or validates the tile
-  through the ONE tile predicate (:mod:`b12x.dense.tiles`), asks the split-K table
-  (:mod:`b12x.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
+  the dispatch table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile
+  through the ONE tile predicate (:mod:`b12x.ops.dense.tiles`), asks the split-K table
+  (:mod:`b12x.ops.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
   launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``) and lists the buffers of
   that path as :class:`~b12x.runtime.scratch.BufferSpec` s. It returns a frozen :class:`DensePlan`.
 * :func:`allocate_dense_buffers` is the plan-time allocator (outside capture only).
@@ -21,7 +21,7 @@ Layout
   change ``data_ptr``). A missing or placeholder buffer raises naming it, e.g. "scratch `c_tmp`
   is not initialized for CUDA graph capture" while capturing.
 * :func:`run_dense` validates the inputs against the plan, then launches the kernels of
-  :mod:`b12x.kernels.host` into the bound buffers. It never allocates: every intermediate is a
+  :mod:`b12x.launch.host` into the bound buffers. It never allocates: every intermediate is a
   bound buffer, a row-prefix view of one (live ``M`` may be below the planned ``M``), or an
   in-place op (``copy_``, ``add_``).
 
@@ -66,12 +66,12 @@ from typing import Any
 
 import torch
 
-from b12x.dense import dispatch as dense_dispatch
-from b12x.dense import split_k as split_table
-from b12x.dense import tiles as dense_tiles
 from b12x.formats import DecodeFormat, resolve_format
-from b12x.kernels import host as host_kernels
-from b12x.kernels.specs import KernelSpec
+from b12x.launch import host as launchers
+from b12x.launch.specs import KernelSpec
+from b12x.ops.dense import dispatch as dense_dispatch
+from b12x.ops.dense import split_k as split_table
+from b12x.ops.dense import tiles as dense_tiles
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import (
     BufferSpec,
@@ -155,7 +155,7 @@ class DensePlan:
     warps: int
     split_k: int
     buffers: tuple[BufferSpec, ...]
-    split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.dense.split_k)
+    split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.ops.dense.split_k)
 
     @property
     def buffer_names(self) -> tuple[str, ...]:
@@ -200,7 +200,8 @@ class DensePlan:
 def device_limits(device: Any = None) -> dense_tiles.DeviceLimits:
     """Facts of a CUDA device (default: the current one), or of a simulated device object
     (any object with ``name``, ``sm_count``, ``max_shared_mem`` and ``capability``, validated by
-    :func:`b12x.dense.tiles.check_device`). Anything else, a non-CUDA device (``cpu``, ``meta``),
+    :func:`b12x.ops.dense.tiles.check_device`). Anything else, a non-CUDA device (``cpu``,
+    ``meta``),
     or a CUDA device on a machine without one raises ``TypeError``/``ValueError`` naming
     ``device``."""
     if device is not None and not isinstance(device, torch.device | str | int):
@@ -293,7 +294,7 @@ def check_dense_problem(
     :func:`dense_problem_from_tensors`) so tracing rejects exactly what planning rejects. One
     validator per argument kind: positive ints (``m``, ``k``, ``n``, ``split_k``), the kernel
     registry's (codebook, bits) legality, the fp16/bf16 dtype choices, a real ``bool`` for
-    ``external_rotation``, and the tile registry's :func:`~b12x.dense.tiles.deserialize`.
+    ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.deserialize`.
     """
     for name, value in (("m", m), ("k", k), ("n", n)):
         check_positive_int(name, value)
@@ -409,11 +410,11 @@ def plan_dense(
 ) -> DensePlan:
     """Plan one dense trellis linear of ``M`` rows (the capacity); see the module docstring.
 
-    ``tile`` pins the generic GEMM tile (a :class:`~b12x.dense.tiles.Tile` or its serialised
+    ``tile`` pins the generic GEMM tile (a :class:`~b12x.ops.dense.tiles.Tile` or its serialised
     ``[tile_k, tile_n, cta_threads]``); ``device`` is a CUDA device or a simulated one.
     Validation: :func:`check_dense_problem`, then :func:`device_limits`. The path comes from the
-    dispatch table (:mod:`b12x.dense.dispatch`), the tile from the tile registry, the split-K
-    request from the split-K table (:mod:`b12x.dense.split_k`).
+    dispatch table (:mod:`b12x.ops.dense.dispatch`), the tile from the tile registry, the split-K
+    request from the split-K table (:mod:`b12x.ops.dense.split_k`).
     """
     codebook, bits, pinned = check_dense_problem(
         m=m, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x_dtype,
@@ -433,7 +434,7 @@ def plan_dense(
         "explicit_tile": None if pinned is None else tuple(dense_tiles.serialize(pinned)),
     }
     choice = dense_dispatch.explain(case)
-    m_tiles = host_kernels.choose_tiles(m)[0]
+    m_tiles = launchers.choose_tiles(m)[0]
     chosen_tile = None
     if choice.path != "generic":  # K6: no split-K scratch; decode_matmul: no trellis GEMM
         if split_k is not None:
@@ -555,13 +556,13 @@ def run_dense(
         x16.copy_(x)
     rotated = rows("rotated_f16")
     if had is None:
-        host_kernels.rotate_input(x16, suh, out_dtype=torch.float16, out=rotated)
+        launchers.rotate_input(x16, suh, out_dtype=torch.float16, out=rotated)
     else:
         had(x16, rotated, suh, None, 1.0)
     out16 = output if p.x_dtype == torch.float16 else rows("output_f16")
 
     if plan.path == "k6_mcg_small_m":
-        host_kernels.trellis_matmul(
+        launchers.trellis_matmul(
             rotated,
             trellis,
             p.codebook,
@@ -570,7 +571,7 @@ def run_dense(
             tiles=(plan.m_tiles, plan.n_tiles),
             warps=plan.warps,
         )
-        host_kernels.rotate_output(out16, svh, out_dtype=torch.float16, out=out16)
+        launchers.rotate_output(out16, svh, out_dtype=torch.float16, out=out16)
     else:
         a = rotated
         if p.compute_dtype == torch.bfloat16:
@@ -579,13 +580,13 @@ def run_dense(
         gemm = rows("gemm_output")
         if plan.path == "decode_matmul":
             weight = buf["weight_f16"]
-            host_kernels.decode_weight(trellis, p.codebook, out=weight)
+            launchers.decode_weight(trellis, p.codebook, out=weight)
             if p.compute_dtype == torch.bfloat16:
                 buf["weight_compute"].copy_(weight)
                 weight = buf["weight_compute"]
             torch.mm(a, weight, out=gemm)
         else:
-            host_kernels.trellis_matmul(
+            launchers.trellis_matmul(
                 a,
                 trellis,
                 p.codebook,
@@ -600,7 +601,7 @@ def run_dense(
             gemm16 = rows("gemm_output_f16")
             gemm16.copy_(gemm)
         if had is None:
-            host_kernels.rotate_output(gemm16, svh, out_dtype=torch.float16, out=out16)
+            launchers.rotate_output(gemm16, svh, out_dtype=torch.float16, out=out16)
         else:
             had(gemm16, out16, None, svh, 1.0)
     if bias is not None:

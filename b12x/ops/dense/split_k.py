@@ -1,7 +1,7 @@
 """Split-K of the dense trellis GEMM as a declarative table (design §4 "Dispatch"; R2, R15).
 
-The rule the host used to compute inline (``b12x.kernels.host.choose_split_k``) is data here, in
-the same protocol as :data:`b12x.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
+The rule the host used to compute inline (``b12x.launch.host.choose_split_k``) is data here, in
+the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
 ``explain``), so the oracle can check both sides of every threshold.
 
 Layout
@@ -18,7 +18,7 @@ Layout
   - ``wanted = max(1, ceil(depth · sm_count / ctas))`` — slices that reach that depth;
   - ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT`` — slices that keep ≥ 16 K16 rows each.
 * :data:`ROWS` in priority order; each :class:`SplitRow` is a named list of
-  :class:`~b12x.dense.dispatch.Condition` s plus the split count it yields:
+  :class:`~b12x.ops.dense.dispatch.Condition` s plus the split count it yields:
 
   1. ``off_generic_path`` — K6 and decode_matmul never split K: 1.
   2. ``explicit`` — a requested ``split_k``: that request.
@@ -43,8 +43,8 @@ Invariants
 ----------
 * ``explain`` is a pure function of the case; every case field is validated (TypeError /
   ValueError naming it) before any row is evaluated.
-* Every constant of the rule lives here; :func:`b12x.kernels.host.choose_split_k` and
-  :func:`b12x.dense.plan.plan_dense` both ask this table.
+* Every constant of the rule lives here; :func:`b12x.launch.host.choose_split_k` and
+  :func:`b12x.ops.dense.plan.plan_dense` both ask this table.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from b12x.dense.dispatch import PATH_NAMES, Boundary, Condition
+from b12x.ops.dense.dispatch import PATH_NAMES, Boundary, Condition
 from b12x.runtime.validate import check_choice, check_positive_int
 
 __all__ = [

@@ -51,8 +51,8 @@ from typing import Any
 
 import torch
 
-from b12x.dense import tiles as dense_tiles
 from b12x.formats import resolve_format
+from b12x.ops.dense import tiles as dense_tiles
 from b12x.runtime.validate import check_bool, check_codebook_bits, check_positive_int
 
 __all__ = [

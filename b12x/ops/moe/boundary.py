@@ -4,7 +4,7 @@ the allocation-free torch path that defines their rounding points.
 Layout
 ------
 * Kernel launches (keyword-only; :mod:`b12x.kernels.moe_boundary`, one launch per stage, its
-  arguments bound by name in a launch record of :mod:`b12x.kernels.launch`):
+  arguments bound by name in a launch record of :mod:`b12x.launch.records`):
   :func:`rotate_inputs` (the gate and, for ``proj``, the up rotation in one launch),
   :func:`activate` (the intermediate boundary FC1 → FC2 input) and :func:`reduce_output`
   (H128 of FC2, ``down_svh``, top-k weights, the slot-ordered fp32 sum, ``x.dtype``). Each reads
@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from b12x.kernels.launch import MoeActivateLaunch, MoeReduceLaunch, MoeRotateLaunch
 from b12x.kernels.moe_boundary import MoeBoundarySpec, compiled_moe_boundary
+from b12x.launch.records import MoeActivateLaunch, MoeReduceLaunch, MoeRotateLaunch
 from b12x.runtime.scratch import live_rows, live_view
 
 __all__ = [
@@ -86,7 +86,7 @@ def gather_rows_(table: torch.Tensor, slot_expert: torch.Tensor, out: torch.Tens
 
 def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
     """The three boundary specialisations ``run_moe`` launches for a plan's ``problem``
-    (:class:`b12x.moe.plan.MoeProblem`): its warm-up set next to ``MoePlan.kernel_specs``."""
+    (:class:`b12x.ops.moe.plan.MoeProblem`): its warm-up set next to ``MoePlan.kernel_specs``."""
     x_bf16 = problem.x_dtype == torch.bfloat16
     cd_bf16 = problem.compute_dtype == torch.bfloat16
     return (

@@ -7,7 +7,7 @@ Layout
   :class:`~b12x.kernels.moe_gemm.MoeGroupedGemmKernel`, a paired one
   :class:`~b12x.kernels.moe_pair_gemm.MoePairGemmKernel` (composed from the shared mainloop
   primitives, not a subclass). CPU compile checks
-  (:mod:`b12x.moe.support`) and GPU launches share it.
+  (:mod:`b12x.ops.moe.support`) and GPU launches share it.
 * :func:`compiled_moe_gemm` resolves a spec through the one runtime compile cache
   (:func:`b12x.runtime.compile_cache.compiled_kernel`, kernel id ``moe_gemm``, sources
   :data:`MOE_SOURCE_MODULES`).
@@ -26,7 +26,7 @@ from cutlass import Int32, Int64
 
 from b12x.kernels.moe_gemm import MoeGemmSpec, MoeGroupedGemmKernel
 from b12x.kernels.moe_pair_gemm import MoePairGemmKernel
-from b12x.kernels.specs import compile_options
+from b12x.launch.specs import compile_options
 from b12x.runtime import compile_cache
 
 __all__ = ["MOE_SOURCE_MODULES", "build_moe_gemm", "compiled_moe_gemm"]
@@ -75,8 +75,8 @@ MOE_SOURCE_MODULES = (
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
     "b12x.kernels.moe_pair_gemm",
-    "b12x.kernels.moe_compile",  # the fake arguments' shapes and divisibility are codegen too
-    "b12x.kernels.specs",  # compile_options
+    "b12x.launch.moe_compile",  # the fake arguments' shapes and divisibility are codegen too
+    "b12x.launch.specs",  # compile_options
 )
 
 

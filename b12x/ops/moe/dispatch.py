@@ -1,9 +1,10 @@
 """The fused MoE's host decisions as declarative tables (design §4 "Dispatch"; R2, R12, R15).
 
-Every launch geometry :func:`b12x.moe.plan.plan_moe` and :func:`b12x.moe.gemm_op.plan_moe_gemm`
+Every launch geometry :func:`b12x.ops.moe.plan.plan_moe` and
+:func:`b12x.ops.moe.gemm_op.plan_moe_gemm`
 choose comes from one of the five tables below; the planners build a case, take the chosen row's
-``value`` and nothing else re-decides it (:attr:`b12x.moe.plan.MoePlan.decisions` records every
-case, path and value). The style is :mod:`b12x.dense.dispatch`'s.
+``value`` and nothing else re-decides it (:attr:`b12x.ops.moe.plan.MoePlan.decisions` records every
+case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s.
 
 Layout
 ------
@@ -50,10 +51,11 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    2 spills, and P44's two record planes at 2 × 2 depth 2). Fields ``phase, m_tiles, n``,
    ``compute_dtype``.
 5. :data:`FC2_TILE` ``moe_fc2_tile`` — whether an FC2 launch takes the registry's wave-balanced
-   tile :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8, 2)):
+   tile :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8,
+   2)):
    ``wave_balanced`` when a device is known (``sm_count``, ``max_shared_mem``), the phase is
    unpaired, the CTA is not both split and wide (``k_split > 1`` with ``m_tiles > 1``: 256·k_split
-   threads cannot keep wide accumulators), THE tile predicate :func:`b12x.dense.tiles.qualify`
+   threads cannot keep wide accumulators), THE tile predicate :func:`b12x.ops.dense.tiles.qualify`
    accepts the tile for this FC2 (``K = intermediate``, ``N = hidden``, M = the packed capacity,
    ``cta_m_blocks = m_tiles``) on that device, and the default launch has a second wave: its live
    CTAs ``min(blocks, m·top_k) · hidden/default_n_group`` exceed ``sm_count``; else ``default``
@@ -81,8 +83,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from b12x.dense import tiles as dense_tiles
-from b12x.moe.routing import capacity_bound
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.moe.routing import capacity_bound
 
 __all__ = [
     "FC2_TILE",

@@ -1,11 +1,12 @@
-"""``run`` of the fused trellis MoE: input checks, then the launch sequence of :mod:`b12x.moe.plan`.
+"""``run`` of the fused trellis MoE: input checks, then the launch sequence of
+:mod:`b12x.ops.moe.plan`.
 
 Layout
 ------
 * :class:`MoeInputs` (frozen): the per-call tensors (``x``, ``topk_weights``, ``topk_ids``) and
   the weights: ``w13``/``w2`` as one payload per tier, the rotation tables in the combined
   namespace, and for tiers ``global_to_combined`` / ``descriptor_map``. A paired phase (plan's
-  ``fc1_pair``/``fc2_pair``) takes its pair payload (:func:`b12x.moe.pairs.pair_payload_shape`)
+  ``fc1_pair``/``fc2_pair``) takes its pair payload (:func:`b12x.ops.moe.pairs.pair_payload_shape`)
   and, when dynamic, its int32 ``[E]`` mode table ``fc1_modes``/``fc2_modes``.
 * :func:`check_moe_inputs` validates all of them against the plan before any launch (dtype,
   shape, contiguity, 16-byte alignment, device, ids dtype, expert counts); the payload shapes
@@ -14,10 +15,10 @@ Layout
 * :func:`launch_grouped_gemm` is a **shared body** (keyword-only, no defaults): one grouped-GEMM
   launch. Its ``codebook`` must be passed explicitly and must equal the compiled spec's codebook
   (R11: the codebook is never a default). The kernel's arguments are bound by name in a
-  :class:`b12x.kernels.launch.GroupedGemmLaunch`, whose order is the kernel's own
+  :class:`b12x.launch.records.GroupedGemmLaunch`, whose order is the kernel's own
   ``__call__``. The uniform stage and the tier stage (:func:`tier_gemm_stage`: K3/K4 tiers of
-  :mod:`b12x.moe.tiers`, codebook ``"mcg"``) both call it by keyword; a paired phase goes
-  through :func:`b12x.moe.pairs.launch_paired_gemm` (:func:`paired_gemm_stage`). Every stage
+  :mod:`b12x.ops.moe.tiers`, codebook ``"mcg"``) both call it by keyword; a paired phase goes
+  through :func:`b12x.ops.moe.pairs.launch_paired_gemm` (:func:`paired_gemm_stage`). Every stage
   lives here, so ``run`` imports no module that imports it (``tiers`` plans, ``run`` launches).
 * :func:`run_moe` runs the sequence; nothing in it allocates (views, ``out=``, in-place ops).
 
@@ -35,13 +36,13 @@ import torch
 
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
-from b12x.kernels import host as host_kernels
-from b12x.kernels.launch import GroupedGemmLaunch
 from b12x.kernels.moe_boundary import compiled_moe_boundary
-from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe import boundary, pairs, routing
-from b12x.moe.plan import BoundMoe, MoeProblem
+from b12x.launch import host as launchers
+from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.records import GroupedGemmLaunch
+from b12x.ops.moe import boundary, pairs, routing
+from b12x.ops.moe.plan import BoundMoe, MoeProblem
 from b12x.runtime.scratch import live_rows
 from b12x.runtime.validate import check_tensor
 
@@ -117,7 +118,7 @@ def check_rotation_table(
 def payload_shapes(p: MoeProblem) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
     """Per tier, the exact int16 ``(w13, w2)`` payload shapes of problem ``p``: uniform
     ``packed`` ``[E, H/16, 2I/16, 16b]`` / ``proj`` ``[2, E, H/16, I/16, 16b]`` and
-    ``[E, I/16, H/16, 16b]``, or a paired phase's :func:`b12x.moe.pairs.pair_payload_shape`."""
+    ``[E, I/16, H/16, 16b]``, or a paired phase's :func:`b12x.ops.moe.pairs.pair_payload_shape`."""
     h, i = p.hidden, p.intermediate
     out = []
     for tier in p.tiers:
@@ -200,7 +201,7 @@ def check_moe_inputs(bound: BoundMoe, inputs: MoeInputs) -> int:
 
 
 def _lut_addr(spec: MoeGemmSpec, device: torch.device) -> int:
-    table = host_kernels.lut_tensor(resolve_format(spec.codebook, spec.bits), device)
+    table = launchers.lut_tensor(resolve_format(spec.codebook, spec.bits), device)
     return 0 if table is None else table.data_ptr()
 
 
@@ -355,7 +356,7 @@ def resolve_kernels(bound: BoundMoe) -> None:
     graph is being captured, a kernel that was never compiled raises
     :class:`~b12x.runtime.compile_cache.KernelResolutionFrozen` here, with nothing launched or
     captured yet (R5); a warm cache makes this a few dictionary hits."""
-    arch = host_kernels.device_arch(bound.device)
+    arch = launchers.device_arch(bound.device)
     for spec in bound.plan.kernel_specs:
         compiled_moe_gemm(spec, arch)
     for spec in boundary.boundary_specs(bound.plan.problem):
@@ -363,7 +364,8 @@ def resolve_kernels(bound: BoundMoe) -> None:
 
 
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
-    """The launch sequence of :mod:`b12x.moe.plan`; returns the bound ``output`` rows ``[M, H]``."""
+    """The launch sequence of :mod:`b12x.ops.moe.plan`; returns the bound ``output`` rows ``[M,
+    H]``."""
     m = check_moe_inputs(bound, inputs)
     check_launch_device("bound", bound.device, op="run_moe")
     kernels = bound.device.type == "cuda"  # a CPU-bound plan (emulated GEMMs) takes torch ops
@@ -385,7 +387,7 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
     def rows(name: str, count: int) -> torch.Tensor:
         return live_rows(buf, name, count)
 
-    arch = host_kernels.device_arch(bound.device)
+    arch = launchers.device_arch(bound.device)
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
     tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)

@@ -9,10 +9,11 @@ Layout
   re-validated by the one tile predicate, R3/R15); ``split_k = 0`` means automatic;
   ``compute_dtype = None`` means fp16.
 * ONE front door: the CUDA implementation validates with :func:`check_dense_linear_args` (the
-  schema's conventions, then :func:`b12x.dense.plan.dense_problem_from_tensors`, i.e. the same
-  validators :func:`~b12x.dense.plan.plan_dense` and :func:`~b12x.dense.plan.run_dense` use),
+  schema's conventions, then :func:`b12x.ops.dense.plan.dense_problem_from_tensors`, i.e. the same
+  validators :func:`~b12x.ops.dense.plan.plan_dense` and :func:`~b12x.ops.dense.plan.run_dense`
+  use),
   plans for ``x``'s device, allocates the plan's buffers (an eager op may: it is plan time for
-  this call), binds and runs :mod:`b12x.dense.plan`, handing every argument through unchanged.
+  this call), binds and runs :mod:`b12x.ops.dense.plan`, handing every argument through unchanged.
   CUDA-graph consumers call plan / bind / run themselves with their own buffers.
 * The fake (meta) implementation runs the same :func:`check_dense_linear_args` (so bad input
   fails under ``torch.compile`` tracing too, R14) and returns an empty ``[M, N]`` of ``x.dtype``.
@@ -35,8 +36,8 @@ from typing import Any
 
 import torch
 
-from b12x.dense import tiles as dense_tiles
-from b12x.dense.plan import (
+from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.dense.plan import (
     allocate_dense_buffers,
     bind_dense,
     dense_problem_from_tensors,
@@ -58,7 +59,7 @@ def check_dense_linear_args(
 
     The schema's conventions are checked here (``split_k`` a non-negative int, 0 = automatic;
     ``compute_dtype`` ``None`` = fp16; ``tile`` ``None`` or three ints); everything else by
-    :func:`b12x.dense.plan.dense_problem_from_tensors`, the validators the plan itself runs."""
+    :func:`b12x.ops.dense.plan.dense_problem_from_tensors`, the validators the plan itself runs."""
     if isinstance(split_k, bool) or not isinstance(split_k, int):
         raise TypeError(f"split_k: expected an int (0 = auto), got {type(split_k).__name__}")
     if not 0 <= split_k <= INT64_MAX:
@@ -141,7 +142,7 @@ def dense_linear(
     split_k: int = 0,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Call the custom op; a :class:`~b12x.dense.tiles.Tile` pin is serialised first.
+    """Call the custom op; a :class:`~b12x.ops.dense.tiles.Tile` pin is serialised first.
 
     The arguments are validated (:func:`check_dense_linear_args`) before the call, so a value
     of the wrong type raises ``TypeError``/``ValueError`` naming it here rather than torch's

@@ -18,7 +18,7 @@ Invariants
 * Every kernel is resolved through :func:`_kernel`, i.e. the one runtime compile cache
   (:func:`b12x.runtime.compile_cache.compiled_kernel`): its structural key, its freeze switch
   and its capture check apply to every launch made here.
-* Every launch binds its arguments by name in a launch record of :mod:`b12x.kernels.launch`
+* Every launch binds its arguments by name in a launch record of :mod:`b12x.launch.records`
   (``fn(*GemmLaunch(a=..., ...).args())``): the positional order comes from the kernel's own
   ``__call__``, never from this module.
 """
@@ -30,14 +30,14 @@ import functools
 import torch
 
 from b12x.formats import DecodeFormat, resolve_format
-from b12x.kernels.launch import (
+from b12x.launch.records import (
     DecodeLaunch,
     GemmLaunch,
     InputRotationLaunch,
     OutputRotationLaunch,
     ReduceLaunch,
 )
-from b12x.kernels.specs import KernelSpec
+from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache
 
 #: Legal ``smem_stages`` of :func:`trellis_matmul`; mirrors ``dense_gemm.SMEM_STAGES``
@@ -177,9 +177,9 @@ def choose_split_k(
 ) -> int:
     """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each.
 
-    The rule is data: the split-K table :mod:`b12x.dense.split_k` (rows, boundaries, explain);
+    The rule is data: the split-K table :mod:`b12x.ops.dense.split_k` (rows, boundaries, explain);
     this asks it for the generic path with no explicit request."""
-    from b12x.dense import split_k as split_table  # lazy: b12x.dense imports this module
+    from b12x.ops.dense import split_k as split_table  # lazy: b12x.ops.dense imports this module
 
     case = dict(m=m, k=k, n=n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, sm_count=sm_count)
     return split_table.explain(case).split_k

@@ -22,11 +22,11 @@ Layout
 * **Mode tables** are caller tensors (int32 ``[E]``, contiguous, on the device), one per dynamic
   phase, bound with the other inputs; static and uniform phases take none.
 * **Geometry** of a paired launch is the answer of the table
-  :data:`b12x.moe.dispatch.PAIR_GEOMETRY` by phase (:func:`pair_geometry`); the phase fixes the
+  :data:`b12x.ops.moe.dispatch.PAIR_GEOMETRY` by phase (:func:`pair_geometry`); the phase fixes the
   rate axis there too. :func:`pair_spec` turns it into the compile-time spec.
 * :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only,
   no defaults; the codebook is explicit and must equal the compiled spec's). Its kernel
-  arguments go through :class:`b12x.kernels.launch.PairGemmLaunch`, ordered by the pair
+  arguments go through :class:`b12x.launch.records.PairGemmLaunch`, ordered by the pair
   kernel's own ``__call__`` (``modes`` included).
 
 Invariants
@@ -41,9 +41,6 @@ import torch
 
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
-from b12x.kernels import host as host_kernels
-from b12x.kernels.launch import PairGemmLaunch
-from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import (
     DYNAMIC,
     DYNAMIC_KINDS,
@@ -51,7 +48,10 @@ from b12x.kernels.moe_gemm import (
     PAIR_KINDS,
     MoeGemmSpec,
 )
-from b12x.moe.dispatch import PAIR_GEOMETRY, PairGeometry
+from b12x.launch import host as launchers
+from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.records import PairGemmLaunch
+from b12x.ops.moe.dispatch import PAIR_GEOMETRY, PairGeometry
 from b12x.runtime.compile_cache import capture_active
 from b12x.runtime.validate import check_tensor
 
@@ -129,7 +129,7 @@ def pair_payload_shape(
 
 def pair_geometry(*, phase: str, m_tiles: int, n: int) -> PairGeometry:
     """``(n_tiles, warps, depth, rate_axis)`` of a paired launch: the answer of the table
-    :data:`b12x.moe.dispatch.PAIR_GEOMETRY` (see its rows; ``n``: the launch's output columns).
+    :data:`b12x.ops.moe.dispatch.PAIR_GEOMETRY` (see its rows; ``n``: the launch's output columns).
 
     N axis (FC1): one CTA owns one pair (16 N16 tiles): 8 warps × 2 tiles for single M16 blocks,
     4 warps × 4 tiles for wider blocks. K axis (FC2): the unpaired single-block geometry, 4 × 4
@@ -162,7 +162,7 @@ def pair_gemm_spec(
     *, codebook: str, bf16: bool, m_tiles: int, choice: str, phase: str, n: int
 ) -> MoeGemmSpec:
     """The compile-time spec of a paired phase (``n``: the launch's output columns); the geometry
-    comes from :func:`pair_geometry` (the table), as in :func:`b12x.moe.plan.plan_moe`."""
+    comes from :func:`pair_geometry` (the table), as in :func:`b12x.ops.moe.plan.plan_moe`."""
     geometry = pair_geometry(phase=phase, m_tiles=m_tiles, n=n)
     return pair_spec(
         codebook=codebook, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
@@ -187,7 +187,7 @@ def check_pair_modes(name: str, modes: object, num_experts: int, device) -> None
 
 
 def _lut_addr(spec: MoeGemmSpec, device: torch.device) -> int:
-    table = host_kernels.lut_tensor(resolve_format(spec.codebook, spec.bits), device)
+    table = launchers.lut_tensor(resolve_format(spec.codebook, spec.bits), device)
     return 0 if table is None else table.data_ptr()
 
 

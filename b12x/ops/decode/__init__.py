@@ -1,10 +1,10 @@
 """The decode op: a whole trellis layer payload to its fp16 weight, as plan / bind / run.
 
-* :mod:`b12x.decode.plan` — :func:`plan_decode`, :func:`allocate_decode_buffers`,
+* :mod:`b12x.ops.decode.plan` — :func:`plan_decode`, :func:`allocate_decode_buffers`,
   :func:`bind_decode`, :func:`run_decode` and the graph op :class:`DecodeOp`.
 """
 
-from b12x.decode.plan import (
+from b12x.ops.decode.plan import (
     BoundDecode,
     DecodeOp,
     DecodePlan,

@@ -11,11 +11,11 @@ Layout
 * :func:`plan_tiered_moe` plans one MoE over both tiers; the codebook is a required keyword and
   must be ``"mcg"`` (EXL3 tiers). :data:`TIER_CODEBOOK` is that value; :data:`TIER_BITS` the
   tier rates ``(tier 0, tier 1)`` b12x declares support for (K3/K4, spec §4.1).
-* **Launch sequence**: :func:`b12x.moe.run.tier_gemm_stage`, beside the uniform and paired
+* **Launch sequence**: :func:`b12x.ops.moe.run.tier_gemm_stage`, beside the uniform and paired
   stages it is chosen among (so ``run`` never imports this module): per phase, one grouped-GEMM
   launch per tier (and per projection for ``proj``) over the same route blocks; each launch
   computes only the blocks whose descriptor names its tier, with the tier's own payload and bit
-  rate, through the shared body :func:`b12x.moe.run.launch_grouped_gemm` by keyword with the
+  rate, through the shared body :func:`b12x.ops.moe.run.launch_grouped_gemm` by keyword with the
   codebook spelled out as ``"mcg"`` (pinned in ``fixtures/pinned_slots.json``).
 
 Invariants
@@ -32,7 +32,7 @@ import torch
 
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import TIER_SHIFT
-from b12x.moe.plan import MAX_TIER_EXPERTS, MoePlan, plan_moe
+from b12x.ops.moe.plan import MAX_TIER_EXPERTS, MoePlan, plan_moe
 from b12x.runtime.validate import check_positive_int
 
 __all__ = [

@@ -1,14 +1,15 @@
 """``moe_gemm``: ONE grouped trellis GEMM of the MoE (FC1 or FC2) as its own plan / bind / run op.
 
-It is exactly the launch :func:`b12x.moe.run.run_moe` makes for one phase of a uniform stack (or
+It is exactly the launch :func:`b12x.ops.moe.run.run_moe` makes for one phase of a uniform stack (or
 of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the
 oracle can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces
 the weights bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
-:func:`b12x.moe.routing.pack_routes_into`, the launch is the shared body
-:func:`b12x.moe.run.launch_grouped_gemm` (unpaired) or :func:`b12x.moe.pairs.launch_paired_gemm`
-(paired), and every geometry comes from the tables of :mod:`b12x.moe.dispatch` through the same
-planner helpers as :func:`b12x.moe.plan.plan_moe` (:func:`b12x.moe.plan.plan_gemm_spec`,
-:func:`b12x.moe.plan.plan_fc2_tile`).
+:func:`b12x.ops.moe.routing.pack_routes_into`, the launch is the shared body
+:func:`b12x.ops.moe.run.launch_grouped_gemm` (unpaired) or
+:func:`b12x.ops.moe.pairs.launch_paired_gemm`
+(paired), and every geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` through the same
+planner helpers as :func:`b12x.ops.moe.plan.plan_moe` (:func:`b12x.ops.moe.plan.plan_gemm_spec`,
+:func:`b12x.ops.moe.plan.plan_fc2_tile`).
 
 Layout
 ------
@@ -35,7 +36,7 @@ Layout
     + **FC1 pair** (records on N): ``[E, (K/16)·(N/256)·128·s]``, per expert the *prepared*
       N-axis order ``[kt][pair][record 0 ‖ record 1]`` of ``reference.pairs.interleave_n_axis``
       over ``N/256`` pairs: one projection of the ``proj`` layout of
-      :func:`b12x.moe.pairs.pair_payload_shape` (``hidden = K``, ``intermediate = N``), which is
+      :func:`b12x.ops.moe.pairs.pair_payload_shape` (``hidden = K``, ``intermediate = N``), which is
       also the ``packed`` layout when ``N = 2I``;
     + **FC2 pair** (records on K): ``[E, (K/256)·(N/16)·128·s]`` =
       ``pair_payload_shape("fc2", hidden=N, intermediate=K)``, per expert pair-major
@@ -50,7 +51,7 @@ Layout
   whatever the buffer held).
 * **Buffers** (:func:`moe_gemm_buffer_specs`): ``out`` (role output), ``expert_descriptors``
   int32 ``[E]`` (the identity, tier 0, rewritten by every run) and the route packer's buffers
-  (:func:`b12x.moe.routing.route_buffer_specs`; ``block_expert_ids``, ``route_count`` and
+  (:func:`b12x.ops.moe.routing.route_buffer_specs`; ``block_expert_ids``, ``route_count`` and
   ``packed_route_slots`` are what the kernel reads).
 * :class:`MoeGemmOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
   ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
@@ -78,12 +79,12 @@ from typing import Any
 import torch
 
 from b12x.formats import resolve_format
-from b12x.kernels import host as host_kernels
-from b12x.kernels.moe_compile import compiled_moe_gemm
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe import pairs, routing
-from b12x.moe.dispatch import PHASES, ROUTE_BLOCK
-from b12x.moe.plan import (
+from b12x.launch import host as launchers
+from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.ops.moe import pairs, routing
+from b12x.ops.moe.dispatch import PHASES, ROUTE_BLOCK
+from b12x.ops.moe.plan import (
     Decision,
     check_bind_device,
     check_grid,
@@ -92,7 +93,7 @@ from b12x.moe.plan import (
     plan_fc2_tile,
     plan_gemm_spec,
 )
-from b12x.moe.run import GemmContext, check_launch_device, launch_grouped_gemm
+from b12x.ops.moe.run import GemmContext, check_launch_device, launch_grouped_gemm
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import (
     BufferSpec,
@@ -230,7 +231,7 @@ def plan_moe_gemm(
 ) -> MoeGemmPlan:
     """Plan one grouped GEMM of ``m`` tokens × ``top_k`` routes (module docstring). Every argument
     is validated here; route block, K split, geometry (unpaired or pair) and, for an unpaired FC2
-    with a ``device``, the wave-balanced tile come from :mod:`b12x.moe.dispatch`."""
+    with a ``device``, the wave-balanced tile come from :mod:`b12x.ops.moe.dispatch`."""
     for name, value in (
         ("m", m),
         ("top_k", top_k),
@@ -342,7 +343,7 @@ def check_moe_gemm_inputs(
 
 def resolve_kernels(bound: BoundMoeGemm) -> str:
     """Look the planned kernel up before anything is launched (R5); returns the arch."""
-    arch = host_kernels.device_arch(bound.device)
+    arch = launchers.device_arch(bound.device)
     compiled_moe_gemm(bound.plan.spec, arch)
     return arch
 
@@ -430,4 +431,4 @@ class MoeGemmOp:
         """Ask for a specialisation no warm-up builds (2 warps); must raise when frozen."""
         spec = plan.spec
         never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
-        compiled_moe_gemm(never, host_kernels.device_arch(torch.device("cuda")))
+        compiled_moe_gemm(never, launchers.device_arch(torch.device("cuda")))

@@ -4,7 +4,7 @@ phase on the uniform (K3-base) stack (spec §3.4, §4.1, §4.2).
 The launch sequence of :func:`run_moe` (every step writes a caller buffer; no allocation, no
 host synchronisation, so one call is CUDA-graph capturable; R4):
 
-1. **Route packing** (:mod:`b12x.moe.routing`, torch ops) of the combined expert ids into
+1. **Route packing** (:mod:`b12x.ops.moe.routing`, torch ops) of the combined expert ids into
    blocks of ``B = 16·m_tiles`` slots. For tiers, global ids go through ``global_to_combined``
    first (int64 range check before any narrowing; unmapped experts are inactive).
 2. **Input rotation per route** (route order, ``n = M·top_k`` rows, not the padded capacity):
@@ -31,7 +31,7 @@ the same routes.
 Buffers: :func:`moe_buffer_specs` (exact shapes for the planned ``M``; see each name there).
 Plans are frozen; ``run`` reads the plan and never re-decides anything (R15). A paired phase
 (``fc1_pair``/``fc2_pair``) plans one :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` with ``pair``
-and ``rate_axis`` set (:func:`b12x.moe.pairs.pair_gemm_spec`) in place of the uniform spec; the
+and ``rate_axis`` set (:func:`b12x.ops.moe.pairs.pair_gemm_spec`) in place of the uniform spec; the
 buffers are the same.
 """
 
@@ -46,8 +46,8 @@ import torch
 
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.moe import routing
-from b12x.moe.dispatch import (
+from b12x.ops.moe import routing
+from b12x.ops.moe.dispatch import (
     FC2_TILE,
     GEMM_GEOMETRY,
     K_SPLIT,
@@ -58,7 +58,7 @@ from b12x.moe.dispatch import (
     WIDE_CTA_WARPS,
     DecisionTable,
 )
-from b12x.moe.pairs import (
+from b12x.ops.moe.pairs import (
     PAIR_BASE_BITS,
     PAIR_CHANNELS,
     check_pair_choice,
@@ -96,7 +96,8 @@ __all__ = [
 
 W13_LAYOUTS = ("packed", "proj")
 #: Devices a plan's buffers may live on: CUDA (the kernels), and CPU only for the CPU tier's
-#: emulated grouped GEMM (``run`` refuses it otherwise: :data:`b12x.moe.run.LAUNCH_DEVICE_TYPES`).
+#: emulated grouped GEMM (``run`` refuses it otherwise:
+# :data:`b12x.ops.moe.run.LAUNCH_DEVICE_TYPES`).
 #: Meta tensors are refused at bind: nothing can run on them.
 BIND_DEVICE_TYPES = ("cuda", "cpu")
 MAX_TIER_EXPERTS = 256
@@ -104,10 +105,10 @@ MAX_GRID_Y = 65535  # route blocks are the grid's y dimension
 
 
 def device_limits(device: Any):
-    """:func:`b12x.dense.plan.device_limits` (imported late: the dense planner imports torch
+    """:func:`b12x.ops.dense.plan.device_limits` (imported late: the dense planner imports torch
     CUDA helpers); a CUDA device or a simulated one (``name, sm_count, max_shared_mem,
     capability``)."""
-    from b12x.dense.plan import device_limits as limits_of
+    from b12x.ops.dense.plan import device_limits as limits_of
 
     return limits_of(device)
 
@@ -152,7 +153,7 @@ class MoeProblem:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """One consultation of a :mod:`b12x.moe.dispatch` table by a planner: the launch it decided
+    """One consultation of a :mod:`b12x.ops.moe.dispatch` table by a planner: the launch it decided
     (``role``, e.g. ``"route_block"``, ``"fc1[0].k_split"``, ``"fc2[0].fc2_tile"``), the table's
     name, the normalised case as ``(field, value)`` pairs, the chosen path and its value."""
 
@@ -195,14 +196,14 @@ class MoePlan:
 
 
 def choose_m_tiles(m: int, top_k: int, num_experts: int) -> int:
-    """M16 blocks per route block: the :data:`~b12x.moe.dispatch.ROUTE_BLOCK` table's answer (1
+    """M16 blocks per route block: the :data:`~b12x.ops.moe.dispatch.ROUTE_BLOCK` table's answer (1
     while an expert sees ≤ 24 routes on average, 2 up to 48, else 4)."""
     return ROUTE_BLOCK.decide({"m": m, "top_k": top_k, "num_experts": num_experts})
 
 
 def choose_k_split(k: int, n: int) -> int:
     """Intra-CTA K split of a grouped GEMM with reduction length ``k``: the
-    :data:`~b12x.moe.dispatch.K_SPLIT` table's answer.
+    :data:`~b12x.ops.moe.dispatch.K_SPLIT` table's answer.
 
     **Weight geometry only** (never M, m_tiles or the routing): the split fixes each output's
     fp32 summation order (slice sums, then group 0 + 1 + 2 + … in index order), so a route's
@@ -221,7 +222,7 @@ def gemm_geometry(
     m_tiles: int, n: int, k_split: int = 1, *, wide_tile_cap: int = 4
 ) -> tuple[int, int, int]:
     """(n_tiles, warps, depth) of the grouped GEMM; ``warps`` per K group (CTA: warps·k_split):
-    the :data:`~b12x.moe.dispatch.GEMM_GEOMETRY` table's answer.
+    the :data:`~b12x.ops.moe.dispatch.GEMM_GEOMETRY` table's answer.
 
     Single M16 blocks (≤ 64 live registers on sm_90): 4 warps × 2 tiles per group, deep load
     batches, ``128·k_split`` threads (≤ 512). Wider blocks need up to ~250 registers, which
@@ -282,8 +283,9 @@ def fc2_tile_case(
     spec: MoeGemmSpec, *, limits: Any, m: int, top_k: int, num_experts: int, hidden: int,
     intermediate: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """The :data:`~b12x.moe.dispatch.FC2_TILE` case of an FC2 launch planned as ``spec`` (its
-    default geometry) on a device (``limits``: :class:`b12x.dense.tiles.DeviceLimits` or None)."""
+    """The :data:`~b12x.ops.moe.dispatch.FC2_TILE` case of an FC2 launch planned as ``spec`` (its
+    default geometry) on a device (``limits``: :class:`b12x.ops.dense.tiles.DeviceLimits` or
+    None)."""
     return {
         "sm_count": None if limits is None else limits.sm_count,
         "max_shared_mem": None if limits is None else limits.max_shared_mem,
@@ -415,7 +417,7 @@ def check_moe_problem(
     """THE metadata-only validator of an MoE problem (every :func:`plan_moe` keyword but the
     device); returns the :class:`MoeProblem`. :func:`plan_moe` calls it first; the custom op's
     real and fake implementations call it through
-    :func:`b12x.moe.ops.check_moe_op_args`, so tracing rejects what planning rejects."""
+    :func:`b12x.ops.moe.custom_op.check_moe_op_args`, so tracing rejects what planning rejects."""
     for name, value in (
         ("m", m),
         ("top_k", top_k),
@@ -496,12 +498,12 @@ def plan_moe(
 ) -> MoePlan:
     """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
     uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
-    space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.moe.pairs`: None,
+    space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.ops.moe.pairs`: None,
     a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
     simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
     (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched.
 
-    Every launch geometry comes from the tables of :mod:`b12x.moe.dispatch` (route block, K
+    Every launch geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` (route block, K
     split, unpaired or pair geometry, FC2 tile); :attr:`MoePlan.decisions` records each case,
     path and value, and the plan's fields are exactly those values."""
     problem = check_moe_problem(
@@ -576,9 +578,9 @@ def check_grid(routes: routing.RoutePlan, m: int) -> None:
 
 def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: Any) -> bool:
     """Does an FC2 planned as ``spec`` (its default geometry) take
-    :data:`b12x.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
-    (a CUDA device or a simulated one)? The :data:`~b12x.moe.dispatch.FC2_TILE` table's answer:
-    THE tile predicate (:func:`b12x.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
+    :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
+    (a CUDA device or a simulated one)? The :data:`~b12x.ops.moe.dispatch.FC2_TILE` table's answer:
+    THE tile predicate (:func:`b12x.ops.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
     FC2 (K = I, N = H), the launch is unpaired and not both split and wide, and the default
     launch has more live CTAs than the device has SMs (at most ``min(blocks, M·top_k)`` live
     route blocks: a second wave that 4× wider CTAs shorten). Opt-in (``plan_moe(device=...)``);
