@@ -28,8 +28,11 @@ and the summary (table data, environment) is written to ``--out`` (default
 ``results/oracle_job.json``).
 
 Usage: ``python benchmarks/oracle_job.py [--work DIR] [--cache-dir DIR] [--out FILE]
-[--timeout S] [-- ORACLE ARGS...]`` (arguments after ``--`` go to ``python -m oracle``, e.g.
-``-- --only compile``). ``--cache-dir`` is never emptied unless it is inside ``--work``: point it
+[--timeout S] [--runs cold,warm|cold|warm] [-- ORACLE ARGS...]``; ``--runs cold`` then, in a
+later process on the same machine, ``--runs warm`` splits the two over two calls of a device
+with a per-call time limit (the warm run reuses ``WORK`` as the cold one left it). Arguments
+after ``--`` go to ``python -m oracle``, e.g.
+``-- --only compile``. ``--cache-dir`` is never emptied unless it is inside ``--work``: point it
 at your real cache to measure a warm run only.
 """
 
@@ -192,16 +195,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", help="kernel cache (default: WORK/kernels, emptied)")
     parser.add_argument("--out", default=str(ROOT / "results" / "oracle_job.json"))
     parser.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    parser.add_argument(
+        "--runs",
+        default="cold,warm",
+        choices=("cold,warm", "cold", "warm"),
+        help="which runs (default both); 'warm' alone reuses WORK as an earlier run left it",
+    )
     args = parser.parse_args(argv)
+    runs = args.runs.split(",")
 
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else work / "kernels"
-    if work in cache_dir.parents:
-        _empty(cache_dir)  # cold means cold; a --cache-dir outside WORK is never touched
-    _empty(work / "oracle-results")
+    if "cold" in runs:
+        if work in cache_dir.parents:
+            _empty(cache_dir)  # cold means cold; a --cache-dir outside WORK is never touched
+        _empty(work / "oracle-results")
     gpu = _has_gpu()
-    rows = [run_job(name, work, cache_dir, oracle_args, args.timeout) for name in ("cold", "warm")]
+    rows = [run_job(name, work, cache_dir, oracle_args, args.timeout) for name in runs]
     for row in rows:
         if row["case_seconds"].get("per_op_s"):
             print(f"{row['run']}: case seconds per op {row['case_seconds']['per_op_s']}; "
