@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One batched device call (the lent H200): the default oracle job cold then warm
 # (benchmarks/oracle_job.py), its per-op case counts, then the GPU-marked tests in a shuffled
-# order (--shuffle-seed) with whatever time is left of BUDGET_S. Logs under $OUT.
+# order (--shuffle-seed) with whatever time is left of BUDGET_S (TESTS=0: none). Logs under $OUT.
+# A cold and a warm run in two calls: RUNS=cold WORK=results/job, then at once (the machine stays
+# warm ~30 s and keeps ignored paths) RUNS=warm WORK=results/job.
 #   usage (device tool, carry [".device"]): source .device/env.sh && bash scripts/device_session.sh
 set -u
 OUT="${OUT:-./results/device}"; mkdir -p "$OUT"
 BUDGET_S="${BUDGET_S:-560}"; JOB_TIMEOUT_S="${JOB_TIMEOUT_S:-300}"; SEED="${SEED:-7}"
+RUNS="${RUNS:-cold,warm}"; WORK="${WORK:-$OUT/job}"  # RUNS=cold / RUNS=warm: two calls, WORK kept
 start=$SECONDS
-python3 benchmarks/oracle_job.py --work "$OUT/job" --out "$OUT/oracle_job.json" \
-  --timeout "$JOB_TIMEOUT_S" > "$OUT/oracle_job.log" 2>&1
+python3 benchmarks/oracle_job.py --work "$WORK" --out "$OUT/oracle_job.json" \
+  --timeout "$JOB_TIMEOUT_S" --runs "$RUNS" > "$OUT/oracle_job.log" 2>&1
 echo "oracle_job rc=$? after $((SECONDS - start))s"; tail -n 25 "$OUT/oracle_job.log"
-python3 - "$OUT/job" <<'PY'
+python3 - "$WORK" <<'PY'
 import collections, json, sys, pathlib
 for name in ("cold", "warm"):
     p = pathlib.Path(sys.argv[1]) / f"{name}.json"
@@ -27,7 +30,7 @@ for name in ("cold", "warm"):
             print("  FAIL", c["name"], (c.get("reason") or "")[:240])
 PY
 left=$((BUDGET_S - (SECONDS - start)))
-if [ "$left" -gt 60 ]; then
+if [ "${TESTS:-1}" = 1 ] && [ "$left" -gt 60 ]; then
   timeout -k 5 "$left" python3 -m pytest tests -m "gpu and not multi_gpu" -n 8 -q \
     -p no:cacheprovider --shuffle-seed "$SEED" -rfE > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? (seed $SEED, ${left}s budget)"
