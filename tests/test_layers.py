@@ -17,7 +17,7 @@ module). Only statements count: the implicit import of a module's parent package
 neither is ``importlib.import_module``. On failure the message prints every circle as a path of
 ``module (file:line)`` steps. The finder is unit-tested on synthetic graphs and on a planted
 circle (a scratch package, and a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
-edge put back), so the check is known to fail when it should.
+edge put back, now ``compile_cache`` ⇄ ``toolchain``), so the check is known to fail when it should.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def test_b12x_has_no_import_circles() -> None:
     # the graph is real: lazy imports are edges (b12x.ops.moe.support imports b12x.support inside a
     # function), relative-free absolute forms resolve to modules
     assert len(graph) > 30 and "b12x.support" in graph["b12x.ops.moe.support"]
-    assert "b12x.runtime.compile_cache" in graph["b12x.launch.specs"]
+    assert "b12x.runtime.compile_cache" in graph["b12x.launch.toolchain"]
     cycles = find_cycles(graph)
     assert cycles == [], describe_cycles(cycles, graph, package_dir)
 
@@ -273,8 +273,10 @@ def test_import_graph_catches_a_planted_circle(tmp_path: Path) -> None:
     cache = copy / "runtime" / "compile_cache.py"
     cache.write_text(
         cache.read_text(encoding="utf-8")
-        + "\n\ndef _planted():\n    from b12x.launch.specs import compile_spec\n",
+        + "\n\ndef _planted():\n    from b12x.launch.toolchain import compile_options\n",
         encoding="utf-8",
     )
     planted = find_cycles(import_graph(copy))
-    assert planted == [["b12x.launch.specs", "b12x.runtime.compile_cache", "b12x.launch.specs"]]
+    assert planted == [
+        ["b12x.launch.toolchain", "b12x.runtime.compile_cache", "b12x.launch.toolchain"]
+    ]

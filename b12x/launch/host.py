@@ -15,9 +15,9 @@ Invariants
   launch and raises ``TypeError``/``ValueError`` naming the argument.
 * Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
   are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
-* Every kernel is resolved through :func:`_kernel`, i.e. the one runtime compile cache
-  (:func:`b12x.runtime.compile_cache.compiled_kernel`): its structural key, its freeze switch
-  and its capture check apply to every launch made here.
+* Every kernel is resolved through :func:`_kernel`, i.e. :func:`b12x.launch.kinds.compiled`
+  and the one runtime compile cache behind it: its structural key, its freeze switch and its
+  capture check apply to every launch made here.
 * Every launch binds its arguments by name in a launch record of :mod:`b12x.launch.records`
   (``fn(*GemmLaunch(a=..., ...).args())``): the positional order comes from the kernel's own
   ``__call__``, never from this module.
@@ -30,6 +30,7 @@ import functools
 import torch
 
 from b12x.formats import DecodeFormat, resolve_format
+from b12x.launch import kinds
 from b12x.launch.records import (
     DecodeLaunch,
     GemmLaunch,
@@ -38,7 +39,6 @@ from b12x.launch.records import (
     ReduceLaunch,
 )
 from b12x.launch.specs import KernelSpec
-from b12x.runtime import compile_cache
 
 #: Legal ``smem_stages`` of :func:`trellis_matmul`; mirrors ``dense_gemm.SMEM_STAGES``
 #: (importing the kernel module here would load cutlass at import time).
@@ -73,7 +73,7 @@ def device_arch(device: torch.device) -> str:
 
 def _kernel(spec: KernelSpec, device: torch.device):
     """The compiled callable of ``spec`` for ``device``'s arch, from the runtime cache."""
-    return compile_cache.compiled_kernel(spec, device_arch(device))
+    return kinds.compiled(spec, device_arch(device))
 
 
 @functools.cache
