@@ -15,7 +15,7 @@
   rotations).
 
 Nothing here is device code (that is :mod:`b12x.kernels`), and no op logic (that is
-:mod:`b12x.ops`).
+:mod:`b12x.ops`, which this package never imports: a layer contract in ``pyproject.toml``).
 Kernels resolve through :func:`b12x.launch.kinds.compiled` and
 :mod:`b12x.runtime.compile_cache` only.
 """
