@@ -5,9 +5,10 @@ For K × N = 8192 × 28672 (MCG unless ``--codebook``) it times ``host.trellis_m
 mainloop variant: ``smem_stages = 0`` (register stages) × ``depth`` (K16 rows in flight:
 0 = load and decode the same row, 1 = the default ping-pong of two register stages, 2 = three
 stages), and ``smem_stages`` = S > 0 (the cp.async ring of S slots, S - 1 rows in flight;
-``depth`` does not apply) — each × ``unroll`` of the K loop × ``split_k`` (``auto`` = the host's
-choice). Every row shows the time, the ratio to cuBLAS bf16 on a dequantised weight of the same
-shape (same run) and the weight bytes per second; after each (bits, M) block the fastest
+``depth`` does not apply) — each × ``unroll`` of the K loop × ``split_k`` (``auto`` = the
+split-K rule's choice, :func:`b12x.ops.dense.split_k.split_k`: the launcher takes the split it
+is given). Every row shows the time, the ratio to cuBLAS bf16 on a dequantised weight of the
+same shape (same run) and the weight bytes per second; after each (bits, M) block the fastest
 variant is printed, and a summary of the winners closes the run. The instruction side of the
 same knobs is ``benchmarks/sass_budget.py`` (CPU). Payloads rotate over copies larger than the
 L2.
@@ -24,6 +25,7 @@ import torch
 from bench_timing import median_us
 
 from b12x.launch import host
+from b12x.ops.dense import split_k as split_rule
 
 K, N = 8192, 28672
 L2_BYTES = 60 * 2**20
@@ -35,6 +37,15 @@ def _ints(text: str) -> list[int]:
 
 def _splits(text: str) -> list[int | None]:
     return [None if v == "auto" else int(v) for v in text.split(",")]
+
+
+def _auto_split(m: int) -> int:
+    """The split the dense rule picks for ``M × K × N`` at the launcher's default tiles."""
+    m_tiles, n_tiles = host.choose_tiles(m, N)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return split_rule.split_k(
+        m=m, k=K, n=N, m_tiles=m_tiles, n_tiles=n_tiles, warps=4, sm_count=sms
+    )
 
 
 def _variants(args) -> list[dict]:
@@ -86,8 +97,9 @@ def main() -> None:
             cublas = median_us(lambda i, xb=xb: torch.matmul(xb, w_bf16[i % 2]))
             best = None
             for kw in _variants(args):
+                launch = {**kw, "split_k": kw["split_k"] or _auto_split(m)}
                 us = median_us(
-                    lambda i, x=x, kw=kw, ps=payloads: host.trellis_matmul(
+                    lambda i, x=x, kw=launch, ps=payloads: host.trellis_matmul(
                         x, ps[i % len(ps)], args.codebook, **kw
                     )
                 )

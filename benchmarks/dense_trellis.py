@@ -28,6 +28,7 @@ from bench_timing import median_us as _time_us
 
 from b12x.launch import host
 from b12x.ops.dense import dispatch
+from b12x.ops.dense import split_k as split_rule
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.dense.plan import (
     allocate_dense_buffers,
@@ -95,6 +96,15 @@ def dispatch_line(bits: int, m: int, picked: str, times: dict[str, float]) -> st
 SWEEP_TILES = {"small": ((1, 2), (1, 4)), "large": ((2, 2), (2, 4), (4, 1), (4, 2))}
 
 
+def auto_split(m: int, tiles: tuple[int, int] | None = None) -> int:
+    """The split the dense rule picks for ``M × K × N`` (the launcher takes what it is given)."""
+    m_tiles, n_tiles = host.choose_tiles(m, N) if tiles is None else tiles
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return split_rule.split_k(
+        m=m, k=K, n=N, m_tiles=m_tiles, n_tiles=n_tiles, warps=4, sm_count=sms
+    )
+
+
 def sweep(ms, bit_list) -> None:
     """Time the decode kernel, and the fused GEMM over tiles, load depth and split counts; print
     the fastest configuration per (bits, M) next to the one the host heuristics pick."""
@@ -113,16 +123,20 @@ def sweep(ms, bit_list) -> None:
         )
         for m in ms:
             x = torch.randn(m, K, device="cuda").to(torch.float16)
+            auto = auto_split(m)
             default = _time_us(
-                lambda i, x=x, ps=payloads: host.trellis_matmul(x, ps[i % len(ps)], "mcg")
+                lambda i, x=x, s=auto, ps=payloads: host.trellis_matmul(
+                    x, ps[i % len(ps)], "mcg", split_k=s
+                )
             )
             results = []
             for tiles in SWEEP_TILES["small" if m <= 16 else "large"]:
                 for depth in (1, 2, 4):
                     for split in (None, 4, 8, 16):
                         try:
+                            s = auto_split(m, tiles) if split is None else split
                             us = _time_us(
-                                lambda i, x=x, t=tiles, d=depth, s=split, ps=payloads: (
+                                lambda i, x=x, t=tiles, d=depth, s=s, ps=payloads: (
                                     host.trellis_matmul(
                                         x, ps[i % len(ps)], "mcg", tiles=t, depth=d, split_k=s
                                     )
@@ -186,8 +200,11 @@ def main() -> None:
             times = {}
             for path in paths:
                 if path == "fused":
+                    auto = auto_split(m)
                     gemm = _time_us(
-                        lambda i, x=x16, ps=payloads: host.trellis_matmul(x, ps[i % len(ps)], "mcg")
+                        lambda i, x=x16, s=auto, ps=payloads: host.trellis_matmul(
+                            x, ps[i % len(ps)], "mcg", split_k=s
+                        )
                     )
                 else:
                     gemm = _time_us(

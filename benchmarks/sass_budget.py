@@ -126,7 +126,8 @@ def compile_cubin(spec, arch: str) -> Compiled:
     """Compile ``spec`` for ``arch`` and return its cubin, at the level ``compile_spec`` picks."""
     import cutlass.cute as cute
 
-    from b12x.launch.specs import OPT_LEVELS, build_kernel, compile_options
+    from b12x.launch.specs import build_kernel
+    from b12x.launch.toolchain import OPT_LEVELS, compile_options
 
     first = None
     for level in OPT_LEVELS:

@@ -2,8 +2,13 @@
 import circles inside ``b12x``.
 
 ``reference`` imports neither ``b12x`` nor ``oracle``; ``b12x`` imports neither ``reference`` nor
-``oracle``. A second test plants a violation in a copy of the tree to prove the linter run here
-would catch one (a contract test that cannot fail protects nothing).
+``oracle``. Inside ``b12x``: ``b12x.kernels`` (device code) imports none of ``b12x.launch``,
+``b12x.ops``, ``b12x.runtime``, ``b12x.support``; ``b12x.runtime`` none of ``b12x.kernels``,
+``b12x.launch``, ``b12x.ops`` (one declared exception: ``b12x.formats`` tracing its decoders'
+device bodies); ``b12x.launch`` no ``b12x.ops``. import-linter counts every import statement,
+lazy ones inside functions included (grimp reads the whole syntax tree). Planting tests put
+violations, lazy ones, in a copy of the tree to prove the linter run here would catch them (a
+contract test that cannot fail protects nothing).
 
 No circles: the import graph of ``b12x`` is built from the source with :mod:`ast` and must be
 acyclic. Every ``import`` / ``from ... import`` statement anywhere in a module counts as an edge,
@@ -17,7 +22,7 @@ module). Only statements count: the implicit import of a module's parent package
 neither is ``importlib.import_module``. On failure the message prints every circle as a path of
 ``module (file:line)`` steps. The finder is unit-tested on synthetic graphs and on a planted
 circle (a scratch package, and a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
-edge put back), so the check is known to fail when it should.
+edge put back, now ``compile_cache`` ⇄ ``toolchain``), so the check is known to fail when it should.
 """
 
 from __future__ import annotations
@@ -50,20 +55,60 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_layer_contracts_hold() -> None:
-    result = _lint_imports(ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+#: The contracts inside b12x (their names in pyproject.toml) and, for each, a lazy import planted
+#: in a function of a copy of the tree that breaks it and no other.
+B12X_CONTRACTS = {
+    "b12x.kernels is device code: no launch, ops, runtime, support": (
+        "kernels/ptx.py",
+        "from b12x.support import op_contract",
+    ),
+    "b12x.runtime knows no kernel, launch or op": (
+        "runtime/scratch.py",
+        "from b12x.kernels import ptx",
+    ),
+    "b12x.launch builds and launches kernels: no ops": (
+        "launch/records.py",
+        "from b12x.ops.dense import split_k",
+    ),
+}
 
 
-def test_layer_contract_catches_b12x_importing_reference(tmp_path: Path) -> None:
+def _copy_tree(tmp_path: Path) -> Path:
     for name in ("reference", "b12x", "oracle"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    (tmp_path / "b12x" / "_planted_violation.py").write_text("import reference.trellis\n")
-    result = _lint_imports(tmp_path)
+    return tmp_path
+
+
+def test_layer_contracts_hold() -> None:
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 kept, 0 broken" in result.stdout
+    for name in B12X_CONTRACTS:
+        assert f"{name} KEPT" in result.stdout, name
+
+
+def test_layer_contract_catches_b12x_importing_reference(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    (root / "b12x" / "_planted_violation.py").write_text("import reference.trellis\n")
+    result = _lint_imports(root)
     assert result.returncode != 0
     assert "BROKEN" in result.stdout
+
+
+def test_b12x_layer_contracts_catch_planted_lazy_imports(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    for module, statement in B12X_CONTRACTS.values():
+        path = root / "b12x" / module
+        text = path.read_text(encoding="utf-8")
+        path.write_text(f"{text}\n\ndef _planted():\n    {statement}\n", encoding="utf-8")
+    result = _lint_imports(root)
+    assert result.returncode != 0
+    assert "2 kept, 3 broken" in result.stdout, result.stdout
+    for name, (module, _) in B12X_CONTRACTS.items():
+        assert f"{name} BROKEN" in result.stdout, name
+        planted = "b12x." + module.removesuffix(".py").replace("/", ".")
+        assert f"-   {planted} -> " in result.stdout, planted
 
 
 # ------------------------------------------------------------------------------ import circles
@@ -216,7 +261,7 @@ def test_b12x_has_no_import_circles() -> None:
     # the graph is real: lazy imports are edges (b12x.ops.moe.support imports b12x.support inside a
     # function), relative-free absolute forms resolve to modules
     assert len(graph) > 30 and "b12x.support" in graph["b12x.ops.moe.support"]
-    assert "b12x.runtime.compile_cache" in graph["b12x.launch.specs"]
+    assert "b12x.runtime.compile_cache" in graph["b12x.launch.toolchain"]
     cycles = find_cycles(graph)
     assert cycles == [], describe_cycles(cycles, graph, package_dir)
 
@@ -273,8 +318,10 @@ def test_import_graph_catches_a_planted_circle(tmp_path: Path) -> None:
     cache = copy / "runtime" / "compile_cache.py"
     cache.write_text(
         cache.read_text(encoding="utf-8")
-        + "\n\ndef _planted():\n    from b12x.launch.specs import compile_spec\n",
+        + "\n\ndef _planted():\n    from b12x.launch.toolchain import compile_options\n",
         encoding="utf-8",
     )
     planted = find_cycles(import_graph(copy))
-    assert planted == [["b12x.launch.specs", "b12x.runtime.compile_cache", "b12x.launch.specs"]]
+    assert planted == [
+        ["b12x.launch.toolchain", "b12x.runtime.compile_cache", "b12x.launch.toolchain"]
+    ]

@@ -21,9 +21,10 @@ Layout
 * :class:`MoeReduceKernel` (``kind="reduce"``): one warp per (token, block):
   ``out[t] = x_dtype(Σ_{s=0..k−1} (H128(fc2[r])·svh[e])·w[r])`` in fp32 from ``+0`` in slot order;
   an inactive route adds ``+0`` (selected, so a stale ``fc2`` row or a NaN weight never leaks).
-* :class:`MoeBoundarySpec` holds every codegen input; :func:`compiled_moe_boundary` resolves it
-  through :func:`b12x.runtime.compile_cache.compiled_kernel` (kernel id ``moe_boundary``, sources
-  :data:`MOE_BOUNDARY_SOURCE_MODULES`), so the freeze switch and capture detection hold.
+* :class:`MoeBoundarySpec` holds every codegen input. Device code only: the builder (kernel
+  object and fake arguments) is :func:`b12x.launch.moe_boundary.build_moe_boundary`, and launches
+  resolve through the ``moe_boundary`` kind of :mod:`b12x.launch.kinds` (the one compile cache,
+  its freeze switch and capture detection).
 
 Invariants
 ----------
@@ -49,13 +50,11 @@ from b12x.kernels import ptx
 __all__ = [
     "BOUNDARY_KINDS",
     "H128_SCALE_FP32",
-    "MOE_BOUNDARY_SOURCE_MODULES",
+    "WORDS_PER_BLOCK",
     "MoeActivateKernel",
     "MoeBoundarySpec",
     "MoeReduceKernel",
     "MoeRotateKernel",
-    "build_moe_boundary",
-    "compiled_moe_boundary",
 ]
 
 BOUNDARY_KINDS = ("rotate", "activate", "reduce")
@@ -328,75 +327,3 @@ class MoeReduceKernel:
                     acc[j] = _add(acc[j], Float32(cutlass.select_(active, term, Float32(0.0))))
             for q in cutlass.range_constexpr(2):
                 out[t, col + q] = _pack(acc[2 * q], acc[2 * q + 1], self.spec.out_bf16)
-
-
-# ---------------------------------------------------------------------------- build / compile
-
-_KERNELS = {"rotate": MoeRotateKernel, "activate": MoeActivateKernel, "reduce": MoeReduceKernel}
-
-
-def build_moe_boundary(spec: MoeBoundarySpec):
-    """(kernel object, fake argument tuple) for ``cute.compile`` (CPU compile checks use it).
-
-    16-bit operands are int32 word views ``[rows, F/2]`` with ``F/2 % 64 == 0``; ``route_expert``
-    is int64 ``[n]``, ``route_inactive`` uint8 ``[n]`` (the bool buffer's bytes), ``weights``
-    fp32 ``[n]`` (4-byte aligned: the caller's ``topk_weights`` need not be 16-byte aligned).
-    """
-    from cutlass import Uint8
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-    def fake(dtype, shape, align=16):
-        order = tuple(range(len(shape) - 1, -1, -1))
-        return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
-
-    def words():
-        return cute.sym_int(divisibility=WORDS_PER_BLOCK)
-
-    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    n = cute.sym_int()
-    experts = fake(Int64, (n,))
-    kernel = _KERNELS[spec.kind](spec)
-    if spec.kind == "rotate":
-        h = words()
-        x = fake(Int32, (cute.sym_int(), h))
-        gate, up = fake(Int32, (cute.sym_int(), h)), fake(Int32, (cute.sym_int(), h))
-        out_gate, out_up = fake(Int32, (n, h)), fake(Int32, (n, h))
-        args = (x, gate, up, experts, out_gate, out_up, Int32(1), Int32(1))
-    elif spec.kind == "activate":
-        fc1 = fake(Int32, (n, cute.sym_int(divisibility=2 * WORDS_PER_BLOCK)))
-        rotations = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=3 * WORDS_PER_BLOCK)))
-        out = fake(Int32, (n, words()))
-        args = (fc1, rotations, experts, out, Int32(1))
-    else:
-        h = words()
-        fc2, svh = fake(Int32, (n, h)), fake(Int32, (cute.sym_int(), h))
-        inactive, weights = fake(Uint8, (n,)), fake(Float32, (n,), align=4)
-        out = fake(Int32, (cute.sym_int(), h))
-        args = (fc2, svh, experts, inactive, weights, out, Int32(1))
-    return kernel, (*args, stream)
-
-
-MOE_BOUNDARY_SOURCE_MODULES = (
-    "b12x.kernels.ptx",
-    "b12x.kernels.moe_boundary",
-    "b12x.launch.specs",  # compile_options
-)
-
-
-def compiled_moe_boundary(spec: MoeBoundarySpec, arch: str):
-    """The tvm-ffi callable of ``spec`` for ``arch``, from the one runtime compile cache.
-
-    Keyed ``moe_boundary`` with every :class:`MoeBoundarySpec` field as codegen input and
-    :data:`MOE_BOUNDARY_SOURCE_MODULES` as the hashed sources; honours the freeze switch and
-    capture detection.
-    """
-    from b12x.launch.specs import compile_options
-    from b12x.runtime import compile_cache
-
-    def build():
-        kernel, args = build_moe_boundary(spec)
-        return cute.compile(kernel, *args, options=compile_options(arch))
-
-    return compile_cache.compiled_kernel(
-        spec, arch, kernel="moe_boundary", modules=MOE_BOUNDARY_SOURCE_MODULES, build=build
-    )

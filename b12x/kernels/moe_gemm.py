@@ -48,8 +48,8 @@ Layout
   ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and branches
   CTA-uniformly into two fully specialised bodies.
 * **Host side.** :mod:`b12x.launch.moe_compile` builds either kernel from a spec
-  (``build_moe_gemm``) and resolves it through the runtime compile cache (``compiled_moe_gemm``);
-  it imports this module and the pair module, and neither of them imports it.
+  (``build_moe_gemm``, the builder of the ``moe_gemm`` kind of :mod:`b12x.launch.kinds`, through
+  which launches resolve); it imports this module and the pair module, neither imports it.
 
 Invariants
 ----------

@@ -5,7 +5,8 @@ Layout
 * :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 ``[K, N]``.
 * :func:`trellis_matmul` — already-rotated activations ``[M, K]`` (fp16/bf16) × decoded Wq →
   ``[M, N]`` in the activation dtype, with optional split-K over an fp32 scratch arena
-  ``[S, M, N]`` reduced deterministically.
+  ``[S, M, N]`` reduced deterministically. The split is the caller's (default 1): the split-K
+  rule is the plan's decision (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
 * :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
 * :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
 
@@ -15,9 +16,10 @@ Invariants
   launch and raises ``TypeError``/``ValueError`` naming the argument.
 * Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
   are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
-* Every kernel is resolved through :func:`_kernel`, i.e. the one runtime compile cache
-  (:func:`b12x.runtime.compile_cache.compiled_kernel`): its structural key, its freeze switch
-  and its capture check apply to every launch made here.
+* Every kernel is resolved through :func:`_kernel`, i.e. :func:`b12x.launch.kinds.compiled`
+  and the one runtime compile cache behind it: its structural key, its freeze switch and its
+  capture check apply to every launch made here.
+* This module imports nothing of :mod:`b12x.ops` (a layer contract in ``pyproject.toml``).
 * Every launch binds its arguments by name in a launch record of :mod:`b12x.launch.records`
   (``fn(*GemmLaunch(a=..., ...).args())``): the positional order comes from the kernel's own
   ``__call__``, never from this module.
@@ -30,6 +32,7 @@ import functools
 import torch
 
 from b12x.formats import DecodeFormat, resolve_format
+from b12x.launch import kinds
 from b12x.launch.records import (
     DecodeLaunch,
     GemmLaunch,
@@ -38,7 +41,6 @@ from b12x.launch.records import (
     ReduceLaunch,
 )
 from b12x.launch.specs import KernelSpec
-from b12x.runtime import compile_cache
 
 #: Legal ``smem_stages`` of :func:`trellis_matmul`; mirrors ``dense_gemm.SMEM_STAGES``
 #: (importing the kernel module here would load cutlass at import time).
@@ -51,7 +53,6 @@ __all__ = [
     "trellis_matmul",
     "rotate_input",
     "rotate_output",
-    "choose_split_k",
     "choose_tiles",
 ]
 
@@ -73,12 +74,7 @@ def device_arch(device: torch.device) -> str:
 
 def _kernel(spec: KernelSpec, device: torch.device):
     """The compiled callable of ``spec`` for ``device``'s arch, from the runtime cache."""
-    return compile_cache.compiled_kernel(spec, device_arch(device))
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return kinds.compiled(spec, device_arch(device))
 
 
 def lut_tensor(fmt: DecodeFormat, device: torch.device) -> torch.Tensor | None:
@@ -172,25 +168,12 @@ def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
     return m_tiles, n_tiles
 
 
-def choose_split_k(
-    m: int, k: int, n: int, *, m_tiles: int, n_tiles: int, warps: int, sm_count: int
-) -> int:
-    """Splits so the grid is ~12 CTAs per SM deep for M <= 16 (~4 above), >= 16 K16 rows each.
-
-    The rule is data: the split-K table :mod:`b12x.ops.dense.split_k` (rows, boundaries, explain);
-    this asks it for the generic path with no explicit request."""
-    from b12x.ops.dense import split_k as split_table  # lazy: b12x.ops.dense imports this module
-
-    case = dict(m=m, k=k, n=n, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, sm_count=sm_count)
-    return split_table.explain(case).split_k
-
-
 def trellis_matmul(
     a: torch.Tensor,
     trellis: torch.Tensor,
     codebook: str,
     *,
-    split_k: int | None = None,
+    split_k: int = 1,
     out: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
     tiles: tuple[int, int] | None = None,
@@ -201,7 +184,8 @@ def trellis_matmul(
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
-    ``smem_stages`` (opt-in, default 0 = register stages of ``depth`` rows) selects the
+    ``split_k`` K slices (default 1; :func:`b12x.ops.dense.split_k.split_k` is the rule that
+    picks one). ``smem_stages`` (opt-in, default 0 = register stages of ``depth`` rows) selects the
     cp.async shared-memory ring with that many slots (2..4); ``depth`` is then unused.
     """
     if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
@@ -221,16 +205,6 @@ def trellis_matmul(
     group = 16 * n_tiles * warps
     if n % group != 0:
         raise ValueError(f"trellis: N={n} must be a multiple of {group} for this tile shape")
-    if split_k is None:
-        split_k = choose_split_k(
-            m,
-            k,
-            n,
-            m_tiles=m_tiles,
-            n_tiles=n_tiles,
-            warps=warps,
-            sm_count=_sm_count(trellis.device.index or 0),
-        )
     if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
         raise ValueError(f"split_k: expected a positive int, got {split_k!r}")
     k_rows = k // 16

@@ -1,4 +1,4 @@
-"""How one grouped-GEMM spec compiles: the host side of :mod:`b12x.kernels.moe_gemm`.
+"""How one grouped-GEMM spec is built: the host side of :mod:`b12x.kernels.moe_gemm`.
 
 Layout
 ------
@@ -6,17 +6,17 @@ Layout
   and the fake (symbolic-shape) arguments ``cute.compile`` needs: an unpaired spec builds
   :class:`~b12x.kernels.moe_gemm.MoeGroupedGemmKernel`, a paired one
   :class:`~b12x.kernels.moe_pair_gemm.MoePairGemmKernel` (composed from the shared mainloop
-  primitives, not a subclass). CPU compile checks
-  (:mod:`b12x.ops.moe.support`) and GPU launches share it.
-* :func:`compiled_moe_gemm` resolves a spec through the one runtime compile cache
-  (:func:`b12x.runtime.compile_cache.compiled_kernel`, kernel id ``moe_gemm``, sources
-  :data:`MOE_SOURCE_MODULES`).
+  primitives, not a subclass). It is the builder of the ``moe_gemm`` kind of
+  :mod:`b12x.launch.kinds`, through which CPU compile checks (:mod:`b12x.ops.moe.support`) and
+  GPU launches (:func:`b12x.launch.kinds.compiled`) both reach it.
 
 Invariants
 ----------
 * This module sits above both kernel modules (the grouped kernel and the pair kernel), so neither
   kernel module imports it: the builder names both classes without an import circle.
 * No device code lives here; the kernels' PTX does not depend on where their builder is.
+* The fake arguments' shapes and divisibility are codegen inputs too: this module is in the
+  kind's hashed sources (the registry derives them from the builder's module and its imports).
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from cutlass import Int32, Int64
 
 from b12x.kernels.moe_gemm import MoeGemmSpec, MoeGroupedGemmKernel
 from b12x.kernels.moe_pair_gemm import MoePairGemmKernel
-from b12x.launch.specs import compile_options
-from b12x.runtime import compile_cache
 
-__all__ = ["MOE_SOURCE_MODULES", "build_moe_gemm", "compiled_moe_gemm"]
+__all__ = ["build_moe_gemm"]
 
 
 def build_moe_gemm(spec: MoeGemmSpec):
@@ -66,31 +64,3 @@ def build_moe_gemm(spec: MoeGemmSpec):
     kernel = MoeGroupedGemmKernel(spec)
     args = (a, payload, out, blocks, count, route_rows, descriptors, *scalars)
     return kernel, (*args, stream)
-
-
-MOE_SOURCE_MODULES = (
-    "b12x.formats",
-    "b12x.kernels.ptx",
-    "b12x.kernels.trellis_decode",
-    "b12x.kernels.dense_gemm",
-    "b12x.kernels.moe_gemm",
-    "b12x.kernels.moe_pair_gemm",
-    "b12x.launch.moe_compile",  # the fake arguments' shapes and divisibility are codegen too
-    "b12x.launch.specs",  # compile_options
-)
-
-
-def compiled_moe_gemm(spec: MoeGemmSpec, arch: str):
-    """The tvm-ffi callable of ``spec`` for ``arch``, from the one runtime compile cache.
-
-    Keyed ``moe_gemm`` with every :class:`MoeGemmSpec` field as codegen input and
-    :data:`MOE_SOURCE_MODULES` as the hashed sources; honours the freeze switch and capture.
-    """
-
-    def build():
-        kernel, args = build_moe_gemm(spec)
-        return cute.compile(kernel, *args, options=compile_options(arch))
-
-    return compile_cache.compiled_kernel(
-        spec, arch, kernel="moe_gemm", modules=MOE_SOURCE_MODULES, build=build
-    )

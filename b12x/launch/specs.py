@@ -1,24 +1,23 @@
-"""Compile specifications of every kernel in :mod:`b12x.kernels`, and how one spec compiles.
+"""The dense kernels' spec, their builder, and how one such spec compiles.
 
 Layout
 ------
-* :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one kernel
+* :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one dense kernel
   specialisation (kind, the codebook's :class:`~b12x.formats.DecodeFormat` object, bits, dtype
   flags, tile shape, unroll, register stages ``depth``, shared-memory ring stages
-  ``smem_stages``). With the target arch,
-  the DSL version, the ABI version and the kernel source hash it makes the structural
-  :class:`~b12x.runtime.compile_cache.CompileKey`: two specs that compile differently are never
-  equal.
+  ``smem_stages``). Its ``kind`` is one of :data:`KERNEL_SPEC_KINDS`, each a kind of the
+  registry :mod:`b12x.launch.kinds`, which makes the structural
+  :class:`~b12x.runtime.compile_cache.CompileKey` from it: two specs that compile differently
+  are never equal.
 * :func:`build_kernel` maps a spec to its kernel object and the fake (symbolic-shape) arguments
-  that :func:`cute.compile` needs; :func:`compile_spec` compiles it with ``--enable-tvm-ffi`` at
-  the first spill-free optimisation level. The same builder serves CPU compile checks
-  (:mod:`b12x.support`) and GPU launches.
-  :meth:`KernelSpec.compile_for` is that compile as the spec's own builder: the runtime cache
-  calls it for a ``KernelSpec`` (this module imports the runtime cache, never the reverse).
-* This module keeps no cache. Launches resolve kernels through
-  :func:`b12x.runtime.compile_cache.compiled_kernel` (structural key, one process cache, the
-  freeze switch and capture detection); :func:`compiled` and :func:`freeze` are aliases of it
-  kept for existing callers.
+  that :func:`cute.compile` needs (the registry's builder of the five dense kinds); the same
+  builder serves CPU compile checks (:mod:`b12x.support`) and GPU launches.
+* :func:`compile_spec` compiles a spec at its first spill-free optimisation level
+  (:func:`b12x.launch.toolchain.compile_spill_free` of :func:`build_kernel`), with the PTX when
+  asked: the CPU compile checks' door (:mod:`b12x.support`).
+* This module keeps no cache and resolves nothing: launches go through
+  :func:`b12x.launch.kinds.compiled` (structural key, the one process cache, the freeze switch
+  and capture detection).
 
 Invariants
 ----------
@@ -30,31 +29,24 @@ Invariants
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from b12x.launch.toolchain import CompileResult, compile_spill_free
 
 if TYPE_CHECKING:
     from b12x.formats import DecodeFormat
 
 __all__ = [
+    "KERNEL_SPEC_KINDS",
     "KernelSpec",
-    "CompileRemarks",
-    "CompileResult",
     "build_kernel",
-    "compile_with_remarks",
     "compile_spec",
-    "compiled",
-    "freeze",
-    "compile_options",
-    "KINDS",
-    "OPT_LEVELS",
 ]
 
-KINDS = ("decode", "gemm", "reduce", "rotate_in", "rotate_out")
+#: The values of :attr:`KernelSpec.kind`: the registry's kinds whose spec is a ``KernelSpec``
+#: (``tests/b12x/test_kinds.py`` keeps the two equal).
+KERNEL_SPEC_KINDS = ("decode", "gemm", "reduce", "rotate_in", "rotate_out")
 
 
 @dataclass(frozen=True)
@@ -81,8 +73,8 @@ class KernelSpec:
     smem_stages: int = 0
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.kind not in KERNEL_SPEC_KINDS:
+            raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 
@@ -99,106 +91,11 @@ class KernelSpec:
     def uses_mma(self) -> bool:
         return self.kind == "gemm"
 
-    def compile_for(self, arch: str):
-        """The compiled callable of this spec for ``arch``: :func:`compile_spec`'s ``fn``.
-
-        :func:`b12x.runtime.compile_cache.compiled_kernel` calls it on a miss for a spec that
-        brings no builder of its own, so the runtime cache never imports this module.
-        """
-        return compile_spec(self, arch).fn
-
-
-#: Optimisation levels tried in order. ptxas occasionally settles at ~80 registers and spills a
-#: few bytes at one level but not at another (e.g. mul1 K5 on sm_80 at 3, mcg K8 on sm_90 at 2);
-#: :func:`compile_spec` takes the first level whose ptxas report shows zero spill bytes.
-OPT_LEVELS = (2, 3, 1)
-
-_REGS = re.compile(r"Used (\d+) registers")
-_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-
-
-def compile_options(arch: str, *, ptx: bool = False, remarks: bool = False, opt_level: int = 2):
-    """The ``cute.compile`` options string: arch first, tvm-ffi, optimisation level, optional
-    ``--keep-ptx`` and ptxas remarks, and last ``--dump-dir`` = the process's private
-    :func:`b12x.runtime.compile_cache.dump_dir`, so a kept PTX/CUBIN file (this ``ptx=True`` or a
-    ``CUTE_DSL_KEEP`` from the environment) never lands in the working directory. A caller's own
-    later ``--dump-dir`` wins; with ``CUTE_DSL_DUMP_DIR`` set none is added (the DSL uses it)."""
-    opts = [f"--gpu-arch {arch}", "--enable-tvm-ffi", f"--opt-level {opt_level}"]
-    if ptx:
-        opts.append("--keep-ptx")
-    if remarks:
-        opts.append("remarks{ptx}")
-    from b12x.runtime.compile_cache import dump_dir
-
-    dump = dump_dir()
-    if dump is not None:
-        opts.append(f"--dump-dir={shlex.quote(str(dump))}")
-    return " ".join(opts)
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    fn: object
-    log: str
-    registers: int | None
-    spill_bytes: int | None
-    opt_level: int
-
-
-@dataclass(frozen=True)
-class CompileRemarks:
-    """One ``cute.compile`` of a built kernel with ptxas remarks: the compiled callable, the PTX
-    (when asked), the registers and the spill bytes (stores + loads) of every reported function,
-    and the compiler's log."""
-
-    fn: object
-    ptx: str
-    registers: tuple[int, ...]
-    spills: tuple[int, ...]
-    log: str
-
-
-def compile_with_remarks(
-    kernel, args, arch: str, *, ptx: bool = True, opt_level: int = 2
-) -> CompileRemarks:
-    """Compile ``kernel`` with its fake argument tuple ``args`` (what every ``build_*`` of the
-    kernel modules returns) for ``arch`` on any machine, capturing the ptxas remarks."""
-    import cutlass.cute as cute
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        opts = compile_options(arch, ptx=ptx, remarks=True, opt_level=opt_level)
-        fn = cute.compile(kernel, *args, options=opts)
-    text = log.getvalue()
-    return CompileRemarks(
-        fn=fn,
-        ptx=(fn.artifacts.PTX or "") if ptx else "",
-        registers=tuple(int(x) for x in _REGS.findall(text)),
-        spills=tuple(int(a) + int(b) for a, b in _SPILL.findall(text)),
-        log=text,
-    )
-
 
 def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
-    """Compile ``spec`` for ``arch`` (fake tensors), preferring a spill-free optimisation level.
-
-    Deterministic: the same compiler gives the same level. If every level spills, the first
-    level's result is returned and its spill bytes are reported.
-    """
-    results = []
-    for level in OPT_LEVELS:
-        remarks = compile_with_remarks(*build_kernel(spec), arch, ptx=ptx, opt_level=level)
-        result = CompileResult(
-            fn=remarks.fn,
-            log=remarks.log,
-            registers=max(remarks.registers) if remarks.registers else None,
-            spill_bytes=sum(remarks.spills) if remarks.spills else None,
-            opt_level=level,
-        )
-        if result.spill_bytes == 0:
-            return result
-        results.append(result)
-    return results[0]
+    """Compile ``spec`` for ``arch`` (fake tensors) at its spill-free level
+    (:func:`compile_spill_free` of :func:`build_kernel`)."""
+    return compile_spill_free(lambda: build_kernel(spec), arch, ptx=ptx)
 
 
 def build_kernel(spec: KernelSpec):
@@ -268,23 +165,3 @@ def build_kernel(spec: KernelSpec):
         out,
         stream,
     )
-
-
-def freeze(frozen: bool = True) -> None:
-    """Alias of :func:`b12x.runtime.compile_cache.freeze` (``False``: ``unfreeze``).
-
-    There is no second switch here: kernels resolve only through the runtime cache.
-    """
-    from b12x.runtime import compile_cache
-
-    if frozen:
-        compile_cache.freeze()
-    else:
-        compile_cache.unfreeze()
-
-
-def compiled(spec: KernelSpec, arch: str):
-    """Alias of :func:`b12x.runtime.compile_cache.compiled_kernel` (one cache per process)."""
-    from b12x.runtime import compile_cache
-
-    return compile_cache.compiled_kernel(spec, arch)

@@ -5,17 +5,16 @@ Layout
 * :class:`CompileKey` is a frozen dataclass of plain data: the kernel id, every codegen input as
   sorted ``(field, value)`` pairs, the target arch (``"sm_90"``), the CuTe DSL version, the ABI
   version read from the signature lock (:func:`b12x.abi.abi_version`) and a SHA-256 of the kernel
-  module sources. :func:`make_key` builds one; :func:`key_for_spec` builds the key of a
-  :class:`~b12x.launch.specs.KernelSpec` (whose fields are every codegen input of a kernel).
+  module sources. :func:`make_key` builds one; :func:`launch_key` builds (once) the key of a spec
+  dataclass whose fields are every codegen input of its kernel.
 * :class:`CompileCache` maps ``CompileKey -> compiled object`` in memory, backed by an optional
   :class:`DiskStore`. :data:`CACHE` is THE process cache (backed by the disk store of
   :func:`cache_root`): every launch path resolves its kernels through :func:`compiled_kernel`
-  (``cute.compile`` itself does not cache). A dense :class:`~b12x.launch.specs.KernelSpec` is
-  keyed by :func:`key_for_spec` and built by its own ``compile_for(arch)``
-  (:func:`b12x.launch.specs.compile_spec`, the spill-free optimisation level), so this module
-  never imports the kernel specs; another spec type (the grouped MoE GEMM, the MoE boundary)
-  passes its kernel id, source modules and builder. The compiled object is the tvm-ffi callable,
-  which launches on torch's current stream.
+  (``cute.compile`` itself does not cache). The caller names the kernel id, the source modules
+  and the builder: that caller is :func:`b12x.launch.kinds.compiled`, the kernel-kind registry
+  (kind name = kernel id, sources derived from the builder's imports), so this module never
+  imports a spec, a builder or a kernel. The compiled object is the tvm-ffi callable, which
+  launches on torch's current stream.
 * Resolving a key: memory hit -> the object. Miss -> refused while frozen or capturing (below);
   else the disk entry is loaded if there is a valid one; else ``build()`` compiles, the result is
   exported to the disk entry and loaded back from it, so the object this process launches is the
@@ -27,7 +26,7 @@ Layout
   current (or a given) CUDA stream is capturing a graph, raises :class:`KernelResolutionFrozen`
   naming the key, before anything is compiled **or loaded from disk**.
 * :func:`dump_dir`: where this process's ``--keep-ptx`` / ``--keep-cubin`` files go
-  (:func:`b12x.launch.specs.compile_options` passes it as ``--dump-dir``), never the working
+  (:func:`b12x.launch.toolchain.compile_options` passes it as ``--dump-dir``), never the working
   directory.
 
 The disk cache
@@ -46,8 +45,9 @@ The disk cache
   field, arch, DSL version, ABI version, source hash), the toolchain (:func:`toolchain`: CuTe DSL
   and tvm-ffi versions, the DSL's CUDA flavour and its own compile-affecting settings such as
   ``CUTE_DSL_LINEINFO``, the host machine) and :func:`dependency_hash` of the key's source
-  modules (every b12x module they import, transitively: a helper missing from a hand-kept source
-  list still invalidates the entry). Our key decides identity; the DSL's own cache key is unused.
+  modules (every b12x module they import, transitively; the registry already passes such a
+  closure, and the digest recomputes it, so no caller can leave a helper out). Our key decides
+  identity; the DSL's own cache key is unused.
 * A ``.kobj`` file is ``MAGIC``, an 8-byte little-endian header length, a JSON header (format,
   the key record, toolchain, dependency hash, symbol, payload SHA-256 and size, compile seconds)
   and the payload: the ELF object that ``export_to_c`` writes for a tvm-ffi compiled function,
@@ -76,9 +76,8 @@ Invariants
   tensor, a stream) is a ``TypeError``: two equal keys always mean the same compiled code, and a
   field that changes codegen always changes the key.
 * Runtime-only values (M, pointers, split sizes passed as kernel arguments) are not key fields.
-* There is one cache and one switch: :func:`b12x.launch.specs.compiled` and
-  :func:`b12x.launch.specs.freeze` are thin aliases of :func:`compiled_kernel` and
-  :func:`freeze` / :func:`unfreeze`, so no layer can compile behind the switch.
+* There is one cache and one switch; every launch path reaches :func:`compiled_kernel` through
+  :func:`b12x.launch.kinds.compiled`, so no layer can compile behind the switch.
 * A launch key is built once per ``(spec, arch)`` and memoised: the loaded kernel code cannot
   change under a running process (an edited source file gives a new key in the next process).
 * The disk is an accelerator, never a dependency: any I/O error on it is a warning, and the
@@ -116,7 +115,6 @@ __all__ = [
     "CACHE",
     "CACHE_DIR_ENV",
     "DISK_FORMAT",
-    "KERNEL_SOURCE_MODULES",
     "STATS_FILE_ENV",
     "CompileCache",
     "CompileCacheWarning",
@@ -133,7 +131,6 @@ __all__ = [
     "freeze",
     "frozen",
     "is_frozen",
-    "key_for_spec",
     "launch_key",
     "make_key",
     "source_closure",
@@ -142,16 +139,6 @@ __all__ = [
     "toolchain",
     "unfreeze",
 ]
-
-#: Modules whose source is hashed into every kernel key (the device code and its helpers).
-KERNEL_SOURCE_MODULES: tuple[str, ...] = (
-    "b12x.formats",
-    "b12x.kernels.ptx",
-    "b12x.kernels.trellis_decode",
-    "b12x.kernels.dense_gemm",
-    "b12x.kernels.hadamard",
-    "b12x.launch.specs",
-)
 
 
 class KernelResolutionFrozen(RuntimeError):
@@ -237,13 +224,14 @@ def _file_digest(path: Path) -> bytes:
     return digest
 
 
-def source_hash(modules: Iterable[str] = KERNEL_SOURCE_MODULES) -> str:
-    """SHA-256 over the named modules' source digests (name-tagged, in the given order)."""
+def source_hash(modules: Iterable[str]) -> str:
+    """SHA-256 over the named modules' source digests (name-tagged, in the given order); a b12x
+    module is read where :func:`source_closure` reads it."""
     digest = hashlib.sha256()
     for name in modules:
         if not isinstance(name, str):
             raise TypeError(f"modules: expected module names, got {type(name).__name__}")
-        digest.update(name.encode() + b"\0" + _file_digest(_module_file(name)))
+        digest.update(name.encode() + b"\0" + _file_digest(_source_file(name)))
     return digest.hexdigest()
 
 
@@ -252,11 +240,12 @@ def make_key(
     codegen: Mapping[str, Any],
     *,
     arch: str,
-    modules: Iterable[str] = KERNEL_SOURCE_MODULES,
+    modules: Iterable[str],
     abi: int | None = None,
     dsl: str | None = None,
 ) -> CompileKey:
-    """Build a :class:`CompileKey`; ``abi``/``dsl`` default to the lock's and the installed one."""
+    """Build a :class:`CompileKey` hashing the sources of ``modules``; ``abi``/``dsl`` default to
+    the lock's and the installed one."""
     if not isinstance(codegen, Mapping):
         raise TypeError(
             f"codegen: expected a mapping of codegen inputs, got {type(codegen).__name__}"
@@ -274,15 +263,6 @@ def make_key(
         abi_version=abi_version() if abi is None else abi,
         source_hash=source_hash(tuple(modules)),
     )
-
-
-def key_for_spec(spec: Any, arch: str) -> CompileKey:
-    """Key of a ``KernelSpec`` (a frozen dataclass holding every codegen input) for ``arch``."""
-    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
-        raise TypeError(f"spec: expected a KernelSpec dataclass, got {type(spec).__name__}")
-    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    kernel = str(fields.pop("kind", type(spec).__name__))
-    return make_key(kernel, fields, arch=arch)
 
 
 # ---------------------------------------------------------------------------- freeze switch
@@ -508,13 +488,22 @@ def source_closure(modules: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
+def _source_file(name: str) -> Path:
+    """The file of module ``name``: a b12x module under :data:`_B12X_DIR`, any other one where
+    Python would import it from."""
+    if name == "b12x" or name.startswith("b12x."):
+        path = _b12x_module_path(name)
+        if path is None:
+            raise ValueError(f"modules: cannot locate the source of {name!r}")
+        return path
+    return _module_file(name)
+
+
 def dependency_hash(modules: Iterable[str]) -> str:
     """SHA-256 over :func:`source_closure` of ``modules`` (name-tagged file digests)."""
-    names = source_closure(modules)
     digest = hashlib.sha256()
-    for name in names:
-        path = _b12x_module_path(name) if name.split(".")[0] == "b12x" else _module_file(name)
-        digest.update(name.encode() + b"\0" + _file_digest(path))
+    for name in source_closure(modules):
+        digest.update(name.encode() + b"\0" + _file_digest(_source_file(name)))
     return digest.hexdigest()
 
 
@@ -969,29 +958,22 @@ def _remove_dump_dir(pid: int) -> None:
 # ---------------------------------------------------------------------------- resolving
 
 
-def launch_key(
-    spec: Any, arch: str, *, kernel: str | None = None, modules: Iterable[str] | None = None
-) -> CompileKey:
-    """The (memoised) key :func:`compiled_kernel` uses for ``spec`` on ``arch``.
+def launch_key(spec: Any, arch: str, *, kernel: str, modules: Iterable[str]) -> CompileKey:
+    """The key :func:`compiled_kernel` uses for ``spec`` on ``arch``, built once per process.
 
-    Without ``kernel``/``modules`` ``spec`` is a ``KernelSpec``: :func:`key_for_spec` (kernel id
-    = its ``kind``, sources :data:`KERNEL_SOURCE_MODULES`). Otherwise every dataclass field of
-    ``spec`` is a codegen input of ``kernel``, whose sources are ``modules``.
+    Every dataclass field of ``spec`` is a codegen input of ``kernel``; ``modules`` are the
+    sources hashed into the key. Memoised on ``(spec, arch, kernel, modules)``, so a launch
+    costs one dictionary lookup and the loaded code cannot change under a running process.
     """
-    mods = KERNEL_SOURCE_MODULES if modules is None else tuple(modules)
-    memo = (spec, arch, kernel or "", mods)
+    mods = tuple(modules)
+    memo = (spec, arch, kernel, mods)
     key = _LAUNCH_KEYS.get(memo)
     if key is not None:
         return key
-    if kernel is None:
-        if modules is not None:
-            raise ValueError("modules: a KernelSpec is hashed over KERNEL_SOURCE_MODULES")
-        key = key_for_spec(spec, arch)
-    else:
-        if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
-            raise TypeError(f"spec: expected a frozen spec dataclass, got {type(spec).__name__}")
-        codegen = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-        key = make_key(kernel, codegen, arch=arch, modules=mods)
+    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        raise TypeError(f"spec: expected a frozen spec dataclass, got {type(spec).__name__}")
+    codegen = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    key = make_key(kernel, codegen, arch=arch, modules=mods)
     with _KEYS_LOCK:
         return _LAUNCH_KEYS.setdefault(memo, key)
 
@@ -1000,32 +982,19 @@ def compiled_kernel(
     spec: Any,
     arch: str,
     *,
-    kernel: str | None = None,
-    modules: Iterable[str] | None = None,
-    build: Callable[[], Any] | None = None,
+    kernel: str,
+    modules: Iterable[str],
+    build: Callable[[], Any],
     cache: CompileCache | None = None,
 ) -> Any:
     """The tvm-ffi callable of ``spec`` for ``arch``, compiled at most once per key.
 
-    A ``KernelSpec`` needs nothing else (its ``compile_for(arch)`` builds it); another spec type
-    names its ``kernel`` id, its source ``modules`` and a ``build()`` that compiles it. Honours
-    the freeze switch and capture; a kernel another process compiled is loaded from the disk
-    cache.
+    ``kernel`` is the kernel id, ``modules`` the sources and ``build()`` the compile (the
+    registry :mod:`b12x.launch.kinds` supplies all three). Honours the freeze switch and
+    capture; a kernel another process compiled is loaded from the disk cache.
     """
-    key = launch_key(spec, arch, kernel=kernel, modules=modules)
-    sources = KERNEL_SOURCE_MODULES if modules is None else tuple(modules)
-    if build is None:
-        if kernel is not None:
-            raise ValueError(f"build: {kernel} specs need their own builder")
-
-        def build() -> Any:
-            compile_for = getattr(spec, "compile_for", None)
-            if compile_for is None:
-                raise TypeError(
-                    f"spec: a {type(spec).__name__} has no compile_for(arch); pass build="
-                )
-            return compile_for(arch)
-
+    sources = tuple(modules)
+    key = launch_key(spec, arch, kernel=kernel, modules=sources)
     return (CACHE if cache is None else cache).get_or_compile(key, build, sources=sources)
 
 

@@ -17,7 +17,7 @@ call* is a call expression in the package that is one of:
     the package functions named in :data:`COMPILE_SEEDS` (the compile-cache lookups
     ``compiled_kernel`` / ``get_or_compile``), the imports in :data:`COMPILE_EXTERNALS`
     (``cute.compile``), and, to a fixed point, every function with a ``return`` of a provider's
-    result (``_kernel``, ``compiled_moe_gemm``, ``compiled_moe_boundary`` in b12x). Which kernel
+    result (``kinds.compiled``, ``KernelKind.compile``, ``host._kernel`` in b12x). Which kernel
     such a ``fn`` is cannot be told statically, so a bare launch is counted and never resolved:
     the metric shows every positional launch into a compiled kernel.
 

@@ -8,6 +8,7 @@ exactly one field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -22,6 +23,7 @@ import torch
 
 from b12x.abi import ABI_LOCK_PATH
 from b12x.formats import resolve_format
+from b12x.launch import kinds, toolchain
 from b12x.launch import specs as kernel_specs
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import plan_dense
@@ -61,33 +63,38 @@ def test_every_kernelspec_field_has_a_mutation():
 @pytest.mark.parametrize("field", sorted(MUTATIONS))
 def test_each_codegen_field_changes_the_key(field):
     mutated = dataclasses.replace(BASE, **{field: MUTATIONS[field]})
-    assert cc.key_for_spec(mutated, "sm_90") != cc.key_for_spec(BASE, "sm_90")
+    assert kinds.launch_key(mutated, "sm_90") != kinds.launch_key(BASE, "sm_90")
 
 
 def test_equal_specs_give_equal_keys_and_hashes():
     twin = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
-    assert cc.key_for_spec(twin, "sm_90") == cc.key_for_spec(BASE, "sm_90")
-    assert hash(cc.key_for_spec(twin, "sm_90")) == hash(cc.key_for_spec(BASE, "sm_90"))
+    assert kinds.launch_key(twin, "sm_90") == kinds.launch_key(BASE, "sm_90")
+    assert hash(kinds.launch_key(twin, "sm_90")) == hash(kinds.launch_key(BASE, "sm_90"))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_120"])
 def test_arch_changes_the_key(arch):
-    assert cc.key_for_spec(BASE, arch) != cc.key_for_spec(BASE, "sm_90")
+    assert kinds.launch_key(BASE, arch) != kinds.launch_key(BASE, "sm_90")
+
+
+#: Any real source list will do for keys built by hand (the registry derives the real ones).
+SOURCES = ("b12x.kernels.ptx",)
 
 
 def test_abi_version_in_key_is_the_lock_version():
     locked = json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     assert key.abi_version == locked
-    bumped = cc.make_key("gemm", {"bits": 6}, arch="sm_90", abi=locked + 1)
-    assert bumped != cc.make_key("gemm", {"bits": 6}, arch="sm_90", abi=locked)
+    bumped = cc.make_key("gemm", {"bits": 6}, arch="sm_90", modules=SOURCES, abi=locked + 1)
+    assert bumped != cc.make_key("gemm", {"bits": 6}, arch="sm_90", modules=SOURCES, abi=locked)
 
 
 def test_dsl_version_changes_the_key():
-    a = cc.make_key("gemm", {"bits": 6}, arch="sm_90", dsl="4.8.1")
-    b = cc.make_key("gemm", {"bits": 6}, arch="sm_90", dsl="4.9.0")
+    a = cc.make_key("gemm", {"bits": 6}, arch="sm_90", modules=SOURCES, dsl="4.8.1")
+    b = cc.make_key("gemm", {"bits": 6}, arch="sm_90", modules=SOURCES, dsl="4.9.0")
     assert a != b
-    assert cc.make_key("gemm", {"bits": 6}, arch="sm_90").dsl_version == cc.dsl_version()
+    key = cc.make_key("gemm", {"bits": 6}, arch="sm_90", modules=SOURCES)
+    assert key.dsl_version == cc.dsl_version()
 
 
 def test_source_hash_tracks_an_edit(tmp_path, monkeypatch):
@@ -104,9 +111,9 @@ def test_source_hash_tracks_an_edit(tmp_path, monkeypatch):
 
 def test_key_rejects_address_like_values():
     with pytest.raises(TypeError, match=r"codegen\['opts'\]"):
-        cc.make_key("gemm", {"opts": object()}, arch="sm_90")
+        cc.make_key("gemm", {"opts": object()}, arch="sm_90", modules=SOURCES)
     with pytest.raises(ValueError, match="arch"):
-        cc.make_key("gemm", {}, arch="hopper")
+        cc.make_key("gemm", {}, arch="hopper", modules=SOURCES)
 
 
 def test_runtime_only_inputs_keep_the_keys():
@@ -116,26 +123,26 @@ def test_runtime_only_inputs_keep_the_keys():
     a = plan_dense(m=40, split_k=2, **common)
     b = plan_dense(m=63, split_k=8, **common)  # 64 and up take decode_matmul (no split-K)
     assert (a.split_k, b.split_k) == (2, 8)
-    keys_a = [cc.key_for_spec(s, "sm_90") for s in a.kernel_specs]
-    keys_b = [cc.key_for_spec(s, "sm_90") for s in b.kernel_specs]
+    keys_a = [kinds.launch_key(s, "sm_90") for s in a.kernel_specs]
+    keys_b = [kinds.launch_key(s, "sm_90") for s in b.kernel_specs]
     assert keys_a == keys_b
 
 
 def test_cache_builds_once_per_key():
     cache = cc.CompileCache()
     calls = []
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     first = cache.get_or_compile(key, lambda: calls.append(1) or "compiled")
-    twin = cc.key_for_spec(dataclasses.replace(BASE), "sm_90")
+    twin = kinds.launch_key(dataclasses.replace(BASE), "sm_90")
     again = cache.get_or_compile(twin, lambda: calls.append(1) or "other")
     assert (first, again, len(calls), cache.hits, cache.misses) == ("compiled", "compiled", 1, 1, 1)
 
 
 def test_frozen_miss_raises_naming_the_key_and_hit_still_works():
     cache = cc.CompileCache()
-    warm = cc.key_for_spec(BASE, "sm_90")
+    warm = kinds.launch_key(BASE, "sm_90")
     cache.get_or_compile(warm, lambda: "warm")
-    cold = cc.key_for_spec(dataclasses.replace(BASE, unroll=3), "sm_90")
+    cold = kinds.launch_key(dataclasses.replace(BASE, unroll=3), "sm_90")
     built = []
     with cc.frozen():
         assert cc.is_frozen()
@@ -146,25 +153,21 @@ def test_frozen_miss_raises_naming_the_key_and_hit_still_works():
     assert cache.get_or_compile(cold, lambda: "now") == "now"
 
 
-def test_freeze_also_freezes_the_kernel_launch_cache():
+def test_freeze_also_freezes_the_kernel_launch_door():
     cc.freeze()
     with pytest.raises(RuntimeError, match="frozen"):
-        kernel_specs.compiled(dataclasses.replace(BASE, unroll=5), "sm_90")
+        kinds.compiled(dataclasses.replace(BASE, unroll=5), "sm_90")
     cc.unfreeze()
-    assert not cc.is_frozen()
-    kernel_specs.freeze(True)  # the kernels' alias flips the one switch, both ways
-    assert cc.is_frozen()
-    kernel_specs.freeze(False)
     assert not cc.is_frozen()
 
 
 def test_compile_during_capture_raises(monkeypatch):
     cache = cc.CompileCache()
-    warm = cc.key_for_spec(BASE, "sm_90")
+    warm = kinds.launch_key(BASE, "sm_90")
     cache.get_or_compile(warm, lambda: "warm")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert cache.get_or_compile(warm, lambda: "x") == "warm"
-    cold = cc.key_for_spec(dataclasses.replace(BASE, bits=4), "sm_90")
+    cold = kinds.launch_key(dataclasses.replace(BASE, bits=4), "sm_90")
     with pytest.raises(cc.KernelResolutionFrozen, match="during CUDA graph capture"):
         cache.get_or_compile(cold, lambda: "never")
     assert cold not in cache
@@ -172,13 +175,15 @@ def test_compile_during_capture_raises(monkeypatch):
 
 # --- the launch path: host wrappers and the MoE GEMM resolve through the one runtime cache -------
 
-DENSE_SOURCES = (  # the device code of the dense kernels and the spec builder (issue 4)
+#: Modules a key's sources must hold (the registry derives the whole list from imports).
+DENSE_SOURCES = (  # the device code of the dense kernels, the spec builder, the toolchain
     "b12x.formats",
     "b12x.kernels.ptx",
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.hadamard",
     "b12x.launch.specs",
+    "b12x.launch.toolchain",
 )
 MOE_SOURCES = (
     "b12x.formats",
@@ -186,14 +191,17 @@ MOE_SOURCES = (
     "b12x.kernels.trellis_decode",
     "b12x.kernels.dense_gemm",
     "b12x.kernels.moe_gemm",
-    "b12x.kernels.moe_pair_gemm",  # paired specs build its subclass: its source is codegen too
-    "b12x.launch.moe_compile",  # the builder (fake-argument shapes) moved out of moe_gemm
-    "b12x.launch.specs",
+    "b12x.kernels.moe_pair_gemm",  # paired specs build its kernel: its source is codegen too
+    "b12x.launch.moe_compile",  # the builder (fake-argument shapes)
+    "b12x.launch.toolchain",  # compile_options
 )
 
 
-def _expected_source_hash(modules) -> str:
-    """Recomputed here from the files: SHA-256 over ``name NUL sha256(file)`` per module."""
+def _expected_source_hash(kind: str, must_hold) -> str:
+    """The kind's sources hold ``must_hold``; their hash recomputed here from the files:
+    SHA-256 over ``name NUL sha256(file)`` per module, in the key's (sorted) order."""
+    modules = kinds.sources(kinds.KINDS[kind])
+    assert set(must_hold) <= set(modules) and list(modules) == sorted(modules)
     outer = hashlib.sha256()
     for name in modules:
         path = Path(importlib.util.find_spec(name).origin)
@@ -257,6 +265,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
     (key,) = cache.compiled_keys()
     assert key.kernel == "decode" and key.arch == "sm_90"
     assert dict(key.codegen) == {
+        "kind": "decode",  # every spec field is codegen; the kind also names the kernel id
         "fmt": cc._structural(resolve_format("mcg"), "fmt"),  # the whole format object
         "bits": 4,
         "bf16": False,
@@ -283,7 +292,7 @@ def test_launch_key_holds_abi_version_dsl_version_and_source_hash(launch_path):
     (key,) = cache.compiled_keys()
     assert key.abi_version == json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
     assert key.dsl_version == importlib.metadata.version("nvidia-cutlass-dsl")
-    assert key.source_hash == _expected_source_hash(DENSE_SOURCES)
+    assert key.source_hash == _expected_source_hash("decode", DENSE_SOURCES)
     assert "abi " in key.describe() and key.source_hash[:12] in key.describe()
 
 
@@ -328,24 +337,23 @@ def test_launch_during_capture_refuses_to_compile(launch_path, monkeypatch):
     assert len(builds) == 1
 
 
-def test_kernel_specs_alias_has_no_cache_of_its_own(launch_path):
+def test_the_kind_door_has_no_cache_of_its_own(launch_path):
     cache, builds = launch_path
-    first = kernel_specs.compiled(BASE, "sm_90")
-    assert cache.lookup(cc.key_for_spec(BASE, "sm_90")) is first
-    assert kernel_specs.compiled(BASE, "sm_90") is first and len(builds) == 1
+    first = kinds.compiled(BASE, "sm_90")
+    assert cache.lookup(kinds.launch_key(BASE, "sm_90")) is first
+    assert kinds.compiled(BASE, "sm_90") is first and len(builds) == 1
     cache.clear()  # a second, hidden cache would keep answering here
-    assert kernel_specs.compiled(BASE, "sm_90") is not first and len(builds) == 2
+    assert kinds.compiled(BASE, "sm_90") is not first and len(builds) == 2
 
 
 def test_moe_launch_goes_through_the_same_cache(launch_path):
     from b12x.kernels.moe_gemm import MoeGemmSpec
-    from b12x.launch.moe_compile import compiled_moe_gemm
 
     cache, builds = launch_path
     spec = MoeGemmSpec("mcg", 4, False, m_tiles=2, n_tiles=2, warps=4, depth=4)
-    kernel_specs.compiled(BASE, "sm_90")  # a dense kernel shares the cache
-    fn = compiled_moe_gemm(spec, "sm_90")
-    assert compiled_moe_gemm(spec, "sm_90") is fn and len(builds) == 2 and len(cache) == 2
+    kinds.compiled(BASE, "sm_90")  # a dense kernel shares the cache
+    fn = kinds.compiled(spec, "sm_90")
+    assert kinds.compiled(spec, "sm_90") is fn and len(builds) == 2 and len(cache) == 2
     (key,) = [k for k in cache.compiled_keys() if k.kernel == "moe_gemm"]
     # every MoeGemmSpec field is a codegen input (the spec's own definition, whatever it grows)
     assert dict(key.codegen) == {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
@@ -354,12 +362,12 @@ def test_moe_launch_goes_through_the_same_cache(launch_path):
     }
     assert key.arch == "sm_90"
     assert key.abi_version == json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
-    assert key.source_hash == _expected_source_hash(MOE_SOURCES)
-    assert compiled_moe_gemm(spec, "sm_120") is not fn  # another arch, another key
+    assert key.source_hash == _expected_source_hash("moe_gemm", MOE_SOURCES)
+    assert kinds.compiled(spec, "sm_120") is not fn  # another arch, another key
     with cc.frozen():
-        assert compiled_moe_gemm(spec, "sm_90") is fn
+        assert kinds.compiled(spec, "sm_90") is fn
         with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: moe_gemm\(.*warps=2"):
-            compiled_moe_gemm(dataclasses.replace(spec, warps=2), "sm_90")
+            kinds.compiled(dataclasses.replace(spec, warps=2), "sm_90")
     assert len(cache) == 3
 
 
@@ -384,7 +392,7 @@ def test_gpu_launch_resolves_through_the_runtime_cache(monkeypatch):
     assert key.kernel == "decode" and key.arch == f"sm_{major}{minor}"
     assert (cache.misses, cache.hits) == (1, 1)
     assert key.abi_version == json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
-    assert key.source_hash == _expected_source_hash(DENSE_SOURCES)
+    assert key.source_hash == _expected_source_hash("decode", DENSE_SOURCES)
     cold = torch.randint(-(2**15), 2**15, (16, 16, 48), generator=gen).to(torch.int16).cuda()
     with cc.frozen():
         assert torch.equal(host.decode_weight(payload, "mcg"), first)
@@ -457,7 +465,7 @@ def test_cache_root_default_override_and_off(tmp_path):
 
 
 def test_a_fresh_cache_loads_from_disk_instead_of_compiling(disk):
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     first = cc.CompileCache(disk())
     built = first.get_or_compile(key, lambda: _Obj("kernel-A"))
     # the compiling process already runs the object loaded back from its entry
@@ -476,29 +484,31 @@ def test_a_fresh_cache_loads_from_disk_instead_of_compiling(disk):
 
 def test_unexportable_objects_stay_in_memory_only(disk):
     cache = cc.CompileCache(disk())
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     assert cache.get_or_compile(key, lambda: "plain string") == "plain string"
     assert cache.counters.not_persisted == 1 and not disk().path_for(key).exists()
 
 
 def test_disk_path_is_versioned_and_changes_with_every_key_part(disk, tmp_path, monkeypatch):
     store = disk()
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     path = store.path_for(key)
     assert path.parent == disk.root / f"v{cc.DISK_FORMAT}" / "gemm" and path.suffix == ".kobj"
     assert path.parent.parent.name == "v1"
     others = [
-        store.path_for(cc.key_for_spec(dataclasses.replace(BASE, **{f: v}), "sm_90"))
+        store.path_for(kinds.launch_key(dataclasses.replace(BASE, **{f: v}), "sm_90"))
         for f, v in MUTATIONS.items()
     ]
-    others.append(store.path_for(cc.key_for_spec(BASE, "sm_120")))
+    others.append(store.path_for(kinds.launch_key(BASE, "sm_120")))
     locked = json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
-    codegen = {f.name: getattr(BASE, f.name) for f in dataclasses.fields(BASE) if f.name != "kind"}
-    others.append(store.path_for(cc.make_key("gemm", codegen, arch="sm_90", abi=locked + 1)))
-    others.append(store.path_for(cc.make_key("gemm", codegen, arch="sm_90", dsl="9.9.9")))
+    codegen = {f.name: getattr(BASE, f.name) for f in dataclasses.fields(BASE)}
+    sources = kinds.sources(kinds.KINDS["gemm"])
+    by_hand = functools.partial(cc.make_key, "gemm", codegen, arch="sm_90", modules=sources)
+    others.append(store.path_for(by_hand(abi=locked + 1)))
+    others.append(store.path_for(by_hand(dsl="9.9.9")))
     others.append(disk(toolchain_info={**TOOL, "n": 2}).path_for(key))
     others.append(store.path_for(key, ["b12x.formats"]))
-    assert cc.make_key("gemm", codegen, arch="sm_90") == key  # the base really is BASE
+    assert by_hand() == key  # the base really is BASE
     assert len({path, *others}) == len(others) + 1
 
 
@@ -533,18 +543,15 @@ def test_a_source_edit_deep_in_the_import_closure_changes_the_disk_entry(tmp_pat
 
 
 def test_the_real_kernel_closures_hold_their_helpers():
-    from b12x.kernels.moe_boundary import MOE_BOUNDARY_SOURCE_MODULES
-    from b12x.launch.moe_compile import MOE_SOURCE_MODULES
-
-    dense = cc.source_closure(cc.KERNEL_SOURCE_MODULES)
+    dense = kinds.sources(kinds.KINDS["gemm"])
     assert set(DENSE_SOURCES) <= set(dense) and "b12x.abi" in dense  # dense_gemm's shared_body
-    assert set(MOE_SOURCES) <= set(cc.source_closure(MOE_SOURCE_MODULES))
-    assert "b12x.kernels.moe_boundary" in cc.source_closure(MOE_BOUNDARY_SOURCE_MODULES)
+    assert set(MOE_SOURCES) <= set(kinds.sources(kinds.KINDS["moe_gemm"]))
+    assert "b12x.kernels.moe_boundary" in kinds.sources(kinds.KINDS["moe_boundary"])
     assert not any(name.startswith("cutlass") for name in dense)
 
 
 def test_entries_are_written_by_rename_and_a_failed_write_is_only_a_warning(disk, monkeypatch):
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     renames = []
     real_replace = os.replace
 
@@ -560,7 +567,7 @@ def test_entries_are_written_by_rename_and_a_failed_write_is_only_a_warning(disk
     assert dst == disk().path_for(key) and src.parent == dst.parent
     assert src.name.startswith(".tmp-") and not src.exists()
 
-    other = cc.key_for_spec(dataclasses.replace(BASE, unroll=4), "sm_90")
+    other = kinds.launch_key(dataclasses.replace(BASE, unroll=4), "sm_90")
 
     def crash(src, dst):
         raise OSError(28, "No space left on device")
@@ -596,8 +603,8 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
 def test_a_bad_entry_is_discarded_with_a_warning_and_recompiled(disk, how):
-    key = cc.key_for_spec(BASE, "sm_90")
-    other = cc.key_for_spec(dataclasses.replace(BASE, warps=8), "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
+    other = kinds.launch_key(dataclasses.replace(BASE, warps=8), "sm_90")
     data, foreign = _entry_bytes(disk, key), _entry_bytes(disk, other)
     path = disk().path_for(key)
     path.write_bytes(CORRUPTIONS[how](data, foreign))
@@ -611,7 +618,7 @@ def test_a_bad_entry_is_discarded_with_a_warning_and_recompiled(disk, how):
 
 
 def test_an_entry_the_dsl_cannot_load_is_discarded(disk):
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     _entry_bytes(disk, key)
 
     def refuse(path, symbol):
@@ -629,7 +636,7 @@ def test_an_entry_the_dsl_cannot_load_is_discarded(disk):
 
 def test_frozen_or_capturing_misses_raise_even_when_the_disk_has_the_kernel(disk, monkeypatch):
     """The freeze rule: the disk is consulted only where a compile would be allowed."""
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     _entry_bytes(disk, key)
     disk.loads.clear()
     cache = cc.CompileCache(disk())
@@ -652,7 +659,7 @@ def test_concurrent_writers_and_readers_never_see_a_torn_entry(disk):
     import threading
     import warnings
 
-    key = cc.key_for_spec(BASE, "sm_90")
+    key = kinds.launch_key(BASE, "sm_90")
     big = "x" * (4 << 20)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -692,7 +699,7 @@ def test_concurrent_writers_and_readers_never_see_a_torn_entry(disk):
 
 def test_clear_removes_entries_and_dumps_but_nothing_else(disk, capsys):
     for unroll in (1, 2):
-        _entry_bytes(disk, cc.key_for_spec(dataclasses.replace(BASE, unroll=unroll), "sm_90"))
+        _entry_bytes(disk, kinds.launch_key(dataclasses.replace(BASE, unroll=unroll), "sm_90"))
     (disk.root / "dumps" / "123-x").mkdir(parents=True)
     (disk.root / "v0" / "old").mkdir(parents=True)
     (disk.root / "v0" / "old" / "a.kobj").write_bytes(b"old format")
@@ -706,13 +713,13 @@ def test_clear_removes_entries_and_dumps_but_nothing_else(disk, capsys):
 
 def test_compile_options_send_dumps_to_the_private_dump_dir(monkeypatch):
     monkeypatch.delenv("CUTE_DSL_DUMP_DIR", raising=False)
-    opts = kernel_specs.compile_options("sm_90", ptx=True)
+    opts = toolchain.compile_options("sm_90", ptx=True)
     assert opts.split()[:2] == ["--gpu-arch", "sm_90"]  # arch first (callers parse it)
     dump = cc.dump_dir()
     assert opts.endswith(f"--dump-dir={dump}") and dump.is_dir()
     assert Path.cwd() not in (dump, *dump.parents)
     monkeypatch.setenv("CUTE_DSL_DUMP_DIR", "/somewhere/the/user/chose")
-    assert "--dump-dir" not in kernel_specs.compile_options("sm_90", ptx=True)
+    assert "--dump-dir" not in toolchain.compile_options("sm_90", ptx=True)
 
 
 def test_dump_dirs_of_dead_processes_on_this_host_are_pruned(tmp_path):
@@ -750,9 +757,9 @@ def test_a_ptx_compile_leaves_the_working_directory_empty(tmp_path, monkeypatch)
 
 _PROBE = """
 import sys, torch
+from b12x.launch import kinds
 from b12x.launch.specs import KernelSpec
-from b12x.runtime import compile_cache as cc
-fn = cc.compiled_kernel(KernelSpec("reduce"), sys.argv[1])
+fn = kinds.compiled(KernelSpec("reduce"), sys.argv[1])
 try:  # CPU tensors: the tvm-ffi contract check answers, naming the kernel's parameters
     fn(torch.zeros(2, 4, 4), torch.zeros(4, 2, dtype=torch.int32))
 except ValueError as exc:
@@ -768,14 +775,15 @@ def _dsl_runtime_arch() -> str:
     return CuTeDSL._get_dsl().envar.arch
 
 
-def test_real_kernel_is_loaded_by_a_second_process(tmp_path):
+def test_real_kernel_is_loaded_by_a_second_process(tmp_path, monkeypatch):
     """The real DSL on CPU: this process compiles and exports; a fresh process loads it (no
     compile), and what it loaded is the kernel (its tvm-ffi signature names the reduce kernel's
     parameters)."""
     arch = _dsl_runtime_arch()
     cache_dir, stats_file = tmp_path / "kernels", tmp_path / "stats.jsonl"
     cache = cc.CompileCache(cc.DiskStore(cache_dir))
-    cc.compiled_kernel(KernelSpec("reduce"), arch, cache=cache)
+    monkeypatch.setattr(cc, "CACHE", cache)
+    kinds.compiled(KernelSpec("reduce"), arch)
     assert (cache.counters.compiles, cache.counters.disk_writes) == (1, 1)
 
     env = {

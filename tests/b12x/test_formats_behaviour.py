@@ -200,15 +200,15 @@ def test_device_decode_is_the_formats_own():
 
 
 def test_kernel_spec_holds_the_format_object():
+    from b12x.launch.kinds import launch_key
     from b12x.launch.specs import KernelSpec
-    from b12x.runtime.compile_cache import key_for_spec
 
     fmt = FORMATS["sqg_fp16"]
     by_object = KernelSpec("gemm", fmt, 5, bf16=True)
     by_name = KernelSpec("gemm", "sqg_fp16", 5, bf16=True)  # external callers: resolved once
     assert by_object.fmt is fmt and by_name.fmt is fmt and by_object == by_name
     assert by_object.codebook == "sqg_fp16"
-    assert "fmt" in {f for f, _ in key_for_spec(by_object, "sm_90").codegen}
+    assert "fmt" in {f for f, _ in launch_key(by_object, "sm_90").codegen}
     assert KernelSpec("reduce").fmt is None
     with pytest.raises(ValueError, match="codebook"):
         KernelSpec("gemm", "no_such_codebook", 4)

@@ -172,8 +172,8 @@ def gemm_context(blocks: int = 3, capacity: int = 48, experts: int = 4) -> run_m
 @pytest.fixture
 def moe_recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(run_mod, "compiled_moe_gemm", rec.lookup)
-    monkeypatch.setattr(pairs_mod, "compiled_moe_gemm", rec.lookup)
+    monkeypatch.setattr(run_mod, "compiled", rec.lookup)
+    monkeypatch.setattr(pairs_mod, "compiled", rec.lookup)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: LUT)
     monkeypatch.setattr(pairs_mod, "_lut_addr", lambda spec, device: LUT)
     return rec
@@ -249,7 +249,7 @@ def test_paired_gemm_passes_modes_at_its_own_slot(moe_recorder, pair, rate_axis)
 @pytest.fixture
 def boundary_recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(boundary, "compiled_moe_boundary", rec.lookup)
+    monkeypatch.setattr(boundary, "compiled", rec.lookup)
     return rec
 
 

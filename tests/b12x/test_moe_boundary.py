@@ -12,14 +12,10 @@ import re
 import pytest
 import torch
 
-from b12x.kernels.moe_boundary import (
-    H128_SCALE_FP32,
-    MOE_BOUNDARY_SOURCE_MODULES,
-    MoeBoundarySpec,
-    build_moe_boundary,
-    compiled_moe_boundary,
-)
-from b12x.launch.specs import compile_with_remarks
+from b12x.kernels.moe_boundary import H128_SCALE_FP32, MoeBoundarySpec
+from b12x.launch import kinds
+from b12x.launch.moe_boundary import build_moe_boundary
+from b12x.launch.toolchain import compile_with_remarks
 from b12x.ops.moe import boundary
 from b12x.ops.moe.plan import plan_moe
 from b12x.runtime import compile_cache
@@ -99,22 +95,15 @@ def test_boundary_specs_follow_the_problem(x_dtype, cd, layout, top_k):
 
 def test_boundary_kernels_resolve_through_the_runtime_cache(monkeypatch):
     spec = MoeBoundarySpec("reduce", False, True, top_k=5, warps=1)
-    key = compile_cache.launch_key(
-        spec, "sm_90", kernel="moe_boundary", modules=MOE_BOUNDARY_SOURCE_MODULES
-    )
-    other = compile_cache.launch_key(
-        MoeBoundarySpec("reduce", False, True, top_k=6, warps=1),
-        "sm_90",
-        kernel="moe_boundary",
-        modules=MOE_BOUNDARY_SOURCE_MODULES,
-    )
+    key = kinds.launch_key(spec, "sm_90")
+    other = kinds.launch_key(MoeBoundarySpec("reduce", False, True, top_k=6, warps=1), "sm_90")
     assert key.kernel == "moe_boundary" and key != other  # top_k is a codegen input
     assert dict(key.codegen)["top_k"] == 5
     empty = compile_cache.CompileCache()
     monkeypatch.setattr(compile_cache, "CACHE", empty)
     frozen = pytest.raises(compile_cache.KernelResolutionFrozen, match="moe_boundary")
     with compile_cache.frozen(), frozen:
-        compiled_moe_boundary(spec, "sm_90")
+        kinds.compiled(spec, "sm_90")
     assert len(empty) == 0 and empty.misses == 0
 
 
@@ -122,7 +111,7 @@ def test_launch_wrappers_reject_bad_arguments_before_compiling(monkeypatch):
     def no_compile(spec, arch):
         raise AssertionError(f"compiled {spec}")
 
-    monkeypatch.setattr(boundary, "compiled_moe_boundary", no_compile)
+    monkeypatch.setattr(boundary, "compiled", no_compile)
     x = torch.zeros(2, 128, dtype=torch.float16)
     suh = torch.ones(1, 128, dtype=torch.float16)
     experts = torch.zeros(4, dtype=torch.int64)

@@ -275,7 +275,7 @@ class EmulatedGemm:
 def gemm(monkeypatch):
     emulated = EmulatedGemm()
     for module in (run_mod, pairs_mod, gemm_op):
-        monkeypatch.setattr(module, "compiled_moe_gemm", emulated.compiled)
+        monkeypatch.setattr(module, "compiled", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(pairs_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(host, "device_arch", lambda device: "sm_90")

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from b12x.kernels.moe_gemm import DYNAMIC_KINDS, MoeGemmSpec
 from b12x.launch.moe_compile import build_moe_gemm
-from b12x.launch.specs import compile_with_remarks
+from b12x.launch.toolchain import compile_with_remarks
 from b12x.ops.moe import pairs as pairs_mod
 from b12x.ops.moe import run as run_mod
 from b12x.ops.moe.custom_op import MoeOp, check_moe_op_args
@@ -221,8 +221,8 @@ class EmulatedPairGemm:
 @pytest.fixture
 def gemm(monkeypatch):
     emulated = EmulatedPairGemm()
-    monkeypatch.setattr(pairs_mod, "compiled_moe_gemm", emulated.compiled)
-    monkeypatch.setattr(run_mod, "compiled_moe_gemm", emulated.compiled)
+    monkeypatch.setattr(pairs_mod, "compiled", emulated.compiled)
+    monkeypatch.setattr(run_mod, "compiled", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(pairs_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(run_mod.launchers, "device_arch", lambda device: "sm_90")

@@ -106,7 +106,7 @@ class EmulatedGemm:
 @pytest.fixture
 def gemm(monkeypatch):
     emulated = EmulatedGemm()
-    monkeypatch.setattr(run_mod, "compiled_moe_gemm", emulated.compiled)
+    monkeypatch.setattr(run_mod, "compiled", emulated.compiled)
     monkeypatch.setattr(run_mod, "_lut_addr", lambda spec, device: 0)
     monkeypatch.setattr(run_mod.launchers, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(run_mod, "LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))  # the emulated tier

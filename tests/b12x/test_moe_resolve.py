@@ -38,8 +38,7 @@ def test_every_kernel_of_the_step_is_looked_up(monkeypatch):
     bound = _bound()
     seen = []
     monkeypatch.setattr(host, "device_arch", lambda device: "sm_90")
-    monkeypatch.setattr(run_mod, "compiled_moe_gemm", lambda spec, arch: seen.append(spec))
-    monkeypatch.setattr(run_mod, "compiled_moe_boundary", lambda spec, arch: seen.append(spec))
+    monkeypatch.setattr(run_mod, "compiled", lambda spec, arch: seen.append(spec))
     run_mod.resolve_kernels(bound)
     gemms = [s for s in seen if s in bound.plan.kernel_specs]
     assert set(gemms) == set(bound.plan.kernel_specs)

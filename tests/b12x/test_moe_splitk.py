@@ -19,7 +19,7 @@ import torch
 
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch.moe_compile import build_moe_gemm
-from b12x.launch.specs import compile_with_remarks
+from b12x.launch.toolchain import compile_with_remarks
 from b12x.ops.moe.plan import choose_k_split, gemm_geometry, plan_moe
 
 GLM = dict(

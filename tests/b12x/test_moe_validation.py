@@ -125,7 +125,7 @@ def test_run_refuses_a_cpu_bound_plan_before_anything_runs(monkeypatch):
         calls.append("pack")
         raise _Packed
 
-    monkeypatch.setattr(run_mod, "compiled_moe_gemm", lambda *a: calls.append("gemm"))
+    monkeypatch.setattr(run_mod, "compiled", lambda *a: calls.append("gemm"))
     monkeypatch.setattr(run_mod.routing, "pack_routes_into", packer)
     plan = plan_moe(**UNIFORM)
     bound = bind_moe(plan, **allocate_moe_buffers(plan, "cpu"))

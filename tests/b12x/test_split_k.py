@@ -1,5 +1,6 @@
 """The split-K table of the dense GEMM (R2, R15): both sides of every threshold, reachability,
-the same answer as the measured rule, and plan_dense / the host launcher asking it.
+the same answer as the measured rule (the table and its keyword form ``split_k``), and
+plan_dense asking it.
 
 The rule is restated here from its description (H200 sweep: aim for ~12 CTAs per SM at M <= 16,
 ~4 above; every slice keeps >= 16 K16 rows; at most 64 slices), not read back from the table.
@@ -12,7 +13,6 @@ import itertools
 import pytest
 import torch
 
-from b12x.launch import host
 from b12x.ops.dense import plan_dense
 from b12x.ops.dense import split_k as S
 from oracle import dispatch as O
@@ -69,7 +69,7 @@ def test_every_boundary_names_literal_sides_on_both_sides():
 def test_table_equals_the_measured_rule_on_the_grid():
     for case in GRID:
         assert S.explain(case).split_k == measured_rule(**case), case
-        assert host.choose_split_k(**case) == measured_rule(**case), case
+        assert S.split_k(**case) == measured_rule(**case), case
 
 
 def test_explicit_requests_and_other_paths():

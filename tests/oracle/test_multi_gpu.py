@@ -166,9 +166,9 @@ def test_replacement_worker_keeps_the_crashed_workers_gpu(tmp_path):
 def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     import cutlass.cute as cute
 
-    from b12x.launch import host, specs
+    from b12x.launch import host, kinds, specs
     from b12x.runtime import compile_cache
-    from b12x.runtime.compile_cache import CompileCache, key_for_spec
+    from b12x.runtime.compile_cache import CompileCache
 
     capabilities = {0: (9, 0), 1: (9, 0), 2: (12, 0)}
     monkeypatch.setattr(
@@ -184,12 +184,12 @@ def test_kernel_cache_is_shared_by_identical_devices_only(monkeypatch):
     monkeypatch.setattr(cute, "compile", lambda kernel, *a, options: _compile_stub(options))
     spec = specs.KernelSpec("decode", "mcg", 4)
     _compile_stub.calls = options
-    fns = {i: specs.compiled(spec, arches[i]) for i in capabilities}
+    fns = {i: kinds.compiled(spec, arches[i]) for i in capabilities}
     assert fns[0] is fns[1] and fns[2] is not fns[0]
     assert [o.split()[1] for o in options] == ["sm_90", "sm_120"]
     assert len(launch_cache) == 2 and launch_cache.hits == 1
 
-    keys = {i: key_for_spec(spec, arches[i]) for i in capabilities}
+    keys = {i: kinds.launch_key(spec, arches[i]) for i in capabilities}
     assert keys[0] == keys[1] != keys[2]
     cache, builds = CompileCache(), []
     for i in capabilities:

@@ -42,6 +42,7 @@ import torch
 
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.launch import host as launchers
+from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import (
@@ -208,4 +209,4 @@ class DecodeOp:
         p = _check_plan(plan).problem
         major, minor = device_limits(self.device).capability
         never_launched = KernelSpec("decode", p.fmt, p.bits, unroll=2)
-        compile_cache.compiled_kernel(never_launched, f"sm_{major}{minor}")
+        compiled(never_launched, f"sm_{major}{minor}")

@@ -68,6 +68,7 @@ import torch
 
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.launch import host as launchers
+from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import dispatch as dense_dispatch
 from b12x.ops.dense import split_k as split_table
@@ -681,4 +682,4 @@ class DenseOp:
         major, minor = plan.device.capability
         p = plan.problem
         never_launched = KernelSpec("gemm", p.fmt, p.bits, unroll=2, depth=2)
-        compile_cache.compiled_kernel(never_launched, f"sm_{major}{minor}")
+        compiled(never_launched, f"sm_{major}{minor}")

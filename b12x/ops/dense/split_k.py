@@ -1,6 +1,6 @@
 """Split-K of the dense trellis GEMM as a declarative table (design §4 "Dispatch"; R2, R15).
 
-The rule the host used to compute inline (``b12x.launch.host.choose_split_k``) is data here, in
+The rule the host launcher once computed inline (``choose_split_k``) is data here, in
 the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
 ``explain``), so the oracle can check both sides of every threshold.
 
@@ -43,8 +43,9 @@ Invariants
 ----------
 * ``explain`` is a pure function of the case; every case field is validated (TypeError /
   ValueError naming it) before any row is evaluated.
-* Every constant of the rule lives here; :func:`b12x.launch.host.choose_split_k` and
-  :func:`b12x.ops.dense.plan.plan_dense` both ask this table.
+* Every constant of the rule lives here; :func:`b12x.ops.dense.plan.plan_dense` asks this table
+  (and :func:`split_k` is its keyword form for callers that launch ``trellis_matmul``
+  themselves: the launcher takes the split it is given, it decides nothing).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from b12x.kernels.moe_boundary import MoeBoundarySpec, compiled_moe_boundary
+from b12x.kernels.moe_boundary import MoeBoundarySpec
+from b12x.launch.kinds import compiled
 from b12x.launch.records import MoeActivateLaunch, MoeReduceLaunch, MoeRotateLaunch
 from b12x.runtime.scratch import live_rows, live_view
 
@@ -124,7 +125,7 @@ def rotate_inputs(
     spec = MoeBoundarySpec(
         "rotate", x.dtype == torch.bfloat16, out_gate.dtype == torch.bfloat16, proj=proj
     )
-    fn = compiled_moe_boundary(spec, arch)
+    fn = compiled(spec, arch)
     gate_w, out_w = _words(gate_suh), _words(out_gate)
     launch = MoeRotateLaunch(
         x=_words(x),
@@ -154,7 +155,7 @@ def activate(
     dtype; ``rotations`` fp16 ``[E, 3I]`` (``s1 | s2 | s3``); ``route_expert`` int64 ``[n]``.
     """
     spec = MoeBoundarySpec("activate", fc1.dtype == torch.bfloat16, out.dtype == torch.bfloat16)
-    fn = compiled_moe_boundary(spec, arch)
+    fn = compiled(spec, arch)
     launch = MoeActivateLaunch(
         fc1=_words(fc1),
         rotations=_words(rotations),
@@ -190,7 +191,7 @@ def reduce_output(
     spec = MoeBoundarySpec(
         "reduce", fc2.dtype == torch.bfloat16, out.dtype == torch.bfloat16, top_k=top_k
     )
-    fn = compiled_moe_boundary(spec, arch)
+    fn = compiled(spec, arch)
     launch = MoeReduceLaunch(
         fc2=_words(fc2),
         svh=_words(svh),

@@ -31,7 +31,7 @@ import torch
 
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.kinds import compiled
 from b12x.ops.moe.pairs import PAIR_BASE_BITS, PAIR_CHANNELS, check_pair_choice, pair_rate_sum
 from b12x.ops.moe.plan import MoePlan, allocate_moe_buffers, bind_moe, check_moe_problem, plan_moe
 from b12x.ops.moe.routing import check_route_ids
@@ -318,4 +318,4 @@ class MoeOp:
         major, minor = device_limits(self.device).capability
         spec = plan.fc2_spec[0]
         never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
-        compiled_moe_gemm(never, f"sm_{major}{minor}")
+        compiled(never, f"sm_{major}{minor}")

@@ -81,7 +81,7 @@ import torch
 from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import host as launchers
-from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.kinds import compiled
 from b12x.ops.moe import pairs, routing
 from b12x.ops.moe.dispatch import PHASES, ROUTE_BLOCK
 from b12x.ops.moe.plan import (
@@ -344,7 +344,7 @@ def check_moe_gemm_inputs(
 def resolve_kernels(bound: BoundMoeGemm) -> str:
     """Look the planned kernel up before anything is launched (R5); returns the arch."""
     arch = launchers.device_arch(bound.device)
-    compiled_moe_gemm(bound.plan.spec, arch)
+    compiled(bound.plan.spec, arch)
     return arch
 
 
@@ -431,4 +431,4 @@ class MoeGemmOp:
         """Ask for a specialisation no warm-up builds (2 warps); must raise when frozen."""
         spec = plan.spec
         never = MoeGemmSpec(spec.codebook, spec.bits, spec.bf16, m_tiles=spec.m_tiles, warps=2)
-        compiled_moe_gemm(never, launchers.device_arch(torch.device("cuda")))
+        compiled(never, launchers.device_arch(torch.device("cuda")))

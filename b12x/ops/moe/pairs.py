@@ -49,7 +49,7 @@ from b12x.kernels.moe_gemm import (
     MoeGemmSpec,
 )
 from b12x.launch import host as launchers
-from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.kinds import compiled
 from b12x.launch.records import PairGemmLaunch
 from b12x.ops.moe.dispatch import PAIR_GEOMETRY, PairGeometry
 from b12x.runtime.compile_cache import capture_active
@@ -230,7 +230,7 @@ def launch_paired_gemm(
     k = a.shape[1]
     view = payload_view(spec, payload, num_payload_experts=num_payload_experts, k=k, n=n)
     table = ctx.descriptors if modes is None else modes  # static kinds never read the slot
-    fn = compiled_moe_gemm(spec, ctx.arch)
+    fn = compiled(spec, ctx.arch)
     launch = PairGemmLaunch(
         a=a.view(torch.int32),
         payload=view,

@@ -36,10 +36,9 @@ import torch
 
 from b12x.abi import shared_body
 from b12x.formats import resolve_format
-from b12x.kernels.moe_boundary import compiled_moe_boundary
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import host as launchers
-from b12x.launch.moe_compile import compiled_moe_gemm
+from b12x.launch.kinds import compiled
 from b12x.launch.records import GroupedGemmLaunch
 from b12x.ops.moe import boundary, pairs, routing
 from b12x.ops.moe.plan import BoundMoe, MoeProblem
@@ -226,7 +225,7 @@ def launch_grouped_gemm(
         raise ValueError(f"codebook: {codebook!r} differs from the compiled {spec.codebook!r}")
     k16, n16 = payload.shape[-3], payload.shape[-2]
     flat = payload.view(torch.int32).reshape(num_payload_experts * k16, n16, 8 * spec.bits)
-    fn = compiled_moe_gemm(spec, ctx.arch)
+    fn = compiled(spec, ctx.arch)
     launch = GroupedGemmLaunch(
         a=a.view(torch.int32),
         payload=flat,
@@ -358,9 +357,9 @@ def resolve_kernels(bound: BoundMoe) -> None:
     captured yet (R5); a warm cache makes this a few dictionary hits."""
     arch = launchers.device_arch(bound.device)
     for spec in bound.plan.kernel_specs:
-        compiled_moe_gemm(spec, arch)
+        compiled(spec, arch)
     for spec in boundary.boundary_specs(bound.plan.problem):
-        compiled_moe_boundary(spec, arch)
+        compiled(spec, arch)
 
 
 def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:

@@ -52,9 +52,9 @@ def compile_moe_specialization(spec, arch: str) -> str:
     """Compile ``spec`` for ``arch`` on the CPU with fake tensors; return the PTX text."""
     import cutlass.cute as cute
 
-    from b12x.launch.moe_compile import build_moe_gemm
-    from b12x.launch.specs import compile_options
+    from b12x.launch.kinds import kind_of
+    from b12x.launch.toolchain import compile_options
 
-    kernel, args = build_moe_gemm(spec)
+    kernel, args = kind_of(spec).build(spec)
     fn = cute.compile(kernel, *args, options=compile_options(arch, ptx=True))
     return fn.artifacts.PTX or ""
