@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["Refused", "UsageError", "build_parser", "main", "refuse"]
+__all__ = ["Refused", "UsageError", "build_parser", "main", "refuse", "write_json_or_refuse"]
 
 ARCH_NOTE = "sm_80, sm_90, sm_120"
 
@@ -82,6 +82,17 @@ def refuse(prog: str, message: str) -> NoReturn:
     line = " ".join(str(message).split())
     print(f"{prog}: error: {line}", file=sys.stderr)
     raise Refused(line)
+
+
+def write_json_or_refuse(prog: str, path: str, payload: Any) -> Path:
+    """``payload`` as strict JSON (indent 2, no NaN literals, a final newline) in the ``--json``
+    file ``path``; a write error is a refusal naming it."""
+    out = Path(path)
+    try:
+        out.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    except OSError as exc:
+        refuse(prog, f"--json: cannot write {path}: {exc.strerror or exc}")
+    return out
 
 
 class _Parser(argparse.ArgumentParser):

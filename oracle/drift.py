@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
@@ -78,7 +77,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from oracle.cli import positive_int_arg, refuse
+from oracle.cli import positive_int_arg, refuse, write_json_or_refuse
 
 __all__ = [
     "SCHEMA",
@@ -554,12 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse(PROG, str(exc))
     print(format_report(report))
     if args.json:
-        try:
-            Path(args.json).write_text(
-                json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
-            )
-        except OSError as exc:
-            refuse(PROG, f"--json: cannot write {args.json}: {exc.strerror or exc}")
+        write_json_or_refuse(PROG, args.json, report.to_dict())
         print(f"JSON: {args.json}")
     return 0
 

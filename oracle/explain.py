@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
-from oracle.cli import refuse
+from oracle.cli import refuse, write_json_or_refuse
 
 __all__ = [
     "ARCHES",
@@ -545,12 +543,6 @@ def explain_args(args: argparse.Namespace) -> DenseExplanation | MoeExplanation:
     )  # fmt: skip
 
 
-def write_json(explanation: DenseExplanation | MoeExplanation, path: str | Path) -> Path:
-    out = Path(path)
-    out.write_text(json.dumps(explanation.to_dict(), indent=2, allow_nan=False) + "\n")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print the plan (module docstring); a refusal is one stderr line and exit 2
     (:class:`oracle.cli.Refused`)."""
@@ -562,11 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     text = format_dense(explanation) if args.op == "dense" else format_moe(explanation)
     print(text)
     if args.json:
-        try:
-            written = write_json(explanation, args.json)
-        except OSError as exc:
-            refuse(PROG, f"--json: cannot write {args.json}: {exc.strerror or exc}")
-        print(f"JSON: {written}")
+        print(f"JSON: {write_json_or_refuse(PROG, args.json, explanation.to_dict())}")
     return 0
 
 

@@ -9,6 +9,9 @@
   table), ``run``, ``routing``, ``boundary``, ``tiers``, ``pairs``, ``gemm_op`` (one grouped GEMM
   as its own op) and ``custom_op`` (``torch.ops.b12x.trellis_moe``).
 
+:mod:`b12x.ops.tables` is the decision-table machinery the ``dispatch`` and ``split_k`` tables
+share (case fields, named conditions, rows, ``explain`` and boundaries); it knows no op.
+
 Every op is plan (host-side, may allocate) → bind (views of caller buffers) → run (never
 allocates, capture-safe). Device code lives in :mod:`b12x.kernels`; how a kernel compiles and is
 launched lives in :mod:`b12x.launch`. Importing this package imports no op: the custom ops

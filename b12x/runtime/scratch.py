@@ -16,6 +16,13 @@ Layout
   can never be run); it is returned as is (a view, never a copy). A missing or mismatched
   buffer raises :class:`BufferNotProvided` naming it; during capture the message reads
   "scratch `c_tmp` is not initialized for CUDA graph capture".
+* Each op declares its buffers ONCE, as an :class:`OpBuffers`: its plan class, the class
+  ``bind`` returns (a :class:`BoundBuffers`), every buffer name any of its plans may use and
+  the *anchor* buffer (its output) whose device every other buffer must share. From that one
+  declaration :meth:`OpBuffers.allocate` (plan-time allocation of exactly the plan's buffers)
+  and :meth:`OpBuffers.bind` (unknown names refused, every planned buffer through
+  :func:`require_buffer` on the anchor's device, kept by identity in a read-only mapping) serve
+  every op; a plan class takes ``buffer_names`` / ``buffer(name)`` from :class:`PlannedBuffers`.
 
 Invariants
 ----------
@@ -26,7 +33,9 @@ Invariants
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -34,8 +43,11 @@ from b12x.runtime.compile_cache import capture_active
 from b12x.runtime.validate import check_device_arg, check_tensor
 
 __all__ = [
+    "BoundBuffers",
     "BufferNotProvided",
     "BufferSpec",
+    "OpBuffers",
+    "PlannedBuffers",
     "allocate_buffers",
     "check_known_names",
     "live_rows",
@@ -182,3 +194,77 @@ def live_rows(buffers: Mapping[str, torch.Tensor], name: str, rows: int) -> torc
 def live_view(buffers: Mapping[str, torch.Tensor], name: str, rows: int, cols: int) -> torch.Tensor:
     """The first ``rows·cols`` elements of the bound buffer ``name`` viewed ``[rows, cols]``."""
     return buffers[name].view(-1).narrow(0, 0, rows * cols).view(rows, cols)
+
+
+class PlannedBuffers:
+    """Mixin of a plan carrying ``buffers`` (a tuple of :class:`BufferSpec`): its names and a
+    look-up by name. ``buffer_owner`` is how a failed look-up names the plan."""
+
+    buffers: tuple[BufferSpec, ...]  # a field of the plan dataclass that mixes this in
+    buffer_owner = "the plan"
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers)
+
+    def buffer(self, name: str) -> BufferSpec:
+        for spec in self.buffers:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"name: {self.buffer_owner} has no buffer {name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundBuffers:
+    """A plan and the caller's buffers (kept by identity, a read-only mapping) on ``device``:
+    what an op's ``run`` executes. Each op subclasses it (``BoundDense``, ...)."""
+
+    plan: Any
+    buffers: Mapping[str, torch.Tensor]
+    device: torch.device
+
+
+@dataclasses.dataclass(frozen=True)
+class OpBuffers:
+    """One op's buffer contract, declared once (module docstring).
+
+    ``plan_type`` is the op's plan class (``plan_hint`` follows its name in the refusal of
+    anything else, e.g. ``" (from plan_decode)"``), ``bound`` the :class:`BoundBuffers` subclass
+    :meth:`bind` returns, ``known`` every buffer name any plan of the op may use, ``anchor`` the
+    buffer whose device every other must share; ``anchor_device(name, tensor)`` (optional)
+    returns that device or refuses one the op cannot run on (default: the tensor's device, or
+    None when it is not a tensor: the buffer check then names it)."""
+
+    plan_type: type
+    bound: type[BoundBuffers]
+    known: tuple[str, ...]
+    anchor: str = "output"
+    plan_hint: str = ""
+    anchor_device: Callable[[str, object], torch.device | None] | None = None
+
+    def check_plan(self, plan: Any) -> Any:
+        if not isinstance(plan, self.plan_type):
+            raise TypeError(
+                f"plan: expected {self.plan_type.__name__}{self.plan_hint}, got "
+                f"{type(plan).__name__}"
+            )
+        return plan
+
+    def allocate(self, plan: Any, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Plan-time allocation of exactly the plan's buffers (never during capture)."""
+        return allocate_buffers(self.check_plan(plan).buffers, device)
+
+    def bind(self, plan: Any, buffers: Mapping[str, object]) -> BoundBuffers:
+        """Check the caller's ``buffers`` against ``plan`` and keep them by identity."""
+        self.check_plan(plan)
+        check_known_names(self.known, buffers)
+        anchor = buffers.get(self.anchor)
+        if self.anchor_device is not None:
+            device = self.anchor_device(self.anchor, anchor)
+        else:
+            device = anchor.device if isinstance(anchor, torch.Tensor) else None
+        kept = {
+            spec.name: require_buffer(spec, buffers.get(spec.name), device=device)
+            for spec in plan.buffers
+        }
+        return self.bound(plan, types.MappingProxyType(kept), kept[self.anchor].device)

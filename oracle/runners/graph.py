@@ -74,16 +74,6 @@ def target_variants() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _flat_tensors(named: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, value in named.items():
-        if isinstance(value, torch.Tensor):
-            out[name] = value
-        elif isinstance(value, tuple):
-            out.update({f"{name}_tier{t}": x for t, x in enumerate(value)})
-    return out
-
-
 def _dense(target: GraphTarget, device: Any):
     from oracle.declared import op_contract
     from oracle.runners import dense
@@ -142,7 +132,7 @@ def _moe(target: GraphTarget, device: Any):
     cases = [target.case(s) for s in (1, 2)]
     batches = [case_inputs.moe_inputs(c, device) for c in cases]
     problem = moe.moe_problem(cases[0], batches[0]["experts"], batches[0]["choices"])
-    sets = [_flat_tensors(moe.moe_op_inputs(b)) for b in batches]
+    sets = [moe.flat_tensors(moe.moe_op_inputs(b)) for b in batches]
     by_set = {id(s["x"]): b for s, b in zip(sets, batches, strict=True)}
     dtype = case_inputs.compute_dtype(cases[0])
 

@@ -11,6 +11,7 @@ FC2), so a wrong route or row is located, not only detected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from oracle.runners import inputs as case_inputs
 from oracle.runners.common import Outcome, run_op
 
-__all__ = ["moe_op_inputs", "moe_problem", "run_case"]
+__all__ = ["flat_tensors", "moe_op_inputs", "moe_problem", "run_case"]
 
 
 def moe_problem(case: Any, experts: Any, choices: Any, device: Any = None) -> dict[str, Any]:
@@ -84,7 +85,9 @@ def moe_op_inputs(tensors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _saved_tensors(op_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+def flat_tensors(op_inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The op inputs' tensors by name, a tier tuple flattened to ``<name>_tier<t>`` (what a
+    saved case stores and a graph capture binds)."""
     out = {}
     for name, value in op_inputs.items():
         if isinstance(value, torch.Tensor):
@@ -96,7 +99,7 @@ def _saved_tensors(op_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def regenerate(case: Any, device: Any) -> dict[str, torch.Tensor]:
     """The op's named input tensors as the runner builds them (tier payloads flattened)."""
-    return _saved_tensors(moe_op_inputs(case_inputs.moe_inputs(case, device)))
+    return flat_tensors(moe_op_inputs(case_inputs.moe_inputs(case, device)))
 
 
 def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
@@ -138,7 +141,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
             f"gpu.moe.{case.case_id}",
             verdict,
             case,
-            _saved_tensors(op_inputs),
+            flat_tensors(op_inputs),
             y.detach(),
             note=choices.describe(),
             extra={

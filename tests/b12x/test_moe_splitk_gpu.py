@@ -8,15 +8,12 @@
   1 / 4 geometries give bit-identical rows (m_tiles does not change a row's summation order).
   Routes n ∈ {1, 9, 200}, fp16 and bf16 activations.
 * **MoE level** (H = 2048, I = 1024: the plan takes k_split 4 for FC1 and 2 for FC2): M ∈ {1,
-  9, 200} against the references (the judge of ``test_moe_gpu.py``), N-run determinism and batch
-  invariance (a token's output at M = 200 or 9, m_tiles 4 / 1, equals its M = 1 output bit for
-  bit).
+  9, 200} against the references (the shared ``moe_judge`` fixture of tests/b12x/conftest.py),
+  N-run determinism and batch invariance (a token's output at M = 200 or 9, m_tiles 4 / 1,
+  equals its M = 1 output bit for bit).
 """
 
 from __future__ import annotations
-
-import importlib.util
-import pathlib
 
 import pytest
 import torch
@@ -32,15 +29,6 @@ pytestmark = pytest.mark.gpu
 
 F16, BF16 = torch.float16, torch.bfloat16
 DEV = "cuda"
-
-
-def _moe_gpu_helpers():
-    """``tests/b12x/test_moe_gpu.py`` as a module (its reference judge is reused here)."""
-    path = pathlib.Path(__file__).with_name("test_moe_gpu.py")
-    spec = importlib.util.spec_from_file_location("_moe_gpu_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _payload(shape, seed):
@@ -221,8 +209,9 @@ CASES = [  # layout, x dtype, compute dtype
 
 
 @pytest.mark.parametrize("layout, x_dtype, compute_dtype", CASES)
-def test_split_moe_matches_references_and_is_batch_invariant(layout, x_dtype, compute_dtype):
-    helpers = _moe_gpu_helpers()
+def test_split_moe_matches_references_and_is_batch_invariant(
+    layout, x_dtype, compute_dtype, moe_judge
+):
     e, top_k, big = 8, 4, 200  # M = 200: 100 routes per expert -> m_tiles 4; M <= 9: m_tiles 1
     experts = _experts(e, layout, seed=7)
     x, w, ids = _routes(e, big, top_k, seed=8, x_dtype=x_dtype)
@@ -235,7 +224,7 @@ def test_split_moe_matches_references_and_is_batch_invariant(layout, x_dtype, co
         same = (torch.equal(runs[0].view(torch.int16), r.view(torch.int16)) for r in runs[1:])
         assert all(same), f"M={m}: runs differ bitwise"
         assert runs[0].dtype == x_dtype and torch.isfinite(runs[0]).all()
-        helpers._judge(runs[0], x[:m], experts, w[:m], ids[:m], compute_dtype)
+        moe_judge(runs[0], x[:m], experts, w[:m], ids[:m], compute_dtype)
         outs[m] = runs[0]
     assert torch.equal(outs[9], outs[big][:9]), "M = 9 rows differ from the same tokens at M = 200"
     assert torch.equal(outs[1][0], outs[big][0])

@@ -34,7 +34,6 @@ Invariants
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,16 +44,12 @@ from b12x.launch import host as launchers
 from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache
-from b12x.runtime.scratch import (
-    BufferSpec,
-    allocate_buffers,
-    check_known_names,
-    require_buffer,
-)
+from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers
 from b12x.runtime.validate import check_codebook_bits, check_positive_int, check_tensor
 
 __all__ = [
     "BUFFER_NAMES",
+    "BUFFERS",
     "BoundDecode",
     "DecodeOp",
     "DecodePlan",
@@ -88,21 +83,12 @@ class DecodeProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(PlannedBuffers):
     """The problem, its one buffer and the one kernel ``run`` launches (module docstring)."""
 
     problem: DecodeProblem
     buffers: tuple[BufferSpec, ...]
-
-    @property
-    def buffer_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.buffers)
-
-    def buffer(self, name: str) -> BufferSpec:
-        for spec in self.buffers:
-            if spec.name == name:
-                return spec
-        raise KeyError(f"name: the decode plan has no buffer {name!r}")
+    buffer_owner = "the decode plan"
 
     @property
     def kernel_specs(self) -> tuple[KernelSpec, ...]:
@@ -122,32 +108,22 @@ def plan_decode(*, k: int, n: int, bits: int, codebook: str) -> DecodePlan:
     return DecodePlan(problem, buffers)
 
 
-def _check_plan(plan: Any) -> DecodePlan:
-    if not isinstance(plan, DecodePlan):
-        raise TypeError(f"plan: expected DecodePlan (from plan_decode), got {type(plan).__name__}")
-    return plan
+class BoundDecode(BoundBuffers):
+    """A plan and the caller's ``output`` (by identity); what :func:`run_decode` executes."""
+
+
+#: The op's buffer contract (allocate and bind), declared once.
+BUFFERS = OpBuffers(DecodePlan, BoundDecode, BUFFER_NAMES, plan_hint=" (from plan_decode)")
 
 
 def allocate_decode_buffers(plan: DecodePlan, device: torch.device | str) -> dict[str, Any]:
     """Plan-time allocation of exactly the plan's buffers (never during capture)."""
-    return allocate_buffers(_check_plan(plan).buffers, device)
-
-
-@dataclasses.dataclass(frozen=True)
-class BoundDecode:
-    """A plan and the caller's ``output`` (by identity); what :func:`run_decode` executes."""
-
-    plan: DecodePlan
-    buffers: Mapping[str, torch.Tensor]
-    device: torch.device
+    return BUFFERS.allocate(plan, device)
 
 
 def bind_decode(plan: DecodePlan, **buffers: torch.Tensor | None) -> BoundDecode:
     """Check the caller's buffers against ``plan`` and keep them by identity."""
-    _check_plan(plan)
-    check_known_names(BUFFER_NAMES, buffers)
-    kept = {spec.name: require_buffer(spec, buffers.get(spec.name)) for spec in plan.buffers}
-    return BoundDecode(plan, types.MappingProxyType(kept), kept["output"].device)
+    return BUFFERS.bind(plan, buffers)
 
 
 def run_decode(bound: BoundDecode, trellis: torch.Tensor) -> torch.Tensor:
@@ -188,7 +164,7 @@ class DecodeOp:
         if not isinstance(buffers, Mapping):
             raise TypeError(f"buffers: expected a mapping, got {type(buffers).__name__}")
         return bind_decode(
-            plan, **{name: buffers.get(name) for name in _check_plan(plan).buffer_names}
+            plan, **{name: buffers.get(name) for name in BUFFERS.check_plan(plan).buffer_names}
         )
 
     def run(self, bound: BoundDecode, inputs: Mapping[str, torch.Tensor]) -> None:
@@ -206,7 +182,7 @@ class DecodeOp:
         frozen or under capture."""
         from b12x.ops.dense.plan import device_limits
 
-        p = _check_plan(plan).problem
+        p = BUFFERS.check_plan(plan).problem
         major, minor = device_limits(self.device).capability
         never_launched = KernelSpec("decode", p.fmt, p.bits, unroll=2)
         compiled(never_launched, f"sm_{major}{minor}")

@@ -6,9 +6,12 @@ Layout
   ``pair_kind`` (``None`` = unpaired), ``compute_dtype`` (``"float16"``/``"bfloat16"``; a
   ``torch.dtype`` is accepted too), ``external_rotation`` (an external H128 callback is given) and
   ``explicit_tile`` (a pinned tile spec, or ``None``). Missing optional fields take those defaults.
-* :data:`ROWS` are the paths, in priority order; each row is a :class:`Row` with a name, a
-  docstring-like ``description`` and a list of named :class:`Condition` s. A row's predicate is
-  the conjunction of its conditions, and a failed condition is the row's rejection reason.
+  :data:`SCHEMA` validates every field (:func:`normalize_case`).
+* :data:`ROWS` are the paths, in priority order; each row is a :class:`~b12x.ops.tables.Row`
+  with a name, a docstring-like ``description`` and a list of named
+  :class:`~b12x.ops.tables.Condition` s. A row's predicate is the conjunction of its conditions,
+  and the first failed condition is the row's rejection reason. The machinery (fields,
+  conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the table's data.
   1. ``k6_mcg_small_m`` — the K6/MCG small-M cooperative row (spec §5.5, PR #136 gate):
      capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
      explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
@@ -18,13 +21,15 @@ Layout
   3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
   Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
   every row's reason (fail closed).
-* :func:`explain` returns an :class:`Explanation` ``(path, reasons)``: one reason per row
-  considered, ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
+* :func:`explain` returns an :class:`~b12x.ops.tables.Explanation` ``(path, reasons)`` (its
+  ``value`` is None: the path is the answer): one reason per row considered,
+  ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
 * :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
   K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
   explicit pin, M 63/64 for decode_matmul, K6 ahead of decode_matmul at M 64..128). :data:`TABLE`
-  bundles ``name``, ``paths``, ``boundaries`` and ``explain`` in the shape :mod:`oracle.dispatch`
-  checks (its ``Boundary`` has the same fields).
+  (a :class:`~b12x.ops.tables.DecisionTable`) bundles ``name``, ``paths``, ``boundaries`` and
+  ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields);
+  it reads :data:`ROWS` at every call.
 
 Evidence for the decode_matmul threshold
 ----------------------------------------
@@ -45,14 +50,15 @@ Invariants
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from b12x.formats import resolve_format
+from b12x.ops import tables
 from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
 from b12x.runtime.validate import check_bool, check_codebook_bits, check_positive_int
 
 __all__ = [
@@ -64,6 +70,7 @@ __all__ = [
     "MIN_CAPABILITY",
     "PATH_NAMES",
     "ROWS",
+    "SCHEMA",
     "TABLE",
     "Boundary",
     "Condition",
@@ -80,44 +87,74 @@ K6_MAX_M = 128
 DECODE_MATMUL_MIN_M = 64
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
-DEFAULT_CASE: Mapping[str, Any] = {
-    "capability": (12, 0),
-    "m": 1,
-    "bits": 6,
-    "codebook": "mcg",
-    "pair_kind": None,
-    "compute_dtype": "float16",
-    "external_rotation": False,
-    "explicit_tile": None,
-}
-
-
 COMPUTE_DTYPE_NAMES = ("float16", "bfloat16")
 
 
-def _dtype_name(value: Any) -> str:
+def _dtype_name(name: str, value: Any) -> str:
     if isinstance(value, torch.dtype):
         text = str(value).removeprefix("torch.")
     elif isinstance(value, str):
         text = value
     else:
         raise TypeError(
-            f"compute_dtype: expected one of {COMPUTE_DTYPE_NAMES} or a torch.dtype, got "
+            f"{name}: expected one of {COMPUTE_DTYPE_NAMES} or a torch.dtype, got "
             f"{type(value).__name__}"
         )
     if text not in COMPUTE_DTYPE_NAMES:
-        raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPE_NAMES}, got {value!r}")
+        raise ValueError(f"{name}: expected one of {COMPUTE_DTYPE_NAMES}, got {value!r}")
     return text
 
 
-def _capability(cap: Any) -> tuple[int, int]:
+def _capability(name: str, cap: Any) -> tuple[int, int]:
     if (
         not isinstance(cap, tuple | list)
         or len(cap) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cap)
     ):
-        raise ValueError(f"capability: expected (major, minor) as two ints >= 0, got {cap!r}")
+        raise ValueError(f"{name}: expected (major, minor) as two ints >= 0, got {cap!r}")
     return (cap[0], cap[1])
+
+
+def _as_given(name: str, value: Any) -> Any:
+    return value
+
+
+def _codebook_bits(case: dict[str, Any]) -> None:
+    """The (codebook, bits) pair is legal only together: a kernel pair of :mod:`b12x.formats`."""
+    case["codebook"], case["bits"] = check_codebook_bits(case["codebook"], case["bits"])
+
+
+def _pair_kind(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name}: expected None or a pair kind name, got {type(value).__name__}")
+    return value
+
+
+def _explicit_tile(name: str, value: Any) -> tuple[int, int, int] | None:
+    if value is None:
+        return None
+    try:
+        tile = dense_tiles.deserialize(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: {exc}") from None
+    return tuple(dense_tiles.serialize(tile))
+
+
+SCHEMA = tables.Schema(
+    "dense",
+    (
+        tables.Field("capability", _capability, (12, 0), "(major, minor) of the device"),
+        tables.Field("m", check_positive_int, 1),
+        tables.Field("bits", _as_given, 6),
+        tables.Field("codebook", _as_given, "mcg", joint=_codebook_bits),
+        tables.Field("pair_kind", _pair_kind, None, "None = unpaired"),
+        tables.Field("compute_dtype", _dtype_name, "float16", "a name, or the torch.dtype"),
+        tables.Field("external_rotation", check_bool, False, "an external H128 callback is given"),
+        tables.Field("explicit_tile", _explicit_tile, None, "a pinned tile spec (kept as a tuple)"),
+    ),
+    unknown=tables.UNKNOWN_SORTED,
+)
+DEFAULT_CASE: Mapping[str, Any] = SCHEMA.defaults()
 
 
 def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,78 +165,10 @@ def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
     kernel pair of :mod:`b12x.formats`, ``pair_kind`` ``None`` or a kind name, ``compute_dtype``
     float16/bfloat16, ``external_rotation`` a real bool, ``explicit_tile`` ``None`` or three
     positive ints (kept as a tuple). ``bool`` never passes for an int."""
-    if not isinstance(case, Mapping):
-        raise TypeError(f"case: expected a mapping, got {type(case).__name__}")
-    unknown = sorted(str(k) for k in set(case) - set(DEFAULT_CASE))
-    if unknown:
-        raise ValueError(f"case: unknown field(s) {unknown}; known: {sorted(DEFAULT_CASE)}")
-    out = {**DEFAULT_CASE, **case}
-    out["capability"] = _capability(out["capability"])
-    check_positive_int("m", out["m"])
-    out["codebook"], out["bits"] = check_codebook_bits(out["codebook"], out["bits"])
-    if out["pair_kind"] is not None and not isinstance(out["pair_kind"], str):
-        raise TypeError(
-            f"pair_kind: expected None or a pair kind name, got {type(out['pair_kind']).__name__}"
-        )
-    out["compute_dtype"] = _dtype_name(out["compute_dtype"])
-    check_bool("external_rotation", out["external_rotation"])
-    if out["explicit_tile"] is not None:
-        try:
-            tile = dense_tiles.deserialize(out["explicit_tile"])
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"explicit_tile: {exc}") from None
-        out["explicit_tile"] = tuple(dense_tiles.serialize(tile))
-    return out
+    return SCHEMA.normalize(case)
 
 
-@dataclasses.dataclass(frozen=True)
-class Condition:
-    """One named gate of a row: ``holds(case)``; ``describe(case)`` explains a failure."""
-
-    name: str
-    holds: Callable[[Mapping[str, Any]], bool]
-    describe: Callable[[Mapping[str, Any]], str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    name: str
-    description: str
-    conditions: tuple[Condition, ...]
-
-    def failed(self, case: Mapping[str, Any]) -> Condition | None:
-        norm = normalize_case(case)
-        for cond in self.conditions:
-            if not cond.holds(norm):
-                return cond
-        return None
-
-    def predicate(self, case: Mapping[str, Any]) -> bool:
-        return self.failed(case) is None
-
-
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    path: str
-    reasons: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Boundary:
-    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
-
-    name: str
-    base: dict
-    field: str
-    below: Any
-    above: Any
-    expect_below: str
-    expect_above: str
-
-
-def _cond(name: str, holds, describe) -> Condition:
-    return Condition(name, holds, describe)
-
+_cond = Condition
 
 _UNPAIRED = _cond(
     "unpaired",
@@ -220,6 +189,7 @@ _SM80 = _cond(
 K6_ROW = Row(
     "k6_mcg_small_m",
     "cooperative K6/MCG small-M: owns both H128s, caller buffers only, no generic scratch",
+    SCHEMA,
     (
         _cond(
             "capability",
@@ -251,6 +221,7 @@ K6_ROW = Row(
 DECODE_MATMUL_ROW = Row(
     "decode_matmul",
     "M >= 64: decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM",
+    SCHEMA,
     (
         _SM80,
         _cond(
@@ -266,6 +237,7 @@ DECODE_MATMUL_ROW = Row(
 GENERIC_ROW = Row(
     "generic",
     "input rotation, trellis GEMM (split-K over c_tmp), output rotation",
+    SCHEMA,
     (_SM80, _UNPAIRED),
 )
 
@@ -275,15 +247,7 @@ PATH_NAMES = tuple(r.name for r in ROWS)
 
 def explain(case: Mapping[str, Any]) -> Explanation:
     """The chosen path and one reason per row considered (module docstring)."""
-    norm = normalize_case(case)
-    reasons = []
-    for row in ROWS:
-        failed = row.failed(norm)
-        if failed is None:
-            reasons.append(f"{row.name}: selected")
-            return Explanation(row.name, tuple(reasons))
-        reasons.append(f"{row.name}: {failed.describe(norm)}")
-    raise ValueError("case: no dense path supports it (" + "; ".join(reasons) + ")")
+    return TABLE.explain(case)
 
 
 def _k6(**changes: Any) -> dict:
@@ -357,14 +321,12 @@ BOUNDARIES: tuple[Boundary, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Table:
-    name: str = "dense"
-    paths: tuple[Row, ...] = ROWS
-    boundaries: tuple[Boundary, ...] = BOUNDARIES
-
-    def explain(self, case: Mapping[str, Any]) -> Explanation:
-        return explain(case)
-
-
-TABLE = _Table()
+TABLE = DecisionTable(
+    "dense",
+    "the dense linear's path: K6/MCG small-M, decode then GEMM, or the generic trellis GEMM",
+    SCHEMA,
+    ROWS,
+    BOUNDARIES,
+    refusal="no dense path supports it",
+    current_rows=lambda: ROWS,  # explain reads ROWS at every call (a test may replace it)
+)

@@ -60,7 +60,6 @@ Invariants
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,13 +73,7 @@ from b12x.ops.dense import dispatch as dense_dispatch
 from b12x.ops.dense import split_k as split_table
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.runtime import compile_cache
-from b12x.runtime.scratch import (
-    BufferSpec,
-    allocate_buffers,
-    check_known_names,
-    live_rows,
-    require_buffer,
-)
+from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers, live_rows
 from b12x.runtime.validate import (
     HALF_DTYPES,
     check_bool,
@@ -92,6 +85,7 @@ from b12x.runtime.validate import (
 
 __all__ = [
     "BUFFER_NAMES",
+    "BUFFERS",
     "BoundDense",
     "DenseOp",
     "DensePlan",
@@ -143,7 +137,7 @@ class DenseProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class DensePlan:
+class DensePlan(PlannedBuffers):
     """Everything ``run`` needs, decided once (module docstring)."""
 
     problem: DenseProblem
@@ -159,14 +153,8 @@ class DensePlan:
     split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.ops.dense.split_k)
 
     @property
-    def buffer_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.buffers)
-
-    def buffer(self, name: str) -> BufferSpec:
-        for spec in self.buffers:
-            if spec.name == name:
-                return spec
-        raise KeyError(f"name: plan for path {self.path} has no buffer {name!r}")
+    def buffer_owner(self) -> str:
+        return f"plan for path {self.path}"
 
     @property
     def kernel_specs(self) -> tuple[KernelSpec, ...]:
@@ -477,20 +465,17 @@ def plan_dense(
     )
 
 
-def allocate_dense_buffers(plan: DensePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
-    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
-    if not isinstance(plan, DensePlan):
-        raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
-    return allocate_buffers(plan.buffers, device)
-
-
-@dataclasses.dataclass(frozen=True)
-class BoundDense:
+class BoundDense(BoundBuffers):
     """A plan and the caller's buffers (by identity); what :func:`run_dense` executes."""
 
-    plan: DensePlan
-    buffers: Mapping[str, torch.Tensor]
-    device: torch.device
+
+#: The op's buffer contract (allocate and bind), declared once.
+BUFFERS = OpBuffers(DensePlan, BoundDense, BUFFER_NAMES)
+
+
+def allocate_dense_buffers(plan: DensePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
+    return BUFFERS.allocate(plan, device)
 
 
 def bind_dense(plan: DensePlan, **buffers: torch.Tensor | None) -> BoundDense:
@@ -498,15 +483,7 @@ def bind_dense(plan: DensePlan, **buffers: torch.Tensor | None) -> BoundDense:
 
     Names the plan does not use but the op knows (e.g. a consumer's one-element ``c_tmp`` on
     the K6 path) are accepted and ignored; unknown names raise."""
-    if not isinstance(plan, DensePlan):
-        raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
-    check_known_names(BUFFER_NAMES, buffers)
-    output = buffers.get("output")
-    device = output.device if isinstance(output, torch.Tensor) else None
-    kept = {}
-    for spec in plan.buffers:
-        kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
-    return BoundDense(plan, types.MappingProxyType(kept), kept["output"].device)
+    return BUFFERS.bind(plan, buffers)
 
 
 def _resolve_callback(hadamard_128: Any) -> Any:
@@ -653,8 +630,7 @@ class DenseOp:
     def bind(self, plan: DensePlan, buffers: Mapping[str, torch.Tensor]) -> BoundDense:
         if not isinstance(buffers, Mapping):
             raise TypeError(f"buffers: expected a mapping, got {type(buffers).__name__}")
-        if not isinstance(plan, DensePlan):
-            raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
+        BUFFERS.check_plan(plan)
         return bind_dense(plan, **{name: buffers.get(name) for name in plan.buffer_names})
 
     def run(self, bound: BoundDense, inputs: Mapping[str, torch.Tensor]) -> None:

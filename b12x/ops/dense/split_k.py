@@ -2,14 +2,16 @@
 
 The rule the host launcher once computed inline (``choose_split_k``) is data here, in
 the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
-``explain``), so the oracle can check both sides of every threshold.
+``explain``), so the oracle can check both sides of every threshold. The machinery (fields,
+conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the rule's data.
 
 Layout
 ------
 * A *case* is a plain mapping: ``path`` (the dense dispatch row the plan took), ``requested``
   (an explicit ``split_k`` or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
   ``m_tiles`` (M16 blocks per warp), ``n_tiles`` (N16 tiles per warp), ``warps`` (per CTA) and
-  the device's ``sm_count``. Missing fields take :data:`DEFAULT_CASE`'s values.
+  the device's ``sm_count``. Missing fields take :data:`DEFAULT_CASE`'s values (the defaults
+  of :data:`SCHEMA`, which validates every field).
 * Derived quantities (each one function, used by the rows):
 
   - ``ctas = (N / (16·n_tiles·warps)) · ceil(M / (16·m_tiles))`` — CTAs of one K slice;
@@ -17,8 +19,8 @@ Layout
     ``M ≤ SMALL_M_MAX`` (16), else :data:`DEPTH` (4);
   - ``wanted = max(1, ceil(depth · sm_count / ctas))`` — slices that reach that depth;
   - ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT`` — slices that keep ≥ 16 K16 rows each.
-* :data:`ROWS` in priority order; each :class:`SplitRow` is a named list of
-  :class:`~b12x.ops.dense.dispatch.Condition` s plus the split count it yields:
+* :data:`ROWS` in priority order; each :class:`~b12x.ops.tables.Row` is a named list of
+  :class:`~b12x.ops.tables.Condition` s plus the split count it yields (its ``value``):
 
   1. ``off_generic_path`` — K6 and decode_matmul never split K: 1.
   2. ``explicit`` — a requested ``split_k``: that request.
@@ -30,10 +32,10 @@ Layout
   8. ``fill`` — ``M > 16``: ``wanted`` (depth 4).
 
   Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200.
-* :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, split_k)``: the row, one
-  reason per row considered, and the *requested* split count. The plan then applies the
-  launcher's arithmetic (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``), which is a
-  consequence of the request, not a decision.
+* :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``: the row, one
+  reason per row considered, and the *requested* split count (``value``, also ``split_k``).
+  The plan then applies the launcher's arithmetic (``rows = ceil(K16/split)``,
+  ``splits = ceil(K16/rows)``), which is a consequence of the request, not a decision.
 * :data:`BOUNDARIES` put both sides of every threshold as data (literal sides, so moving a
   constant fails there): path generic vs not, explicit request, K 384/512 (short K), M 16/17
   (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
@@ -50,11 +52,12 @@ Invariants
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from b12x.ops.dense.dispatch import PATH_NAMES, Boundary, Condition
+from b12x.ops import tables
+from b12x.ops.dense.dispatch import PATH_NAMES
+from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
 from b12x.runtime.validate import check_choice, check_positive_int
 
 __all__ = [
@@ -64,11 +67,11 @@ __all__ = [
     "MAX_SPLITS",
     "MIN_ROWS_PER_SPLIT",
     "ROWS",
+    "SCHEMA",
     "SMALL_M_DEPTH",
     "SMALL_M_MAX",
     "TABLE",
     "SplitExplanation",
-    "SplitRow",
     "explain",
     "normalize_case",
     "split_k",
@@ -80,34 +83,32 @@ DEPTH = 4  # CTAs per SM aimed for above
 MIN_ROWS_PER_SPLIT = 16  # K16 rows a slice keeps at least
 MAX_SPLITS = 64
 
-DEFAULT_CASE: Mapping[str, Any] = {
-    "path": "generic",
-    "requested": None,
-    "m": 16,
-    "k": 8192,
-    "n": 28672,
-    "m_tiles": 1,
-    "n_tiles": 4,
-    "warps": 4,
-    "sm_count": 132,
-}
-_INT_FIELDS = ("m", "k", "n", "m_tiles", "n_tiles", "warps", "sm_count")
+
+def _path(name: str, value: Any) -> str:
+    return check_choice(name, value, PATH_NAMES)
+
+
+SCHEMA = tables.Schema(
+    "dense_split_k",
+    (
+        tables.Field("path", _path, "generic", "the dense dispatch row the plan took"),
+        tables.Field("requested", tables.optional(check_positive_int), None, "an explicit split_k"),
+        tables.Field("m", check_positive_int, 16),
+        tables.Field("k", check_positive_int, 8192),
+        tables.Field("n", check_positive_int, 28672),
+        tables.Field("m_tiles", check_positive_int, 1, "M16 blocks per warp"),
+        tables.Field("n_tiles", check_positive_int, 4, "N16 tiles per warp"),
+        tables.Field("warps", check_positive_int, 4, "warps per CTA"),
+        tables.Field("sm_count", check_positive_int, 132, "the device's SMs"),
+    ),
+    unknown=tables.UNKNOWN_SORTED,
+)
+DEFAULT_CASE: Mapping[str, Any] = SCHEMA.defaults()
 
 
 def normalize_case(case: Mapping[str, Any]) -> dict[str, Any]:
     """A fresh dict with every field present and validated (module docstring)."""
-    if not isinstance(case, Mapping):
-        raise TypeError(f"case: expected a mapping, got {type(case).__name__}")
-    unknown = sorted(str(k) for k in set(case) - set(DEFAULT_CASE))
-    if unknown:
-        raise ValueError(f"case: unknown field(s) {unknown}; known: {sorted(DEFAULT_CASE)}")
-    out = {**DEFAULT_CASE, **case}
-    check_choice("path", out["path"], PATH_NAMES)
-    if out["requested"] is not None:
-        check_positive_int("requested", out["requested"])
-    for name in _INT_FIELDS:
-        check_positive_int(name, out[name])
-    return out
+    return SCHEMA.normalize(case)
 
 
 def ctas(c: Mapping[str, Any]) -> int:
@@ -131,31 +132,16 @@ def k_cap(c: Mapping[str, Any]) -> int:
     return (c["k"] // 16) // MIN_ROWS_PER_SPLIT
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitRow:
-    """One row: its conditions (all must hold) and the split count it yields."""
+class SplitExplanation(Explanation):
+    """``(path, reasons, value)``; ``split_k`` is the requested split count (the row's value)."""
 
-    name: str
-    description: str
-    conditions: tuple[Condition, ...]
-    value: Callable[[Mapping[str, Any]], int]
-
-    def failed(self, case: Mapping[str, Any]) -> Condition | None:
-        norm = normalize_case(case)
-        for cond in self.conditions:
-            if not cond.holds(norm):
-                return cond
-        return None
-
-    def predicate(self, case: Mapping[str, Any]) -> bool:
-        return self.failed(case) is None
+    @property
+    def split_k(self) -> int:
+        return self.value
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitExplanation:
-    path: str
-    reasons: tuple[str, ...]
-    split_k: int
+def _row(name: str, description: str, conditions: tuple[Condition, ...], value) -> Row:
+    return Row(name, description, SCHEMA, conditions, value)
 
 
 _GENERIC = Condition(
@@ -169,8 +155,8 @@ _AUTO = Condition(
     lambda c: f"split_k={c['requested']} was requested",
 )
 
-ROWS: tuple[SplitRow, ...] = (
-    SplitRow(
+ROWS: tuple[Row, ...] = (
+    _row(
         "off_generic_path",
         "K6 and decode_matmul launch no split-K GEMM",
         (
@@ -182,7 +168,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         lambda c: 1,
     ),
-    SplitRow(
+    _row(
         "explicit",
         "the caller's split_k",
         (
@@ -195,7 +181,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         lambda c: c["requested"],
     ),
-    SplitRow(
+    _row(
         "short_k",
         "fewer than two slices of 16 K16 rows",
         (
@@ -205,7 +191,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         lambda c: 1,
     ),
-    SplitRow(
+    _row(
         "deep_grid",
         "one slice already gives depth CTAs per SM",
         (
@@ -215,7 +201,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         lambda c: 1,
     ),
-    SplitRow(
+    _row(
         "max_splits",
         "the hard cap of 64 slices",
         (
@@ -234,7 +220,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         lambda c: MAX_SPLITS,
     ),
-    SplitRow(
+    _row(
         "k_capped",
         "K allows fewer slices than wanted",
         (
@@ -248,7 +234,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         k_cap,
     ),
-    SplitRow(
+    _row(
         "fill_small_m",
         f"M <= {SMALL_M_MAX}: slices for {SMALL_M_DEPTH} CTAs per SM",
         (
@@ -262,7 +248,7 @@ ROWS: tuple[SplitRow, ...] = (
         ),
         wanted,
     ),
-    SplitRow(
+    _row(
         "fill",
         f"M > {SMALL_M_MAX}: slices for {DEPTH} CTAs per SM",
         (
@@ -281,15 +267,7 @@ ROWS: tuple[SplitRow, ...] = (
 
 def explain(case: Mapping[str, Any]) -> SplitExplanation:
     """The row that decides, one reason per row considered, and the requested split count."""
-    norm = normalize_case(case)
-    reasons = []
-    for row in ROWS:
-        failed = row.failed(norm)
-        if failed is None:
-            reasons.append(f"{row.name}: selected")
-            return SplitExplanation(row.name, tuple(reasons), row.value(norm))
-        reasons.append(f"{row.name}: {failed.describe(norm)}")
-    raise ValueError("case: no split-K row matches (" + "; ".join(reasons) + ")")  # unreachable
+    return TABLE.explain(case)
 
 
 def split_k(**case: Any) -> int:
@@ -324,14 +302,13 @@ BOUNDARIES: tuple[Boundary, ...] = (
 )  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class _Table:
-    name: str = "dense_split_k"
-    paths: tuple[SplitRow, ...] = ROWS
-    boundaries: tuple[Boundary, ...] = BOUNDARIES
-
-    def explain(self, case: Mapping[str, Any]) -> SplitExplanation:
-        return explain(case)
-
-
-TABLE = _Table()
+TABLE = DecisionTable(
+    "dense_split_k",
+    "the requested split-K of the dense generic GEMM",
+    SCHEMA,
+    ROWS,
+    BOUNDARIES,
+    refusal="no split-K row matches",
+    explanation=SplitExplanation,
+    current_rows=lambda: ROWS,  # explain reads ROWS at every call (a test may replace it)
+)

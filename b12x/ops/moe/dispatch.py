@@ -4,7 +4,9 @@ Every launch geometry :func:`b12x.ops.moe.plan.plan_moe` and
 :func:`b12x.ops.moe.gemm_op.plan_moe_gemm`
 choose comes from one of the five tables below; the planners build a case, take the chosen row's
 ``value`` and nothing else re-decides it (:attr:`b12x.ops.moe.plan.MoePlan.decisions` records every
-case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s.
+case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s, and so is the machinery:
+:mod:`b12x.ops.tables` (fields, conditions, rows, :class:`~b12x.ops.tables.DecisionTable`); this
+module holds the tables' data.
 
 Layout
 ------
@@ -12,12 +14,14 @@ Layout
   required one raises ``ValueError``, a wrong type ``TypeError``, an out-of-range value
   ``ValueError``, each naming the field. Optional fields take the documented default.
   ``compute_dtype`` accepts ``"float16"``/``"bfloat16"`` or the ``torch.dtype``.
-* A :class:`Row` is a path: a name, a description, named :class:`Condition` s (their conjunction
-  is the row's ``predicate``; the first failed condition is the rejection reason) and the
-  row's answer ``value`` (a constant, or ``value(case)`` where noted). Rows are in priority order.
-* :meth:`DecisionTable.explain` returns an :class:`Explanation` ``(path, reasons, value)``: one
-  reason per row considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case
-  no row accepts raises ``ValueError`` with every reason (fail closed).
+* A :class:`~b12x.ops.tables.Row` is a path: a name, a description, named
+  :class:`~b12x.ops.tables.Condition` s (their conjunction is the row's ``predicate``; the first
+  failed condition is the rejection reason) and the row's answer ``value`` (a constant, or
+  ``value(case)`` where noted). Rows are in priority order.
+* :meth:`~b12x.ops.tables.DecisionTable.explain` returns an
+  :class:`~b12x.ops.tables.Explanation` ``(path, reasons, value)``: one reason per row
+  considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case no row accepts
+  raises ``ValueError`` with every reason (fail closed).
 * ``boundaries``: both sides of EVERY threshold as :class:`Boundary` records (the fields of
   ``oracle.dispatch.Boundary``) with **literal** values, so moving a threshold fails the table's
   own boundary check instead of moving along with it.
@@ -77,14 +81,25 @@ Invariants
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
 
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.moe.routing import capacity_bound
+from b12x.ops.tables import (
+    Boundary,
+    Condition,
+    DecisionTable,
+    Explanation,
+    Field,
+    Row,
+    int_choice,
+    optional,
+    positive_int,
+    str_choice,
+)
 
 __all__ = [
     "FC2_TILE",
@@ -153,204 +168,19 @@ class PairGeometry(NamedTuple):
 
 # ---------------------------------------------------------------------------- machinery
 
-_REQUIRED = object()
-
-
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """One case field: ``check(value)`` normalises or raises naming the field; ``default`` is
-    used when the case omits it (required fields have none)."""
-
-    name: str
-    check: Callable[[str, Any], Any]
-    default: Any = _REQUIRED
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected int, got {_type_name(value)}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-    return value
-
-
-def _optional_positive_int(name: str, value: Any) -> int | None:
-    return None if value is None else _positive_int(name, value)
-
-
-def _int_choice(choices: tuple[int, ...], optional: bool = False):
-    def check(name: str, value: Any) -> int | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name}: expected int, got {_type_name(value)}")
-        if value not in choices:
-            want = f"None or one of {choices}" if optional else f"one of {choices}"
-            raise ValueError(f"{name}: expected {want}, got {value}")
-        return value
-
-    return check
-
-
-def _str_choice(choices: tuple[str, ...], optional: bool = False):
-    def check(name: str, value: Any) -> str | None:
-        if value is None and optional:
-            return None
-        if not isinstance(value, str):
-            raise TypeError(f"{name}: expected str, got {_type_name(value)}")
-        if value not in choices:
-            want = f"None or one of {choices}" if optional else f"one of {choices}"
-            raise ValueError(f"{name}: expected {want}, got {value!r}")
-        return value
-
-    return check
-
 
 def _compute_dtype(name: str, value: Any) -> str:
     if isinstance(value, torch.dtype):
         value = str(value).removeprefix("torch.")
     if not isinstance(value, str):
-        raise TypeError(f"{name}: expected a dtype name or torch.dtype, got {_type_name(value)}")
+        raise TypeError(f"{name}: expected a dtype name or torch.dtype, got {type(value).__name__}")
     if value not in COMPUTE_DTYPES:
         raise ValueError(f"{name}: expected one of {COMPUTE_DTYPES}, got {value!r}")
     return value
 
 
-@dataclasses.dataclass(frozen=True)
-class Schema:
-    """The fields of one table's cases; :meth:`normalize` validates a case (module docstring)."""
-
-    table: str
-    fields: tuple[Field, ...]
-
-    def normalize(self, case: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(case, Mapping):
-            raise TypeError(f"case: expected a mapping, got {_type_name(case)}")
-        known = [f.name for f in self.fields]
-        unknown = [k for k in case if k not in known]
-        if unknown:
-            raise ValueError(
-                f"case: unknown field(s) {sorted(map(str, unknown))} for table {self.table}; "
-                f"known: {known}"
-            )
-        out = {}
-        for f in self.fields:
-            if f.name in case:
-                out[f.name] = f.check(f.name, case[f.name])
-            elif f.required:
-                raise ValueError(f"{f.name}: missing from the {self.table} case (required)")
-            else:
-                out[f.name] = f.default
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Condition:
-    """One named gate of a row: ``holds(case)``; ``describe(case)`` explains a failure."""
-
-    name: str
-    holds: Callable[[Mapping[str, Any]], bool]
-    describe: Callable[[Mapping[str, Any]], str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """A path: its conditions (in order) and its answer (a constant or ``value(case)``)."""
-
-    name: str
-    description: str
-    schema: Schema
-    conditions: tuple[Condition, ...]
-    value: Any
-
-    def failed(self, case: Mapping[str, Any]) -> Condition | None:
-        norm = self.schema.normalize(case)
-        for cond in self.conditions:
-            if not cond.holds(norm):
-                return cond
-        return None
-
-    def predicate(self, case: Mapping[str, Any]) -> bool:
-        return self.failed(case) is None
-
-    def answer(self, case: Mapping[str, Any]) -> Any:
-        norm = self.schema.normalize(case)
-        return self.value(norm) if callable(self.value) else self.value
-
-
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    """The chosen path, one reason per row considered, and the chosen row's answer."""
-
-    path: str
-    reasons: tuple[str, ...] = ()
-    value: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Boundary:
-    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
-
-    name: str
-    base: dict
-    field: str
-    below: Any
-    above: Any
-    expect_below: str
-    expect_above: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionTable:
-    """One decision: the object ``oracle.dispatch`` checks (``name``, ``paths``, ``boundaries``,
-    ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema."""
-
-    name: str
-    description: str
-    schema: Schema
-    paths: tuple[Row, ...]
-    boundaries: tuple[Boundary, ...]
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.schema.fields)
-
-    def normalize_case(self, case: Mapping[str, Any]) -> dict[str, Any]:
-        return self.schema.normalize(case)
-
-    def explain(self, case: Mapping[str, Any]) -> Explanation:
-        norm = self.schema.normalize(case)
-        reasons = []
-        for row in self.paths:
-            failed = row.failed(norm)
-            if failed is None:
-                reasons.append(f"{row.name}: selected")
-                return Explanation(row.name, tuple(reasons), row.answer(norm))
-            reasons.append(f"{row.name}: {failed.describe(norm)}")
-        raise ValueError(f"case: no {self.name} row accepts it (" + "; ".join(reasons) + ")")
-
-    def decide(self, case: Mapping[str, Any]) -> Any:
-        return self.explain(case).value
-
-
-def _cond(name: str, holds, describe) -> Condition:
-    return Condition(name, holds, describe)
-
-
-def _table(name, description, fields, rows, boundaries) -> DecisionTable:
-    """Bind each ``(name, description, conditions, value)`` row to the table's schema."""
-    schema = Schema(name, tuple(fields))
-    paths = tuple(Row(r[0], r[1], schema, tuple(r[2]), r[3]) for r in rows)
-    return DecisionTable(name, description, schema, paths, tuple(boundaries))
+_cond = Condition
+_table = DecisionTable.build
 
 
 # ---------------------------------------------------------------------------- 1. route block
@@ -421,10 +251,10 @@ ROUTE_BLOCK = _table(
     "moe_route_block",
     "M16 tiles per route block (m_tiles; block size 16·m_tiles) by routes per expert",
     (
-        Field("m", _positive_int, doc="planned tokens"),
-        Field("top_k", _positive_int),
-        Field("num_experts", _positive_int, doc="experts of the combined namespace"),
-        Field("m_tiles", _int_choice(M_TILES, optional=True), None, "an explicit pin"),
+        Field("m", positive_int, doc="planned tokens"),
+        Field("top_k", positive_int),
+        Field("num_experts", positive_int, doc="experts of the combined namespace"),
+        Field("m_tiles", int_choice(M_TILES, optional=True), None, "an explicit pin"),
     ),
     _ROUTE_BLOCK_ROWS,
     (
@@ -485,7 +315,7 @@ def _split_rows(k_split: int):
 K_SPLIT = _table(
     "moe_k_split",
     "intra-CTA K split of a grouped GEMM by its reduction length K alone (batch invariance)",
-    (Field("k", _positive_int, doc="reduction length (FC1: hidden, FC2: intermediate)"),),
+    (Field("k", positive_int, doc="reduction length (FC1: hidden, FC2: intermediate)"),),
     (
         ("k_split_4", "four K groups: whole units, slices ≥ 512", _split_rows(4), 4),
         ("k_split_2", "two K groups: whole units, slices ≥ 512", _split_rows(2), 2),
@@ -522,12 +352,12 @@ GEMM_GEOMETRY = _table(
     "moe_gemm_geometry",
     "(n_tiles, warps, depth) of an unpaired grouped GEMM",
     (
-        Field("m_tiles", _int_choice(M_TILES)),
-        Field("n", _positive_int, doc="output columns of the launch"),
-        Field("k_split", _int_choice(K_SPLITS)),
+        Field("m_tiles", int_choice(M_TILES)),
+        Field("n", positive_int, doc="output columns of the launch"),
+        Field("k_split", int_choice(K_SPLITS)),
         Field(
             "wide_tile_cap",
-            _int_choice(WIDE_TILE_CAPS),
+            int_choice(WIDE_TILE_CAPS),
             WIDE_TILE_CAP,
             "the decoder's tile hint: most N16 tiles per warp at four M16 blocks",
         ),
@@ -657,9 +487,9 @@ PAIR_GEOMETRY = _table(
     "moe_pair_geometry",
     "(n_tiles, warps, depth, rate_axis) of a QSRT pair launch by phase",
     (
-        Field("phase", _str_choice(PHASES)),
-        Field("m_tiles", _int_choice(M_TILES)),
-        Field("n", _positive_int, doc="output columns of the launch"),
+        Field("phase", str_choice(PHASES)),
+        Field("m_tiles", int_choice(M_TILES)),
+        Field("n", positive_int, doc="output columns of the launch"),
         Field("compute_dtype", _compute_dtype, "float16", "does not enter"),
     ),
     (
@@ -805,18 +635,28 @@ FC2_TILE = _table(
     "moe_fc2_tile",
     "the wave-balanced FC2 tile (512 columns, 256 threads) by the tile predicate and the device",
     (
-        Field("sm_count", _optional_positive_int, None, "the device's SMs (None: no device)"),
-        Field("max_shared_mem", _optional_positive_int, None, "opt-in shared memory per block"),
-        Field("m", _positive_int),
-        Field("top_k", _positive_int),
-        Field("num_experts", _positive_int),
-        Field("hidden", _positive_int, doc="FC2's N"),
-        Field("intermediate", _positive_int, doc="FC2's K"),
-        Field("bits", _positive_int),
-        Field("m_tiles", _int_choice(M_TILES)),
-        Field("k_split", _int_choice(K_SPLITS)),
-        Field("default_n_group", _positive_int, doc="columns per CTA of the default geometry"),
-        Field("pair", _str_choice(PAIR_CHOICES, optional=True), None),
+        Field(
+            "sm_count",
+            optional(positive_int),
+            None,
+            "the device's SMs (None: no device)",
+        ),
+        Field(
+            "max_shared_mem",
+            optional(positive_int),
+            None,
+            "opt-in shared memory per block",
+        ),
+        Field("m", positive_int),
+        Field("top_k", positive_int),
+        Field("num_experts", positive_int),
+        Field("hidden", positive_int, doc="FC2's N"),
+        Field("intermediate", positive_int, doc="FC2's K"),
+        Field("bits", positive_int),
+        Field("m_tiles", int_choice(M_TILES)),
+        Field("k_split", int_choice(K_SPLITS)),
+        Field("default_n_group", positive_int, doc="columns per CTA of the default geometry"),
+        Field("pair", str_choice(PAIR_CHOICES, optional=True), None),
     ),
     (
         (

@@ -95,13 +95,7 @@ from b12x.ops.moe.plan import (
 )
 from b12x.ops.moe.run import GemmContext, check_launch_device, launch_grouped_gemm
 from b12x.runtime import compile_cache
-from b12x.runtime.scratch import (
-    BufferSpec,
-    allocate_buffers,
-    check_known_names,
-    live_rows,
-    require_buffer,
-)
+from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers, live_rows
 from b12x.runtime.validate import (
     HALF_DTYPES,
     check_codebook_bits,
@@ -111,6 +105,7 @@ from b12x.runtime.validate import (
 )
 
 __all__ = [
+    "BUFFERS",
     "MOE_GEMM_BUFFER_NAMES",
     "OBSERVABLES",
     "BoundMoeGemm",
@@ -149,7 +144,7 @@ class MoeGemmProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class MoeGemmPlan:
+class MoeGemmPlan(PlannedBuffers):
     problem: MoeGemmProblem
     routes: routing.RoutePlan
     spec: MoeGemmSpec
@@ -157,10 +152,6 @@ class MoeGemmPlan:
     buffers: tuple[BufferSpec, ...]
     #: every table consultation behind ``routes.block_size`` and ``spec``
     decisions: tuple[Decision, ...]
-
-    @property
-    def buffer_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.buffers)
 
     @property
     def kernel_specs(self) -> tuple[MoeGemmSpec, ...]:
@@ -278,39 +269,31 @@ def plan_moe_gemm(
     )  # fmt: skip
 
 
-def allocate_moe_gemm_buffers(
-    plan: MoeGemmPlan, device: torch.device | str
-) -> dict[str, torch.Tensor]:
-    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
-    if not isinstance(plan, MoeGemmPlan):
-        raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
-    return allocate_buffers(plan.buffers, device)
-
-
 #: Every buffer name a plan can use.
 MOE_GEMM_BUFFER_NAMES = ("out", "expert_descriptors", *routing.ROUTE_BUFFER_NAMES)
 
 
-@dataclasses.dataclass(frozen=True)
-class BoundMoeGemm:
+class BoundMoeGemm(BoundBuffers):
     """A plan and the caller's buffers, kept by identity."""
 
-    plan: MoeGemmPlan
-    buffers: Mapping[str, torch.Tensor]
-    device: torch.device
+
+#: The op's buffer contract (allocate and bind), declared once: ``out`` is the anchor.
+BUFFERS = OpBuffers(
+    MoeGemmPlan, BoundMoeGemm, MOE_GEMM_BUFFER_NAMES, anchor="out", anchor_device=check_bind_device
+)
+
+
+def allocate_moe_gemm_buffers(
+    plan: MoeGemmPlan, device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Plan-time allocation of exactly the plan's buffers (never during capture)."""
+    return BUFFERS.allocate(plan, device)
 
 
 def bind_moe_gemm(plan: MoeGemmPlan, **buffers: torch.Tensor | None) -> BoundMoeGemm:
     """Check every planned buffer (exact shape / dtype / device / contiguity / alignment; a meta
     ``out`` is refused), keep them by identity."""
-    if not isinstance(plan, MoeGemmPlan):
-        raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
-    check_known_names(MOE_GEMM_BUFFER_NAMES, buffers)
-    device = check_bind_device("out", buffers.get("out"))
-    kept = {}
-    for spec in plan.buffers:
-        kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
-    return BoundMoeGemm(plan, types.MappingProxyType(kept), kept["out"].device)
+    return BUFFERS.bind(plan, buffers)
 
 
 def check_moe_gemm_inputs(
@@ -409,8 +392,7 @@ class MoeGemmOp:
         return plan_moe_gemm(**keywords)
 
     def bind(self, plan: MoeGemmPlan, buffers: Mapping[str, torch.Tensor]) -> BoundMoeGemm:
-        if not isinstance(plan, MoeGemmPlan):
-            raise TypeError(f"plan: expected MoeGemmPlan, got {type(plan).__name__}")
+        BUFFERS.check_plan(plan)
         return bind_moe_gemm(plan, **{name: buffers.get(name) for name in plan.buffer_names})
 
     def run(self, bound: BoundMoeGemm, inputs: Mapping[str, Any]) -> None:

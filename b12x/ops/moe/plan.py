@@ -38,7 +38,6 @@ buffers are the same.
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,12 +64,7 @@ from b12x.ops.moe.pairs import (
     check_pair_codebook,
     pair_spec,
 )
-from b12x.runtime.scratch import (
-    BufferSpec,
-    allocate_buffers,
-    check_known_names,
-    require_buffer,
-)
+from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers
 from b12x.runtime.validate import (
     HALF_DTYPES,
     check_dtype_choice,
@@ -79,6 +73,7 @@ from b12x.runtime.validate import (
 
 __all__ = [
     "BIND_DEVICE_TYPES",
+    "BUFFERS",
     "BoundMoe",
     "Decision",
     "MAX_K_SPLIT",
@@ -176,7 +171,7 @@ def decide(
 
 
 @dataclasses.dataclass(frozen=True)
-class MoePlan:
+class MoePlan(PlannedBuffers):
     problem: MoeProblem
     routes: routing.RoutePlan
     fc1_spec: tuple[MoeGemmSpec, ...]
@@ -184,10 +179,6 @@ class MoePlan:
     buffers: tuple[BufferSpec, ...]
     #: every table consultation that produced the fields above (:class:`Decision`)
     decisions: tuple[Decision, ...]
-
-    @property
-    def buffer_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.buffers)
 
     @property
     def kernel_specs(self) -> tuple[MoeGemmSpec, ...]:
@@ -595,9 +586,7 @@ def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: An
 
 def allocate_moe_buffers(plan: MoePlan, device: torch.device | str) -> dict[str, torch.Tensor]:
     """Plan-time allocation of exactly the plan's buffers (never during capture)."""
-    if not isinstance(plan, MoePlan):
-        raise TypeError(f"plan: expected MoePlan, got {type(plan).__name__}")
-    return allocate_buffers(plan.buffers, device)
+    return BUFFERS.allocate(plan, device)
 
 
 def _all_buffer_names() -> tuple[str, ...]:
@@ -619,26 +608,13 @@ def _all_buffer_names() -> tuple[str, ...]:
 ALL_BUFFER_NAMES = _all_buffer_names()
 
 
-@dataclasses.dataclass(frozen=True)
-class BoundMoe:
+class BoundMoe(BoundBuffers):
     """A plan and the caller's buffers, kept by identity."""
-
-    plan: MoePlan
-    buffers: Mapping[str, torch.Tensor]
-    device: torch.device
 
 
 def bind_moe(plan: MoePlan, **buffers: torch.Tensor | None) -> BoundMoe:
     """Check every planned buffer (exact shape/dtype/device/contiguity/alignment), keep by id."""
-    if not isinstance(plan, MoePlan):
-        raise TypeError(f"plan: expected MoePlan, got {type(plan).__name__}")
-    check_known_names(ALL_BUFFER_NAMES, buffers)
-    output = buffers.get("output")
-    device = check_bind_device("output", output)
-    kept = {}
-    for spec in plan.buffers:
-        kept[spec.name] = require_buffer(spec, buffers.get(spec.name), device=device)
-    return BoundMoe(plan, types.MappingProxyType(kept), kept["output"].device)
+    return BUFFERS.bind(plan, buffers)
 
 
 def check_bind_device(name: str, tensor: object) -> torch.device | None:
@@ -653,6 +629,11 @@ def check_bind_device(name: str, tensor: object) -> torch.device | None:
             f"{tensor.device}; the MoE kernels cannot run on it"
         )
     return tensor.device
+
+
+#: The op's buffer contract (allocate and bind), declared once; the output's device must be
+#: one of :data:`BIND_DEVICE_TYPES`.
+BUFFERS = OpBuffers(MoePlan, BoundMoe, ALL_BUFFER_NAMES, anchor_device=check_bind_device)
 
 
 def describe(plan: MoePlan) -> dict[str, Any]:
