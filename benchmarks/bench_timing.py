@@ -2,32 +2,50 @@
 
 * :func:`median_us` — median CUDA-event time of ``fn(i)`` in microseconds; ``i`` counts calls so
   a benchmark can rotate through several input copies and keep its working set out of the L2.
-* :func:`capture_graph` — a CUDA graph of ``fn()`` after two warm-up calls on a side stream (the
-  way a serving engine captures a step); time ``graph.replay`` with :func:`median_us`.
-* :func:`hbm_copy_bandwidth` — bytes read + written per second of a 2 GiB device copy, the HBM
-  anchor every benchmark reports its weight traffic against, measured in the same run.
+  ``max_s`` bounds the timed part: the warm-up calls give an estimate of one call and the
+  sample count is cut (never below three samples) so a slow case does not eat the run's budget.
+* :func:`capture_graph` — a CUDA graph of ``fn()`` after two warm-up calls on the stream the
+  capture then uses (the way a serving engine captures a step: per-stream library state such as
+  cuBLAS workspaces exists before the capture); time ``graph.replay`` with :func:`median_us`.
+  A capture that fails is undone (current stream restored, torch's generator capture flag
+  cleared by one empty capture) before the error propagates, so the next case still runs.
+* :func:`hbm_copy_bandwidth` — bytes read + written per second of a 1 GiB device-to-device copy
+  (2 GiB of traffic per copy), the HBM anchor every benchmark reports its weight traffic against,
+  measured in the same run.
 """
 
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Callable
 
 import torch
 
 
 def median_us(
-    fn: Callable[[int], object], *, warmup: int = 3, reps: int = 20, inner: int = 5
+    fn: Callable[[int], object],
+    *,
+    warmup: int = 3,
+    reps: int = 20,
+    inner: int = 5,
+    max_s: float | None = None,
 ) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for i in range(warmup):
         fn(i)
-    torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    if max_s is not None and warmup > 0:
+        per_call_s = start.elapsed_time(end) * 1e-3 / warmup
+        reps = max(3, min(reps, int(max_s / max(per_call_s * inner, 1e-9))))
     samples = []
     for r in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for i in range(inner):
-            fn(r * inner + i)
+            fn(warmup + r * inner + i)
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / inner)
@@ -41,13 +59,31 @@ def hbm_copy_bandwidth() -> float:
 
 
 def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    caller = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    stream.wait_stream(caller)
     with torch.cuda.stream(stream):
         fn()
         fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    caller.wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    except BaseException:
+        _restore_after_failed_capture(caller)
+        raise
     return graph
+
+
+def _restore_after_failed_capture(stream: torch.cuda.Stream) -> None:
+    """A failed ``capture_end`` skips torch's epilogue: the caller's stream is not restored and
+    the default generator keeps its capture flag. Restore the stream; an empty capture clears
+    the flag."""
+    torch.cuda.set_stream(stream)
+    healing = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.graph(healing):
+            pass
+    torch.cuda.synchronize()

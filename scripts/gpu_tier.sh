@@ -72,7 +72,8 @@ fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   phase dense_bench "$BENCH_S" "$OUT/dense_bench.log" \
-    python3 benchmarks/dense_trellis.py ${DENSE_ARGS:-} --json "$OUT/dense_bench.json"
+    python3 benchmarks/dense_trellis.py --budget-s "$((BENCH_S > 20 ? BENCH_S - 15 : BENCH_S))" \
+    ${DENSE_ARGS:-} --json "$OUT/dense_bench.json"
   tail -n 45 "$OUT/dense_bench.log" | tee -a "$summary"
 else
   skipped dense_bench
@@ -81,8 +82,9 @@ fi
 if [ "${MOE_BENCH:-1}" = 1 ]; then
   # GLM-like defaults of the script: H 5120, I 1536, 128 experts, top-8, MCG K4, packed FC1
   phase moe_bench "$MOE_BENCH_S" "$OUT/moe_bench.log" \
-    python3 benchmarks/moe_trellis.py --m "${MOE_M:-1,8,64,512,4096}" --json "$OUT/moe_bench.json"
-  grep -E "^(HBM|M=)|Error|error" "$OUT/moe_bench.log" | tail -n 12 | tee -a "$summary"
+    python3 benchmarks/moe_trellis.py --m "${MOE_M:-1,8,64,512,4096}" \
+    --budget-s "$((MOE_BENCH_S > 20 ? MOE_BENCH_S - 15 : MOE_BENCH_S))" --json "$OUT/moe_bench.json"
+  grep -E "^(HBM|M=|bf16/trellis|goal)|Error|error" "$OUT/moe_bench.log" | tail -n 14 | tee -a "$summary"
 else
   skipped moe_bench
 fi

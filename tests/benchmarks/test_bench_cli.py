@@ -1,0 +1,59 @@
+"""benchmarks/bench_cli.py (CPU): list arguments, the budget, strict JSON, table rendering."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+
+def test_int_list_accepts_positive_distinct_integers(bench_cli):
+    assert bench_cli.int_list("1,16, 64") == (1, 16, 64)
+    assert bench_cli.int_list("4096") == (4096,)
+
+
+@pytest.mark.parametrize("text", ["", "1,,2", "0", "-4", "1,x", "1.5", "8,8"])
+def test_int_list_refuses_bad_lists(bench_cli, text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench_cli.int_list(text)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two", "1,2"])
+def test_positive_int_refuses(bench_cli, text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench_cli.positive_int(text)
+
+
+def test_deadline_expires_after_its_budget(bench_cli, fake_clock):
+    deadline = bench_cli.Deadline(2.5, clock=fake_clock(1.0))  # start = 1
+    assert not deadline.expired()  # 2 - 1 = 1 s
+    assert not deadline.expired()  # 2 s
+    assert deadline.expired()  # 3 s >= 2.5
+    assert "2.5 s budget" in deadline.reason()
+    assert not bench_cli.Deadline(None, clock=fake_clock(1e9)).expired()
+
+
+def test_write_json_is_strict_and_leaves_no_temporary(bench_cli, tmp_path):
+    path = tmp_path / "r.json"
+    bench_cli.write_json(str(path), {"schema": "x/1", "v": 1.5})
+    assert json.loads(path.read_text()) == {"schema": "x/1", "v": 1.5}
+    with pytest.raises(ValueError):
+        bench_cli.write_json(str(path), {"v": math.nan})
+    assert json.loads(path.read_text())["v"] == 1.5  # the good file survives a failed write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_short_error_is_one_bounded_line(bench_cli):
+    text = bench_cli.short_error(RuntimeError("first line\nsecond line"))
+    assert text == "RuntimeError: first line"
+    assert len(bench_cli.short_error(ValueError("x" * 500), limit=40)) == 40
+
+
+def test_render_table_right_aligns_columns(bench_cli):
+    text = bench_cli.render_table(["M", "value"], [["1", "0.5"], ["4096", "12.25"]])
+    assert text.splitlines() == ["   M  value", "   1    0.5", "4096  12.25"]
+    assert bench_cli.fmt_cell(None) == "n/a"
+    assert bench_cli.fmt_cell(0.123, ".2f", mark="*") == "0.12*"
+    assert bench_cli.finite_or_none(math.inf) is None
