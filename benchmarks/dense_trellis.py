@@ -626,8 +626,9 @@ def dispatch_check(bench: CudaDenseBench, args, deadline: Deadline, log) -> list
         ps = bench.payloads(bits)
         for m in args.m:
             x = torch.randn(m, bench.k, device="cuda").to(torch.float16)
+            split = auto_split(m, bench.k, bench.n)
 
-            def fused(i, x=x, ps=ps, s=auto_split(m, bench.k, bench.n)):
+            def fused(i, x=x, ps=ps, s=split):
                 return host.trellis_matmul(x, ps[i % len(ps)], CODEBOOK, split_k=s)
 
             def decode_matmul(i, x=x, ps=ps):
@@ -676,10 +677,8 @@ def sweep(bench: CudaDenseBench, args) -> None:
                         try:
                             s = auto_split(m, k, n, tiles) if split is None else split
                             us = median_us(
-                                lambda i, x=x, t=tiles, d=depth, s=s, ps=ps: (
-                                    host.trellis_matmul(
-                                        x, ps[i % len(ps)], CODEBOOK, tiles=t, depth=d, split_k=s
-                                    )
+                                lambda i, x=x, t=tiles, d=depth, s=s, ps=ps: host.trellis_matmul(
+                                    x, ps[i % len(ps)], CODEBOOK, tiles=t, depth=d, split_k=s
                                 )
                             )
                         except Exception as exc:  # noqa: BLE001 -- a spec that does not build
