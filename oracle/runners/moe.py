@@ -7,6 +7,14 @@ variant meets each of them across its M buckets. Inputs carry inactive route ids
 weights. The judge is :func:`oracle.tolerance.judge_moe` over the reference stack, with the
 stages the contract makes observable (route-order rotations, FC1, the activated intermediate,
 FC2), so a wrong route or row is located, not only detected.
+
+Where the judge runs: on the case's device, except for cases of at least
+:data:`HOST_JUDGE_EXPERTS` experts, which are judged on the host from the same seeded inputs
+regenerated there (the kernel still runs on the GPU; its output and observed stages are copied
+over). The reference's per-expert loop issues hundreds of small kernels per expert; with the
+default job's shard processes time-slicing one GPU, an E=256 case took 12–25 s to judge on the
+H200 (warm job, 2026-12-03) against ~3.5 s for the same judge on two CPU threads. The judge is
+device-agnostic (the CPU tier runs it), so this moves only where it computes.
 """
 
 from __future__ import annotations
@@ -19,7 +27,17 @@ import torch
 from oracle.runners import inputs as case_inputs
 from oracle.runners.common import Outcome, run_op
 
-__all__ = ["flat_tensors", "moe_op_inputs", "moe_problem", "run_case"]
+__all__ = [
+    "HOST_JUDGE_EXPERTS",
+    "flat_tensors",
+    "judge_inputs",
+    "moe_op_inputs",
+    "moe_problem",
+    "run_case",
+]
+
+#: MoE cases with at least this many experts are judged on the host (module docstring).
+HOST_JUDGE_EXPERTS = 64
 
 
 def moe_problem(case: Any, experts: Any, choices: Any, device: Any = None) -> dict[str, Any]:
@@ -114,6 +132,18 @@ def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
     )  # fmt: skip
 
 
+def judge_inputs(
+    case: Any, tensors: Mapping[str, Any], y: torch.Tensor, observed: Mapping[str, Any], device: Any
+) -> tuple[Mapping[str, Any], torch.Tensor, Mapping[str, Any]]:
+    """``(inputs, y, observed)`` the judge reads: the run's own, or for a case of at least
+    :data:`HOST_JUDGE_EXPERTS` experts off the host, the same seeded inputs regenerated on the
+    host with ``y`` and the observed stages copied there (module docstring)."""
+    if (case.experts or 0) < HOST_JUDGE_EXPERTS or torch.device(device).type == "cpu":
+        return tensors, y, observed
+    host = case_inputs.moe_inputs(case, "cpu")
+    return host, y.cpu(), {name: stage.cpu() for name, stage in observed.items()}
+
+
 def run_case(case: Any, device: Any) -> list[Outcome]:
     """The one execution of a MoE case (module docstring)."""
     from oracle import tolerance
@@ -126,14 +156,15 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
     op_inputs = moe_op_inputs(tensors)
     result = run_op(contract, contract.graph_op(), problem, op_inputs, device)
     y = result.buffers["output"][: case.m]
+    judged, y_judged, observed = judge_inputs(case, tensors, y, result.observed, device)
     verdict = tolerance.judge_moe(
-        y,
-        x=tensors["x"],
-        experts=tensors["experts"],
-        topk_weights=tensors["topk_weights"],
-        topk_ids=tensors["topk_ids"],
+        y_judged,
+        x=judged["x"],
+        experts=judged["experts"],
+        topk_weights=judged["topk_weights"],
+        topk_ids=judged["topk_ids"],
         compute_dtype=case_inputs.compute_dtype(case),
-        observed=result.observed,
+        observed=observed,
         tolerance=case.variant.tolerance,
     )
     return [
@@ -146,6 +177,7 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
             note=choices.describe(),
             extra={
                 "choices": choices.describe(),
+                "judged_on": str(y_judged.device),
                 # which rows of b12x.ops.moe.dispatch served the case (the wave-balanced FC2
                 # tile...)
                 "paths": ",".join(

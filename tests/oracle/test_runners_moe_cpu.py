@@ -108,3 +108,42 @@ def test_moe_runner_passes_faithful_and_fails_planted_faults(
     else:
         assert result.status == "fail", (fault, result.reason)
         assert "replay: python -m oracle replay" in result.reason
+
+
+def _many_expert_case():
+    from oracle.runners.moe import HOST_JUDGE_EXPERTS
+
+    found = cases(op="moe", tier="gpu", filter=f"experts>={HOST_JUDGE_EXPERTS},m<=16")
+    assert found, "the grid has many-expert MoE cases"
+    return found[0]
+
+
+def test_a_many_expert_case_is_judged_on_the_host_from_the_same_inputs():
+    """Off the host, a case of HOST_JUDGE_EXPERTS or more experts is judged from its inputs
+    regenerated on the host: they must be the run's inputs exactly (same seed, same values)."""
+    from oracle.runners import inputs as case_inputs
+    from oracle.runners.moe import judge_inputs
+
+    case = _many_expert_case()
+    run_inputs = case_inputs.moe_inputs(case, "cpu")  # stands in for the GPU copy
+    y = torch.randn(case.m, run_inputs["x"].shape[1]).to(run_inputs["x"].dtype)
+    stage = torch.randn(case.m * case.top_k, 8)
+    judged, y_judged, observed = judge_inputs(case, run_inputs, y, {"fc2": stage}, "cuda")
+    assert judged is not run_inputs  # regenerated, not the run's objects
+    for name in ("x", "topk_weights", "topk_ids"):
+        assert torch.equal(judged[name].nan_to_num(), run_inputs[name].nan_to_num()), name
+    assert torch.equal(judged["experts"].w13, run_inputs["experts"].w13)
+    assert torch.equal(y_judged, y) and torch.equal(observed["fc2"], stage)
+
+
+def test_a_few_expert_case_and_a_host_run_keep_the_run_inputs():
+    from oracle.runners import inputs as case_inputs
+    from oracle.runners.moe import judge_inputs
+
+    few = _case("uniform", "fp16")
+    run_inputs = {"x": torch.zeros(1)}
+    y = torch.zeros(1)
+    assert judge_inputs(few, run_inputs, y, {}, "cuda")[0] is run_inputs
+    many = _many_expert_case()
+    assert judge_inputs(many, run_inputs, y, {}, "cpu")[0] is run_inputs
+    assert case_inputs.compute_dtype(many) in (torch.float16, torch.bfloat16)
