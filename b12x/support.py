@@ -25,7 +25,8 @@ Layout
   wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
   :func:`representative_specializations` is a small subset that still touches every kernel kind,
   codebook family, both compute dtypes and both window geometries (2- and 3-word lanes).
-* :func:`compile_specialization` compiles one spec for one arch on the CPU with fake tensors and
+* :func:`compile_specialization` compiles one spec of any kernel kind (``KernelSpec``,
+  ``MoeGemmSpec``, ...: :mod:`b12x.launch.kinds`) for one arch on the CPU with fake tensors and
   returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
   ``remarks{ptx}`` report, which the DSL prints and we capture).
 
@@ -431,13 +432,31 @@ def representative_specializations() -> list[KernelSpec]:
     ]
 
 
-def compile_specialization(spec: KernelSpec, arch: str) -> CompileReport:
-    """Compile ``spec`` for ``arch`` on the CPU; report PTX, registers and spill bytes."""
-    if not isinstance(spec, KernelSpec):
-        raise TypeError(f"spec: expected KernelSpec, got {type(spec).__name__}")
+def compile_specialization(spec: Any, arch: str) -> CompileReport:
+    """Compile ``spec`` for ``arch`` on the CPU; report PTX, registers and spill bytes.
+
+    ``spec`` is any spec of the kernel-kind registry (:func:`b12x.launch.kinds.kind_of`): a
+    dense :class:`KernelSpec` (its first spill-free level, as launches compile it), a grouped-GEMM
+    ``MoeGemmSpec`` or a ``MoeBoundarySpec`` (the kind's compile level: spill-free kinds at their
+    first spill-free level, the others at the default level their launches use)."""
+    from b12x.launch.kinds import kind_of
+    from b12x.launch.toolchain import compile_spill_free, compile_with_remarks
+
+    kind = kind_of(spec)  # TypeError naming `spec` for a type no kind takes
     if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+a?", arch):
         raise ValueError(f"arch: expected something like 'sm_90', got {arch!r}")
-    result = compile_spec(spec, arch, ptx=True)
+    if isinstance(spec, KernelSpec):
+        result = compile_spec(spec, arch, ptx=True)
+    elif kind.spill_free:
+        result = compile_spill_free(functools.partial(kind.build, spec), arch, ptx=True)
+    else:
+        remarks = compile_with_remarks(*kind.build(spec), arch, ptx=True)
+        return CompileReport(
+            ptx=remarks.ptx,
+            registers=max(remarks.registers) if remarks.registers else None,
+            spill_bytes=sum(remarks.spills) if remarks.spills else None,
+            log=remarks.log,
+        )
     return CompileReport(
         ptx=result.fn.artifacts.PTX or "",
         registers=result.registers,

@@ -10,11 +10,14 @@ Commands
   ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile on the simulated devices (pin vs
   the one predicate), compiles the kernel specialisations the tile registry maps it to for
   sm_80/sm_90/sm_120 (registers, spill bytes, MMA present; ``--codebook``/``--bits`` narrow
-  them) and, on a GPU, runs the grid cases pinned to it. A tile that qualifies for no (problem,
-  device) point, maps to no specialisation, or fails to compile FAILS the run; nothing about a
-  tile ever passes without compiling. ``--compile-all`` / ``--compile-budget S`` widen the
-  compile family. ``--gpus N|all`` shards the grid over N GPUs (one pinned subprocess each,
-  heavy cases in a serial phase) and merges one report; ``--shard I/N|serial`` runs one slice.
+  them; without either, a representative subset, :func:`representative_tile_subset`, said so in
+  the ``compile.tile_<tile>`` line) and, on a GPU, runs the grid cases pinned to it
+  (:func:`oracle.checks.gpu.select_grid` ``tile=``). A tile that qualifies for no (problem,
+  device) point, maps to no specialisation, fails to compile, or (on a GPU) qualifies for no grid
+  case FAILS the run; nothing about a tile ever passes without compiling. ``--compile-all`` /
+  ``--compile-budget S`` widen the compile family. ``--gpus N|all`` shards the grid over N GPUs
+  (one pinned subprocess each, heavy cases in a serial phase) and merges one report;
+  ``--shard I/N|serial`` runs one slice.
 * ``grid`` — list case ids for ``--filter`` / ``--op`` and the tier (``--tier`` picks which grid
   is listed; listing runs nothing, so it needs no device).
 * ``contracts`` — delegates its arguments to :func:`oracle.contracts.cli.main`.
@@ -624,6 +627,35 @@ def tile_specializations(
     return list(dict.fromkeys(narrowed)), ""
 
 
+def representative_tile_subset(specs: list[Any]) -> list[Any]:
+    """The specs a ``--tile`` run compiles without ``--codebook``/``--bits``: for each codebook its
+    highest bits, the largest ``m_tiles`` paired with each ``n_tiles`` there, every other field
+    (both dtypes, partials on and off, ...) as given; specs without a codebook (the split-K
+    reduce) are all kept. Order is kept."""
+
+    def attr(spec: Any, name: str) -> Any:
+        return getattr(spec, name, None)
+
+    top_bits: dict[Any, Any] = {}
+    for s in specs:
+        cb = attr(s, "codebook")
+        if cb is not None and attr(s, "bits") is not None:
+            top_bits[cb] = max(top_bits.get(cb, attr(s, "bits")), attr(s, "bits"))
+    kept = [s for s in specs if attr(s, "codebook") is None or attr(s, "bits") == top_bits.get(
+        attr(s, "codebook"))]  # fmt: skip
+    top_m: dict[Any, int] = {}
+    for s in kept:
+        key = (attr(s, "codebook"), attr(s, "n_tiles"))
+        if attr(s, "m_tiles") is not None:
+            top_m[key] = max(top_m.get(key, 0), attr(s, "m_tiles"))
+    return [
+        s
+        for s in kept
+        if attr(s, "m_tiles") is None
+        or attr(s, "m_tiles") == top_m[(attr(s, "codebook"), attr(s, "n_tiles"))]
+    ]
+
+
 def _compile_line(metrics: dict[str, Any]) -> str:
     parts = []
     for arch, summary in metrics.items():
@@ -638,11 +670,9 @@ def _compile_line(metrics: dict[str, Any]) -> str:
 
 def _tile_checks(args: argparse.Namespace, ctx: Any, tile: tuple[int, int, int]) -> list[Any]:
     """qualify (strict) → compile its specialisations on CPU (strict) → on a GPU, the grid
-    cases pinned to the tile (needs ``oracle.checks.gpu.select_grid(..., tile=)``)."""
-    import inspect
-
+    cases pinned to the tile (:func:`oracle.checks.gpu.select_grid` ``tile=``: none is a fail)."""
     from oracle.checks import compile as compile_checks
-    from oracle.checks import gpu, run_family
+    from oracle.checks import run_family
     from oracle.report import CheckResult
 
     text = args.tile
@@ -650,6 +680,10 @@ def _tile_checks(args: argparse.Namespace, ctx: Any, tile: tuple[int, int, int])
     try:
         out = tile_qualification(text)
         specs, why = tile_specializations(text, codebook=args.codebook, bits=args.bits)
+        total = len(specs)
+        subset = bool(specs) and args.codebook is None and args.bits is None
+        if subset:
+            specs = representative_tile_subset(specs)
         compiled = compile_checks.run(ctx, specs=specs, budget_s=0) if specs else []
     except Exception as exc:  # noqa: BLE001 - a crash is the tile's failure, shown in the report
         why = f"crashed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
@@ -660,6 +694,7 @@ def _tile_checks(args: argparse.Namespace, ctx: Any, tile: tuple[int, int, int])
     if not specs:
         out.append(CheckResult(f"compile.tile_{label}", "cpu", "fail", f"tile {label} {why}"))
     else:
+        rows = []
         for result in compiled:
             if result.status == "skip":
                 result = CheckResult(
@@ -669,15 +704,30 @@ def _tile_checks(args: argparse.Namespace, ctx: Any, tile: tuple[int, int, int])
                 result = CheckResult(
                     result.name, "cpu", "pass", _compile_line(result.metrics), result.metrics
                 )
-            out.append(result)
+            rows.append(result)
+        failed = sum(r.status != "pass" for r in rows)
+        arches = len(compile_checks.ARCHES)
+        if subset:
+            scope = (
+                f"representative subset, {len(specs)} of {total} (each codebook's highest bits, "
+                "both dtypes, the largest m_tiles, partials on and off, the reduce): pass "
+                "--codebook/--bits for others"
+            )
+        else:
+            narrowed = ", ".join(
+                f"{k}={v}" for k, v in (("codebook", args.codebook), ("bits", args.bits)) if v
+            )
+            scope = f"all {len(specs)} for {narrowed}"
+        summary = (
+            f"tile {label}: {len(specs) - failed} of {len(specs)} specialisation(s) compile for "
+            f"{arches} arches, spill-free, MMA in every GEMM ({scope})"
+        )
+        # the first row of the tile's compile block: what was (and was not) compiled
+        out.append(CheckResult(f"compile.tile_{label}", "cpu", "fail" if failed else "pass",
+                               summary, {"compiled": len(specs), "declared": total}))  # fmt: skip
+        out += rows
     if not (ctx.cuda and ctx.tier == "gpu"):
         return out + _gpu_skips(ctx, f".tile_{label}")
-    if "tile" not in inspect.signature(gpu.select_grid).parameters:
-        why = (
-            "oracle.checks.gpu cannot pin a tile yet: needs select_grid(..., tile=) and a kernel "
-            "runner that honours CheckContext.tile"
-        )
-        return [*out, CheckResult(f"gpu.tile_{label}", "gpu", "fail", why)]
     return out + run_family("gpu", ctx)
 
 

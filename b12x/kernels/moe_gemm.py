@@ -190,6 +190,11 @@ class MoeGemmSpec:
         return 16 * self.m_tiles
 
     @property
+    def uses_mma(self) -> bool:
+        """Every grouped GEMM runs the mma.sync mainloop (compile checks look for it)."""
+        return True
+
+    @property
     def cta_threads(self) -> int:
         """Threads of one CTA: ``k_split`` warp groups of ``warps`` warps."""
         return 32 * self.warps * self.k_split

@@ -4,7 +4,8 @@ Through ``b12x.support`` (imported lazily): ``compile_specialization(spec, arch)
 text, register count and spill bytes. Per specialization (one result, all arches):
 
 * it compiles for each of :data:`ARCHES` on the CPU (no GPU needed);
-* GEMM kernels (``spec.kind == "gemm"``) contain ``mma.sync.aligned.m16n8k16`` in their PTX
+* GEMM kernels (``spec.uses_mma``: dense ``gemm`` and the grouped ``MoeGemmSpec``; else
+  ``spec.kind == "gemm"``) contain ``mma.sync.aligned.m16n8k16`` in their PTX
   (the warp-level tensor-core path of design §4);
 * spill bytes are zero (an unparsed spill report is a failure: unknown is not zero).
 
@@ -113,7 +114,8 @@ def _compile_summary(support: Any, spec: Any, arch: str) -> dict[str, Any]:
 def _check_spec(support: Any, spec: Any, arches: tuple[str, ...], cache: _Cache) -> CheckResult:
     failures: list[str] = []
     metrics: dict[str, Any] = {}
-    is_gemm = getattr(spec, "kind", "") == "gemm"
+    uses_mma = getattr(spec, "uses_mma", None)  # KernelSpec, MoeGemmSpec; else by kind
+    is_gemm = uses_mma if isinstance(uses_mma, bool) else getattr(spec, "kind", "") == "gemm"
     for arch in arches:
         key = cache.key(spec, arch)
         summary = cache.data.get(key)

@@ -20,6 +20,16 @@ dtypes at least once; ``--heavy`` (or a filter naming ``heavy``) selects the hea
 ``--max-cases`` samples the same stratified way. Variants b12x does not declare are one ``skip``
 line per reason. A failing case is saved and its reason carries the exact replay command;
 :func:`replay_saved` re-judges a saved case.
+
+A pinned tile (``python -m oracle run --tile KxNxT``, ``CheckContext.tile``): :func:`pinned_cases`
+keeps the dense cases whose problem the tile qualifies for — each planned through the contract's
+graph op with ``tile=`` (``plan_dense`` pins it through THE predicate
+``b12x.ops.dense.tiles.qualify``; a ``tile:`` refusal means it does not qualify) — and the runner
+plans each with the same ``tile=`` (results ``….tile_<KxNxT>``). The wave-balanced FC2 tile pins
+nothing on the dense linear (FC2 only): it is judged through the MoE runner on the uniform,
+unpaired MoE cases whose plan on this device takes it (a ``moe_fc2_tile`` decision on the
+``wave_balanced`` row). No qualifying case is a ``fail`` naming the tile, never a pass. A pinned
+run judges the grid in-process and leaves the graph protocol (not tile-pinned) out, one ``skip``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from oracle.report import CheckResult
 __all__ = [
     "DEFAULT_JOB_CASES",
     "FAMILY_NAMES",
+    "pinned_cases",
     "case_results",
     "graph_results",
     "replay_saved",
@@ -73,9 +84,12 @@ def select_grid(
     filter: str | None = None,  # noqa: A002 - the CLI's name
     max_cases: int | None = None,
     heavy: bool = False,
+    tile: str | None = None,
+    device: Any = None,
 ) -> tuple[list[Any], list[CheckResult]]:
     """The grid cases a GPU run executes, and one skip line per reason for those it leaves out
-    (module docstring)."""
+    (module docstring). ``tile`` (``KxNxT``) keeps the cases pinned to it (:func:`pinned_cases`,
+    planned for ``device``); none is one ``fail`` line naming the tile."""
     from oracle.grids import cases, parse_case_id, stratified_sample
 
     notes: list[CheckResult] = []
@@ -100,6 +114,12 @@ def select_grid(
         CheckResult(f"gpu.unrunnable.{op}.{i}", "gpu", "skip", f"{count} case(s): {why}")
         for i, ((op, why), count) in enumerate(sorted(skipped.items()))
     ]
+    if tile is not None:
+        runnable, why = pinned_cases(runnable, tile, device=device)
+        if not runnable:
+            label = tile_label(tile)
+            reason = f"tile {label}: no grid case of this selection qualifies ({why})"
+            notes.append(CheckResult(f"gpu.tile_{label}", "gpu", "fail", reason))
     if not case:
         budget = max_cases if max_cases is not None else (None if filter else DEFAULT_JOB_CASES)
         if budget is not None and len(runnable) > budget:
@@ -107,11 +127,76 @@ def select_grid(
     return runnable, notes
 
 
+def tile_label(tile: str) -> str:
+    """``KxNxT`` of a tile spec text (``oracle.checks.dispatch_tiles.parse_tile``)."""
+    from oracle.checks.dispatch_tiles import parse_tile
+
+    return "x".join(map(str, parse_tile(tile)))
+
+
+def _takes_wave_fc2(plan: Any) -> bool:
+    return any(
+        d.role.endswith("fc2_tile") and d.path == "wave_balanced"
+        for d in getattr(plan, "decisions", ())
+    )
+
+
+def pinned_cases(pool: list[Any], tile: str, *, device: Any = None) -> tuple[list[Any], str]:
+    """``(cases, "")``: the cases of ``pool`` a run pinned to ``tile`` judges (module
+    docstring), planned for ``device`` (``None``: the current CUDA device; a simulated part
+    works on CPU); or ``([], why)``."""
+    from b12x.ops.dense.tiles import WAVE_BALANCED_FC2, serialize
+    from oracle.checks.dispatch_tiles import parse_tile
+    from oracle.declared import op_contract
+    from oracle.runners import dense as dense_runner
+    from oracle.runners import inputs as case_inputs
+    from oracle.runners import moe as moe_runner
+
+    spec = list(parse_tile(tile))
+    kept: list[Any] = []
+    if spec == serialize(WAVE_BALANCED_FC2):
+        contract = op_contract("moe")
+        op = contract.graph_op()
+        moe = [c for c in pool if c.variant.op == "moe" and c.variant.tier_layout is None
+               and c.variant.pair_kind is None]  # fmt: skip
+        for case in moe:
+            choices = case_inputs.moe_choices(case)
+            problem = moe_runner.moe_problem(case, None, choices, device or torch.device("cuda"))
+            if _takes_wave_fc2(op.plan(problem)):
+                kept.append(case)
+        why = (
+            f"FC2-only tile: judged through the MoE runner; none of {len(moe)} uniform unpaired "
+            "MoE case(s) plans its FC2 with it on this device"
+        )
+        return kept, "" if kept else why
+    contract = op_contract("dense")
+    first = ""
+    dense = [c for c in pool if c.variant.op == "dense"]
+    for case in dense:
+        callback = dense_runner.identity_h128 if case.variant.rotation == "none" else None
+        problem = {**dense_runner.dense_problem(case), "tile": spec}
+        try:
+            contract.graph_op(device=device, hadamard_128=callback).plan(problem)
+        except ValueError as exc:
+            if not str(exc).startswith("tile:"):
+                raise
+            first = first or f"e.g. {case.case_id}: {exc}"
+            continue
+        kept.append(case)
+    why = f"the tile qualifies for none of {len(dense)} dense case(s); {first or 'no dense case'}"
+    return kept, "" if kept else why
+
+
 def case_results(case: Any, ctx: Any) -> list[CheckResult]:
-    """Every judged execution of one case on the current CUDA device."""
+    """Every judged execution of one case on the current CUDA device (pinned to ``ctx.tile``)."""
     from oracle.runners import run_case
 
-    return run_case(case, device=torch.device("cuda"), results_dir=Path(ctx.results_dir))
+    return run_case(
+        case,
+        device=torch.device("cuda"),
+        results_dir=Path(ctx.results_dir),
+        tile=getattr(ctx, "tile", None),
+    )
 
 
 def graph_results(ctx: Any) -> list[CheckResult]:
@@ -121,9 +206,11 @@ def graph_results(ctx: Any) -> list[CheckResult]:
 
 
 def _grid(ctx: Any) -> list[CheckResult]:
+    tile = getattr(ctx, "tile", None)
     runnable, out = select_grid(
-        case=ctx.case, filter=ctx.filter, max_cases=ctx.max_cases, heavy=ctx.heavy
-    )
+        case=ctx.case, filter=ctx.filter, max_cases=ctx.max_cases, heavy=ctx.heavy, tile=tile,
+        device=torch.device("cuda") if tile else None,
+    )  # fmt: skip
     advance = ctx.advance("differential grid", len(runnable))
     for case in runnable:
         out += case_results(case, ctx)
@@ -165,6 +252,9 @@ def run(ctx: Any) -> list[CheckResult]:
         return [CheckResult(n, "gpu", "skip", "no CUDA device") for n in FAMILY_NAMES]
     if ctx.tier != "gpu":
         return [CheckResult(n, "gpu", "skip", "tier cpu selected (--tier)") for n in FAMILY_NAMES]
+    if getattr(ctx, "tile", None):  # in-process; the graph protocol pins no tile
+        why = f"the graph protocol is not tile-pinned (--tile {ctx.tile})"
+        return _grid(ctx) + [CheckResult("gpu.graph_protocol", "gpu", "skip", why)]
     if ctx.workers > 1 and WORKER_ENV not in os.environ:
         return _in_workers(ctx)
     return _grid(ctx) + graph_results(ctx)

@@ -23,6 +23,7 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -73,14 +74,28 @@ def _module(op: str) -> Any:
     return {"decode": decode, "dense": dense, "moe": moe}[op]
 
 
-def run_case(case: Any, *, device: Any, results_dir: Path) -> list[CheckResult]:
-    """Every execution of one grid case, judged; a crash is a failure of that case."""
-    name = f"gpu.{case.variant.op}.{case.case_id}"
+def run_case(
+    case: Any, *, device: Any, results_dir: Path, tile: str | None = None
+) -> list[CheckResult]:
+    """Every execution of one grid case, judged; a crash is a failure of that case.
+
+    ``tile`` (``KxNxT``, ``run --tile``): a dense case is planned with it pinned; a MoE case
+    (the FC2-only wave tile) runs as planned, its FC2 taking the tile
+    (:func:`oracle.checks.gpu.pinned_cases`). Result names end in ``.tile_<KxNxT>``."""
+    from oracle.checks.dispatch_tiles import parse_tile
+
+    label = "" if tile is None else "x".join(map(str, parse_tile(tile)))
+    name = f"gpu.{case.variant.op}.{case.case_id}" + (f".tile_{label}" if tile else "")
     if case.variant.op not in DIFFERENTIAL_OPS:
         return [crash(name, ValueError(f"no runner for op {case.variant.op!r}"))]
     start = time.perf_counter()
     try:
-        outcomes = _module(case.variant.op).run_case(case, device)
+        if tile is not None and case.variant.op == "dense":
+            outcomes = _module("dense").run_case(case, device, tile=tile)
+        else:
+            outcomes = _module(case.variant.op).run_case(case, device)
+        if tile is not None and case.variant.op != "dense":
+            outcomes = [dataclasses.replace(o, name=f"{o.name}.tile_{label}") for o in outcomes]
     except Exception as exc:  # noqa: BLE001 - the case fails with the exception's text
         return [crash(name, exc)]
     wall = time.perf_counter() - start  # every execution, reference and judge of the case

@@ -14,6 +14,11 @@ observed ``rotated`` and ``gemm`` stages); rotation ``none`` is the raw GEMM: th
 with an external H128 callback that only applies its (all-ones) scale
 (:func:`identity_h128`), judged by :func:`oracle.tolerance.judge_gemm` on the GEMM stage, and the
 output must be that stage rounded to fp16 exactly.
+
+**Pinned tile** (``run_case(..., tile="KxNxT")``, ``python -m oracle run --tile``): the problem
+carries ``tile`` (``plan_dense(..., tile=)``: the generic path with that tile, validated by the
+one tile predicate), every execution plans with it, the plan must report it (else the execution
+fails), and the result is named ``gpu.dense.<case>.tile_<KxNxT>``.
 """
 
 from __future__ import annotations
@@ -45,10 +50,12 @@ def identity_h128(inp, out, pre_scale, post_scale, scale) -> None:
     torch.mul(inp, factor, out=out)
 
 
-def dense_problem(case: Any) -> dict[str, Any]:
+def dense_problem(case: Any, tile: list[int] | None = None) -> dict[str, Any]:
+    """The dense op's problem (plan keywords) of one case; ``tile`` pins the GEMM tile."""
     v = case.variant
     dtype = case_inputs.compute_dtype(case)
-    return {
+    pinned = {} if tile is None else {"tile": list(tile)}
+    return pinned | {
         "m": case.m,
         "k": case.k,
         "n": case.n,
@@ -66,9 +73,9 @@ class Execution:
     device: Any  # None = the real device; else a simulated part for the plan
 
 
-def executions(case: Any, contract: Any) -> list[Execution]:
+def executions(case: Any, contract: Any, tile: list[int] | None = None) -> list[Execution]:
     """Native, plus every simulated part whose dispatch path differs (module docstring)."""
-    problem = dense_problem(case)
+    problem = dense_problem(case, tile)
     callback = identity_h128 if case.variant.rotation == "none" else None
     native = contract.graph_op(device=None, hadamard_128=callback).plan(problem).path
     out = [Execution("", None)]
@@ -130,33 +137,46 @@ def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
     return _judge(case, tensors, weight, y, {})
 
 
-def run_case(case: Any, device: Any) -> list[Outcome]:
-    """Every execution of one dense case (module docstring)."""
+def run_case(case: Any, device: Any, *, tile: str | None = None) -> list[Outcome]:
+    """Every execution of one dense case (module docstring); ``tile`` ``KxNxT`` pins the tile."""
+    from oracle.checks.dispatch_tiles import parse_tile
     from oracle.declared import op_contract
     from reference.trellis import decode
 
+    pinned = None if tile is None else list(parse_tile(tile))
+    suffix = "" if pinned is None else ".tile_" + "x".join(map(str, pinned))
     contract = op_contract("dense")
     tensors = case_inputs.dense_inputs(case, device)
     weight = decode(tensors["trellis"], case.variant.codebook)
     callback = identity_h128 if case.variant.rotation == "none" else None
-    problem = dense_problem(case)
+    problem = dense_problem(case, pinned)
     outcomes = []
-    for execution in executions(case, contract):
+    for execution in executions(case, contract, pinned):
         op = contract.graph_op(device=execution.device, hadamard_128=callback)
         result = run_op(contract, op, problem, tensors, device)
         y = result.buffers["output"][: case.m]
         verdict = _judge(case, tensors, weight, y, {k: v[: case.m] for k, v in
                                                     result.observed.items()})  # fmt: skip
+        note = f"path {result.plan.path}"
+        if pinned is not None:
+            planned = getattr(result.plan, "tile", None)
+            got = None if planned is None else [planned.tile_k, planned.tile_n, planned.cta_threads]
+            note += f", tile {suffix[6:]}"
+            if got != pinned:
+                why = f"pinned tile {pinned} but the plan ran tile {got}"
+                verdict = dataclasses.replace(
+                    verdict, passed=False, reasons=(*verdict.reasons, why)
+                )
         name = f"gpu.dense.{case.case_id}" + (f".{execution.label}" if execution.label else "")
         outcomes.append(
             Outcome(
-                name,
+                name + suffix,
                 verdict,
                 case,
                 tensors,
                 y.detach(),
-                note=f"path {result.plan.path}",
-                extra={"path": result.plan.path},
+                note=note,
+                extra={"path": result.plan.path} | ({"tile": pinned} if pinned else {}),
             )  # fmt: skip
         )
     return outcomes

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -310,7 +311,7 @@ def fake_tiles(monkeypatch):
         compiled.append((spec, arch))
         if state["error"]:
             raise RuntimeError(state["error"])
-        ptx = "mma.sync.aligned.m16n8k16" if spec.kind == "gemm" else ""
+        ptx = "mma.sync.aligned.m16n8k16" if getattr(spec, "kind", "gemm") == "gemm" else ""
         return b12x.support.CompileReport(ptx, 76, state["spill"])
 
     monkeypatch.setattr(cli, "_tile_registries", lambda: ([state["registry"]], ""))
@@ -332,9 +333,13 @@ def test_tile_run_qualifies_and_compiles_every_specialisation_for_every_arch(
     code, checks = _tile_run(tmp_path, capsys, "--tile", "64x256x256", "--tier", "cpu")
     assert code == 0, checks
     assert checks["tile.fake_tiles.64x256x256"]["status"] == "pass"
-    assert {spec for spec, _ in compiled} == set(SPECS)
+    # without --codebook/--bits: each codebook's highest bits, and the reduce, and it says so
+    assert {spec for spec, _ in compiled} == set(SPECS) - {FakeSpec("gemm", "mcg", 4)}
     assert {arch for _, arch in compiled} == {"sm_80", "sm_90", "sm_120"}
-    gemm = checks["compile.gemm.codebook=mcg.bits=4"]
+    summary = checks["compile.tile_64x256x256"]
+    assert summary["status"] == "pass" and "representative subset, 3 of 4" in summary["reason"]
+    assert "pass --codebook/--bits for others" in summary["reason"]
+    gemm = checks["compile.gemm.codebook=mcg.bits=6"]
     assert gemm["status"] == "pass"
     assert "sm_90: 76 regs, 0 B spill, mma" in gemm["reason"]
     assert checks["gpu.differential_grid.tile_64x256x256"]["status"] == "skip"
@@ -359,7 +364,8 @@ def test_tile_run_narrows_by_codebook_and_bits(fake_tiles, tmp_path, capsys):
         ("32x32x32", {}, "tile.fake_tiles.32x32x32", "is not a declared entry"),
         ("64x256x256", {"registry": FakeRegistry()}, "compile.tile_64x256x256", "declares"),
         ("64x256x256", {"registry": FakeRegistry([])}, "compile.tile_64x256x256", "maps to no"),
-        ("64x256x256", {"spill": 8}, "compile.gemm.codebook=mcg.bits=4", "8 spill bytes"),
+        ("64x256x256", {"spill": 8}, "compile.gemm.codebook=mcg.bits=6", "8 spill bytes"),
+        ("64x256x256", {"spill": 8}, "compile.tile_64x256x256", "0 of 3 specialisation(s)"),
         ("64x256x256", {"error": "ptxas died"}, "compile.reduce", "ptxas died"),
     ],
 )
@@ -371,20 +377,54 @@ def test_a_tile_that_cannot_be_run_fails(fake_tiles, tmp_path, capsys, tile, cha
     assert checks[name]["status"] == "fail" and needle in checks[name]["reason"], checks[name]
 
 
-def test_a_tile_without_a_gpu_runner_fails_on_a_gpu(fake_tiles, tmp_path, capsys, monkeypatch):
+def test_a_tile_no_grid_case_qualifies_for_fails_on_a_gpu(
+    fake_tiles, tmp_path, capsys, monkeypatch
+):
     import oracle.checks
+    from oracle import declared
 
+    class Refusing:
+        def __init__(self, device=None, hadamard_128=None):
+            pass
+
+        def plan(self, problem):
+            raise ValueError(f"tile: pinned {problem['tile']} rejected: N is not a multiple")
+
+    contract = types.SimpleNamespace(graph_op=Refusing)
+    monkeypatch.setattr(declared, "op_contract", lambda name: contract)
     monkeypatch.setattr(oracle.checks, "cuda_available", lambda: True)
-    code, checks = _tile_run(tmp_path, capsys, "--tile", "64x256x256", "--tier", "gpu")
+    code, checks = _tile_run(
+        tmp_path, capsys, "--tile", "64x256x256", "--tier", "gpu", "--filter", "op=dense,m=1"
+    )
     assert code == 1
-    assert "cannot pin a tile" in checks["gpu.tile_64x256x256"]["reason"]
+    result = checks["gpu.tile_64x256x256"]
+    assert result["status"] == "fail"
+    assert "tile 64x256x256: no grid case of this selection qualifies" in result["reason"]
+    assert "rejected: N is not a multiple" in result["reason"]
 
 
-def test_the_real_registry_compiles_nothing_without_its_hook(tmp_path, capsys):
+def test_the_real_registry_maps_every_tile_to_specialisations(fake_tiles, tmp_path, capsys):
+    """b12x's registry declares ``specializations(tile)``: dense tiles → KernelSpecs, the FC2
+    tile → grouped-GEMM MoeGemmSpecs, compiled (here by the fake compiler) for every arch."""
+    import oracle.cli as cli
+    from oracle.checks.dispatch_tiles import declared
+
+    compiled, state = fake_tiles
+    state["registry"] = declared("tile_registries")[0][0]
     code, checks = _tile_run(tmp_path, capsys, "--tile", "32x512x256")
-    assert code == 1  # it used to "pass" without compiling anything
+    assert code == 0, checks
     assert checks["tile.dense_trellis_tiles.32x512x256"]["status"] == "pass"  # fc2 qualifies
-    assert "maps to no specialisation" in checks["compile.tile_32x512x256"]["reason"]
+    assert {type(spec).__name__ for spec, _ in compiled} == {"MoeGemmSpec"}
+    assert "representative subset, 10 of 290" in checks["compile.tile_32x512x256"]["reason"]
+    compiled.clear()
+    code, checks = _tile_run(
+        tmp_path, capsys, "--tile", "64x256x256", "--codebook", "mcg", "--bits", "4"
+    )
+    assert code == 0, checks
+    specs = {spec for spec, _ in compiled}
+    assert len(specs) == 14 and {s.codebook for s in specs} == {"mcg", None}
+    assert "all 14 for codebook=mcg, bits=4" in checks["compile.tile_64x256x256"]["reason"]
+    assert cli.SPECIALIZATIONS_HOOK == "specializations"
 
 
 @pytest.mark.slow
@@ -394,7 +434,8 @@ def test_a_real_tile_specialisation_compiles_for_every_arch(tmp_path, capsys, mo
     from b12x.ops.dense import tiles
 
     spec = KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=2, warps=8)
-    monkeypatch.setattr(type(tiles.REGISTRY), "specializations", lambda s, t: [spec], raising=False)
+    assert spec in tiles.REGISTRY.specializations(tiles.Tile(64, 256, 256))
+    monkeypatch.setattr(type(tiles.REGISTRY), "specializations", lambda s, t: [spec])
     code, checks = _tile_run(tmp_path, capsys, "--tile", "64x256x256", "--tier", "cpu")
     assert code == 0, checks
     (name,) = [n for n in checks if n.startswith("compile.gemm")]

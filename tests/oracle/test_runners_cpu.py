@@ -105,3 +105,60 @@ def test_dense_runner_passes_faithful_and_fails_planted_faults(
         assert result.status == "fail", (fault, result.reason)
         assert "replay: python -m oracle replay" in result.reason
         assert list(tmp_path.glob("*.json"))
+
+
+# --- run --tile on a GPU: the pinned tile reaches plan; no qualifying case is a failure -------
+
+
+def _pinning_contract(seen: list, qualifies):
+    contract = _fake_contract(None)
+    base = contract.graph_op
+
+    class PinnedOp(base):
+        def plan(self, problem):
+            seen.append(dict(problem))
+            if "tile" in problem and not qualifies(problem):
+                raise ValueError(f"tile: pinned {problem['tile']} rejected: N={problem['n']}")
+            plan = super().plan(problem)
+            spec = problem.get("tile")
+            plan.tile = None if spec is None else types.SimpleNamespace(
+                tile_k=spec[0], tile_n=spec[1], cta_threads=spec[2]
+            )  # fmt: skip
+            return plan
+
+    import dataclasses
+
+    return dataclasses.replace(contract, graph_op=PinnedOp)
+
+
+def test_a_pinned_tile_reaches_plan_and_names_the_result(monkeypatch, tmp_path):
+    from oracle import declared
+    from oracle.checks.gpu import select_grid
+    from oracle.runners import run_case
+
+    seen: list = []
+    contract = _pinning_contract(seen, lambda p: p["n"] % 256 == 0)
+    monkeypatch.setattr(declared, "op_contract", lambda name: contract)
+    text = "op=dense,codebook=mcg,bits=4,m=17,rotation=full,dtype=fp16"
+    runnable, notes = select_grid(filter=text, tile="64x256x256")
+    assert runnable and all(c.n % 256 == 0 for c in runnable), notes
+    assert not [n for n in notes if n.status == "fail"]
+    assert {tuple(p["tile"]) for p in seen} == {(64, 256, 256)}
+    seen.clear()
+    (result,) = run_case(runnable[0], device="cpu", results_dir=tmp_path, tile="64x256x256")
+    assert result.status == "pass", result.reason
+    assert result.name == f"gpu.dense.{runnable[0].case_id}.tile_64x256x256"
+    assert seen and all(p["tile"] == [64, 256, 256] for p in seen)
+
+
+def test_a_selection_no_case_qualifies_for_fails_naming_the_tile(monkeypatch):
+    from oracle import declared
+    from oracle.checks.gpu import select_grid
+
+    contract = _pinning_contract([], lambda p: False)
+    monkeypatch.setattr(declared, "op_contract", lambda name: contract)
+    runnable, notes = select_grid(filter="op=dense,m=17,codebook=mcg,bits=4", tile="64x256x256")
+    assert runnable == []
+    (fail,) = [n for n in notes if n.status == "fail"]
+    assert fail.name == "gpu.tile_64x256x256"
+    assert "no grid case of this selection qualifies" in fail.reason and "rejected" in fail.reason

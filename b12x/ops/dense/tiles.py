@@ -23,6 +23,18 @@ Layout
   ``qualify``, ``auto_select``, ``pin``, ``serialize``, ``deserialize``, ``key``, ``problems``).
 * :func:`kernel_geometry` maps a tile onto the dense GEMM kernel's launch shape:
   ``warps = cta_threads / 32`` and ``n_tiles = tile_n / (16 · warps)`` N16 tiles per warp.
+* :func:`specializations` (``REGISTRY.specializations(tile)``, the hook ``python -m oracle run
+  --tile`` compiles) lists every kernel specialisation a launch pinned to ``tile`` compiles. A
+  dense tile: the ``gemm`` :class:`~b12x.launch.specs.KernelSpec` of ``plan_dense(..., tile=)`` +
+  ``host.trellis_matmul`` for every legal (codebook, bits) of :mod:`b12x.formats`, both compute
+  dtypes, every ``m_tiles`` of ``host.choose_tiles``, with and without split-K partials (a pinned
+  tile always takes the generic path, whose split the split-K table may raise at any M), plus
+  the split-K ``reduce``. The wave-balanced FC2 tile: the unpaired
+  :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` s ``b12x.ops.moe.plan.plan_fc2_tile`` produces
+  (geometry :func:`kernel_geometry`, :data:`WAVE_BALANCED_FC2_DEPTH` register stages, every
+  (m_tiles, k_split) :func:`wave_fc2_fits` admits). Imports are lazy (importing this module stays
+  light), and nothing here imports :mod:`b12x.ops.moe` (it imports this module): the FC2 facts
+  the MoE tables read live here.
 
 The wave-balanced FC2 tile: PR #146 semantics, not PR #137
 ----------------------------------------------------------
@@ -55,6 +67,7 @@ from b12x.runtime.validate import check_positive_int
 
 __all__ = [
     "ENTRIES",
+    "GROUPED_M_TILES",
     "LARGE_BATCH",
     "PHASES",
     "REGISTRY",
@@ -72,6 +85,9 @@ __all__ = [
     "pin",
     "qualify",
     "serialize",
+    "specializations",
+    "wave_fc2_fits",
+    "WAVE_BALANCED_FC2_DEPTH",
 ]
 
 PHASES = ("dense", "fc1", "fc2")
@@ -100,6 +116,8 @@ SMALL_BATCH = (Tile(128, 128, 256), Tile(64, 128, 128), Tile(128, 64, 128))
 LARGE_BATCH = (Tile(64, 256, 256), Tile(64, 128, 128), Tile(128, 64, 128))
 DENSE_DEFAULTS = (Tile(64, 256, 256), Tile(64, 128, 128))
 WAVE_BALANCED_FC2 = Tile(32, 512, 256)
+#: Register stages of the wave-balanced FC2 launch (``b12x.ops.moe.dispatch``'s FC2_TILE value).
+WAVE_BALANCED_FC2_DEPTH = 2
 ENTRIES: tuple[Tile, ...] = tuple(dict.fromkeys(SMALL_BATCH + LARGE_BATCH + (WAVE_BALANCED_FC2,)))
 
 
@@ -313,6 +331,76 @@ def kernel_geometry(tile: Tile) -> tuple[int, int]:
     return warps, tile.tile_n // (16 * warps)
 
 
+def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
+    """Whether the wave-balanced FC2 tile can keep a launch of ``m_tiles`` M16 blocks and an
+    intra-CTA K split ``k_split``: 256·k_split threads cannot keep wide accumulators, so not
+    both (the ``not_split_and_wide`` condition of ``b12x.ops.moe.dispatch.FC2_TILE``)."""
+    return not (k_split > 1 and m_tiles > 1)
+
+
+#: M16 blocks per CTA (``m_tiles``) a grouped-GEMM launch takes (``b12x.ops.moe.dispatch.M_TILES``).
+GROUPED_M_TILES = (1, 2, 4)
+
+
+def specializations(tile: Tile) -> tuple[Any, ...]:
+    """Every kernel specialisation a launch pinned to ``tile`` compiles (module docstring)."""
+    if not isinstance(tile, Tile):
+        raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
+    if tile not in ENTRIES:
+        raise ValueError(f"tile: {tile!r} is not a registry entry")
+    from b12x.formats import FORMATS, resolve_format
+
+    legal = [(fmt.name, bits) for fmt in FORMATS.values() for bits in fmt.legal_bits]
+    if tile == WAVE_BALANCED_FC2:
+        return _fc2_specializations(legal)
+    from b12x.launch.host import choose_tiles
+    from b12x.launch.specs import KernelSpec
+
+    warps, n_tiles = kernel_geometry(tile)
+    # choose_tiles(m)[0] is 1, 2, 4 by M and constant above M = 32
+    m_tiles_values = sorted({choose_tiles(m)[0] for m in range(1, 257)})
+    specs: list[Any] = [
+        KernelSpec(
+            "gemm",
+            resolve_format(codebook, bits),
+            bits,
+            bf16=bf16,
+            m_tiles=m_tiles,
+            n_tiles=n_tiles,
+            warps=warps,
+            write_partials=partials,
+        )  # fmt: skip
+        for codebook, bits in legal
+        for bf16 in (False, True)
+        for m_tiles in m_tiles_values
+        for partials in (False, True)
+    ]
+    specs += [KernelSpec("reduce", bf16=bf16) for bf16 in (False, True)]
+    return tuple(specs)
+
+
+def _fc2_specializations(legal: list[tuple[str, int]]) -> tuple[Any, ...]:
+    from b12x.kernels.moe_gemm import K_SPLITS, MoeGemmSpec
+
+    warps, n_tiles = kernel_geometry(WAVE_BALANCED_FC2)
+    specs = []
+    for codebook, bits in legal:
+        for bf16 in (False, True):
+            for m_tiles in GROUPED_M_TILES:
+                for k_split in K_SPLITS:
+                    if not wave_fc2_fits(m_tiles, k_split):
+                        continue
+                    try:
+                        spec = MoeGemmSpec(
+                            codebook, bits, bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+                            depth=WAVE_BALANCED_FC2_DEPTH, k_split=k_split,
+                        )  # fmt: skip
+                    except ValueError:  # e.g. 8 warps × k_split 8: more than 1024 threads
+                        continue
+                    specs.append(spec)
+    return tuple(specs)
+
+
 def key(tile: Tile, problem: TileProblem, device: Any) -> tuple:
     """The compile identity a tile contributes: kernel geometry, bits and the device arch."""
     if not isinstance(tile, Tile):
@@ -365,6 +453,9 @@ class _Registry:
 
     def key(self, tile: Tile, problem: TileProblem, device: Any) -> tuple:
         return key(tile, problem, device)
+
+    def specializations(self, tile: Tile) -> tuple[Any, ...]:
+        return specializations(tile)
 
 
 REGISTRY = _Registry()

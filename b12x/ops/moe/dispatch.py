@@ -125,7 +125,7 @@ __all__ = [
 M_TILES_1_MAX_ROUTES = 24
 #: ... two M16 tiles up to this many, four beyond.
 M_TILES_2_MAX_ROUTES = 48
-M_TILES = (1, 2, 4)
+M_TILES = dense_tiles.GROUPED_M_TILES
 #: K rows of one whole 8-row unit (every mainloop ``depth`` divides 8 K16 rows).
 K_UNIT = 128
 #: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
@@ -609,7 +609,7 @@ def _live_ctas(c) -> int:
 
 def _wave_geometry() -> GemmGeometry:
     warps, n_tiles = dense_tiles.kernel_geometry(dense_tiles.WAVE_BALANCED_FC2)
-    return GemmGeometry(n_tiles, warps, 2)
+    return GemmGeometry(n_tiles, warps, dense_tiles.WAVE_BALANCED_FC2_DEPTH)
 
 
 def _ft(**changes: Any) -> dict:
@@ -675,7 +675,7 @@ FC2_TILE = _table(
                 ),
                 _cond(
                     "not_split_and_wide",
-                    lambda c: not (c["k_split"] > 1 and c["m_tiles"] > 1),
+                    lambda c: dense_tiles.wave_fc2_fits(c["m_tiles"], c["k_split"]),
                     lambda c: (
                         f"k_split={c['k_split']} with m_tiles={c['m_tiles']}: 256·k_split "
                         "threads cannot keep wide accumulators"

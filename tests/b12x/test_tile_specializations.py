@@ -1,0 +1,100 @@
+"""``b12x.ops.dense.tiles.specializations(tile)`` (the registry hook ``python -m oracle run
+--tile`` compiles) lists exactly what a launch pinned to the tile compiles: the dense GEMM spec
+that ``plan_dense(..., tile=)`` + ``host.trellis_matmul`` build, the split-K reduce, and for the
+wave-balanced FC2 tile the grouped-GEMM spec ``plan_fc2_tile`` produces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from b12x.launch.specs import KernelSpec
+from b12x.ops.dense import tiles
+from b12x.ops.dense.plan import plan_dense
+from oracle.tiles import DEVICES
+
+H200 = next(d for d in DEVICES if tuple(d.capability) == (9, 0))
+
+
+def _launched(plan) -> list[KernelSpec]:
+    """The specs ``run_dense`` → ``host.trellis_matmul`` compiles for ``plan`` (its keywords)."""
+    p = plan.problem
+    bf16 = p.compute_dtype == torch.bfloat16
+    gemm = KernelSpec(
+        "gemm", p.fmt, p.bits, bf16=bf16, m_tiles=plan.m_tiles, n_tiles=plan.n_tiles,
+        warps=plan.warps, write_partials=plan.split_k > 1,
+    )  # fmt: skip
+    return [gemm] + ([KernelSpec("reduce", bf16=bf16)] if plan.split_k > 1 else [])
+
+
+@pytest.mark.parametrize("tile", [t for t in tiles.ENTRIES if t != tiles.WAVE_BALANCED_FC2])
+@pytest.mark.parametrize(
+    ("m", "k", "n", "codebook", "bits", "dtype"),
+    [
+        (1, 8192, 256, "mcg", 4, torch.float16),  # M16 block, split-K (partials + reduce)
+        (24, 1024, 1024, "sqg_fp16", 5, torch.bfloat16),  # two M16 blocks
+        (200, 512, 2048, "3inst", 2, torch.float16),  # four M16 blocks
+        (3, 4096, 512, "sqg_e4m3", 3, torch.bfloat16),
+    ],
+)
+def test_hook_lists_what_a_pinned_dense_plan_launches(tile, m, k, n, codebook, bits, dtype):
+    plan = plan_dense(
+        m=m, k=k, n=n, bits=bits, codebook=codebook, x_dtype=dtype, compute_dtype=dtype,
+        tile=tile, device=H200,
+    )  # fmt: skip
+    assert plan.path == "generic" and plan.tile == tile
+    specs = tiles.REGISTRY.specializations(tile)
+    for spec in _launched(plan):
+        assert spec in specs, (spec, tile)
+
+
+def test_hook_covers_split_k_and_every_m_block():
+    specs = tiles.specializations(tiles.Tile(64, 256, 256))
+    gemm = [s for s in specs if s.kind == "gemm"]
+    assert {s.m_tiles for s in gemm} == {1, 2, 4}
+    assert {s.write_partials for s in gemm} == {False, True}
+    assert {(s.warps, s.n_tiles) for s in gemm} == {(8, 2)}
+    assert {s.bf16 for s in specs if s.kind == "reduce"} == {False, True}
+    assert len(set(specs)) == len(specs)
+
+
+def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
+    from b12x.formats import resolve_format
+    from b12x.ops.moe.plan import plan_fc2_tile, plan_gemm_spec
+
+    specs = tiles.REGISTRY.specializations(tiles.WAVE_BALANCED_FC2)
+    limits = tiles.DeviceLimits("h200", 132, 232448, (9, 0))
+    taken = 0
+    for codebook, bits, dtype, m in (("mcg", 3, torch.float16, 8), ("mul1", 4, torch.bfloat16, 8)):
+        decisions: list = []
+        default = plan_gemm_spec(
+            decisions=decisions, role="fc2", fmt=resolve_format(codebook, bits), bits=bits,
+            compute_dtype=dtype, m_tiles=1, phase="fc2", choice=None, k=1536, n=5120,
+        )  # fmt: skip
+        spec = plan_fc2_tile(
+            default, decisions=decisions, role="fc2", limits=limits, m=m, top_k=8,
+            num_experts=160, hidden=5120, intermediate=1536,
+        )  # fmt: skip
+        assert spec != default  # the wave rule fired
+        assert spec in specs
+        assert default not in specs
+        taken += 1
+    assert taken == 2
+    assert all(s.pair is None and (s.k_split == 1 or s.m_tiles == 1) for s in specs)
+
+
+def test_hook_refuses_what_is_not_a_registry_tile():
+    with pytest.raises(TypeError, match="tile"):
+        tiles.specializations([64, 256, 256])
+    with pytest.raises(ValueError, match="registry entry"):
+        tiles.specializations(tiles.Tile(32, 32, 16))
+
+
+@pytest.mark.slow
+def test_a_grouped_gemm_spec_of_the_fc2_tile_compiles_on_cpu():
+    from b12x import support
+
+    spec = next(s for s in tiles.specializations(tiles.WAVE_BALANCED_FC2) if s.codebook == "mcg")
+    report = support.compile_specialization(spec, "sm_90")
+    assert "mma.sync.aligned.m16n8k16" in report.ptx
+    assert report.registers and report.spill_bytes == 0
