@@ -7,6 +7,8 @@
   traceback when no CUDA device is present.
 * :class:`Deadline` — a wall-clock budget: a benchmark checks it before each measurement and
   reports what it had to skip, so one run fits the caller's time limit.
+* :func:`record_device_and_hbm` — the device facts and the HBM copy anchor every report starts
+  with, a failure recorded rather than raised.
 * :func:`short_error` — one line of an exception for a table footnote or a JSON field.
 * :func:`write_json` — strict JSON (non-finite floats refused) written by atomic rename, so a run
   killed mid-write never leaves half a file; the benchmarks rewrite it after every row.
@@ -22,6 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -87,6 +90,24 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def record_device_and_hbm(bench: Any, report: dict, log: Callable[[str], None]) -> None:
+    """The anchors every benchmark starts with: ``report["device"]`` (``bench.device()``) and the
+    HBM copy bandwidth ``report["anchors"]["hbm_copy_Bps"]`` (``bench.hbm_bandwidth()``); a
+    failure of either is recorded (``{"error": …}`` / ``anchors["hbm_error"]``) and logged, never
+    raised, so the run goes on."""
+    try:
+        report["device"] = bench.device()
+    except Exception as exc:  # noqa: BLE001
+        report["device"] = {"error": short_error(exc)}
+    log(f"device: {report['device']}")
+    try:
+        report["anchors"]["hbm_copy_Bps"] = bench.hbm_bandwidth()
+        log(f"HBM copy bandwidth: {report['anchors']['hbm_copy_Bps'] / 1e9:.0f} GB/s")
+    except Exception as exc:  # noqa: BLE001
+        report["anchors"]["hbm_error"] = short_error(exc)
+        log(f"HBM copy bandwidth: failed: {report['anchors']['hbm_error']}")
 
 
 def write_json(path: str, payload: dict) -> None:

@@ -61,6 +61,7 @@ from bench_cli import (
     finite_or_none,
     fmt_cell,
     int_list,
+    record_device_and_hbm,
     refuse_without_cuda,
     render_table,
     short_error,
@@ -390,17 +391,8 @@ def collect(
         if on_progress is not None:
             on_progress(report)
 
-    try:
-        report["device"] = bench.device()
-    except Exception as exc:  # noqa: BLE001
-        report["device"] = {"error": short_error(exc)}
-    log(f"device: {report['device']}; K={k} N={n} {CODEBOOK}, bf16 x")
-    try:
-        report["anchors"]["hbm_copy_Bps"] = bench.hbm_bandwidth()
-        log(f"HBM copy bandwidth: {report['anchors']['hbm_copy_Bps'] / 1e12:.2f} TB/s")
-    except Exception as exc:  # noqa: BLE001
-        report["anchors"]["hbm_error"] = short_error(exc)
-        log(f"HBM copy bandwidth: failed: {report['anchors']['hbm_error']}")
+    record_device_and_hbm(bench, report, log)
+    log(f"problem: K={k} N={n} {CODEBOOK}, bf16 x")
 
     for m in args.m:
         cell = cells[m, CUBLAS] = measure(lambda m=m: bench.cublas(m), deadline)

@@ -60,6 +60,7 @@ from bench_cli import (
     fmt_cell,
     int_list,
     positive_int,
+    record_device_and_hbm,
     refuse_without_cuda,
     render_table,
     short_error,
@@ -401,17 +402,7 @@ def collect(
         if on_progress is not None:
             on_progress(report)
 
-    try:
-        report["device"] = bench.device()
-    except Exception as exc:  # noqa: BLE001
-        report["device"] = {"error": short_error(exc)}
-    log(f"device: {report['device']}")
-    try:
-        report["anchors"]["hbm_copy_Bps"] = bench.hbm_bandwidth()
-        log(f"HBM copy bandwidth: {report['anchors']['hbm_copy_Bps'] / 1e9:.0f} GB/s")
-    except Exception as exc:  # noqa: BLE001
-        report["anchors"]["hbm_error"] = short_error(exc)
-        log(f"HBM copy bandwidth: failed: {report['anchors']['hbm_error']}")
+    record_device_and_hbm(bench, report, log)
 
     def baseline(m: int) -> Cell:
         if (m, BASELINE) not in cells:

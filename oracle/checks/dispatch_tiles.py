@@ -29,7 +29,7 @@ from oracle.dispatch import check_table as check_dispatch_table
 from oracle.report import CheckResult
 from oracle.tiles import DEVICES, check_registry, find_duplicated_floors
 
-__all__ = ["declared", "parse_tile", "qualify_tile", "run", "tile_specializations"]
+__all__ = ["declared", "parse_tile", "qualify_tile", "run"]
 
 
 def declared(hook: str) -> tuple[list[Any] | None, str]:
@@ -187,30 +187,3 @@ def qualify_tile(text: str, registries: Iterable[Any] | None = None) -> list[Che
             )
         )
     return out
-
-
-def tile_specializations(text: str) -> tuple[list[Any] | None, str]:
-    """Kernel specs a registry compiles for tile ``text`` (its optional ``specializations(tile)``
-    hook), or ``(None, reason)``."""
-    spec = parse_tile(text)
-    registries, why = declared("tile_registries")
-    if registries is None:
-        return None, why
-    found: list[Any] = []
-    hooks = 0
-    for registry in registries:
-        hook = getattr(registry, "specializations", None)
-        if not callable(hook):
-            continue
-        hooks += 1
-        try:
-            tile = registry.deserialize(spec)
-        except Exception:  # noqa: BLE001 - not this registry's tile
-            continue
-        if tile in registry.entries:
-            found.extend(hook(tile))
-    if not hooks:
-        return None, "no tile registry declares specializations(tile) yet"
-    if not found:
-        return None, f"no registry maps tile {text} to kernel specializations"
-    return found, ""

@@ -34,6 +34,7 @@ __all__ = [
     "dense_inputs",
     "moe_choices",
     "moe_inputs",
+    "moved",
     "payload",
     "random_scales",
 ]
@@ -236,10 +237,18 @@ def moe_inputs(case: Any, device: str | torch.device) -> dict[str, Any]:
     ids, weights = _routes(
         gen, case, num_ids, choices.ids_dtype, _inactive_ids(num_ids, choices.ids_dtype)
     )
+    host = {"experts": experts, "x": x, "topk_weights": weights, "topk_ids": ids}
+    return moved(dict(host, choices=choices), device)
+
+
+def moved(inputs: dict[str, Any], device: str | torch.device) -> dict[str, Any]:
+    """A MoE case's inputs (:func:`moe_inputs`) with the experts stack and every tensor on
+    ``device``; other entries (``choices``) kept as they are."""
     return {
-        "experts": _to(experts, device),
-        "x": x.to(device),
-        "topk_weights": weights.to(device),
-        "topk_ids": ids.to(device),
-        "choices": choices,
+        name: _to(value, device)
+        if name == "experts"
+        else value.to(device)
+        if isinstance(value, torch.Tensor)
+        else value
+        for name, value in inputs.items()
     }

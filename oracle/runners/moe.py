@@ -9,12 +9,13 @@ stages the contract makes observable (route-order rotations, FC1, the activated 
 FC2), so a wrong route or row is located, not only detected.
 
 Where the judge runs: on the case's device, except for cases of at least
-:data:`HOST_JUDGE_EXPERTS` experts, which are judged on the host from the same seeded inputs
-regenerated there (the kernel still runs on the GPU; its output and observed stages are copied
-over). The reference's per-expert loop issues hundreds of small kernels per expert; with the
-default job's shard processes time-slicing one GPU, an E=256 case took 12–25 s to judge on the
-H200 (warm job, 2026-12-03) against ~3.5 s for the same judge on two CPU threads. The judge is
-device-agnostic (the CPU tier runs it), so this moves only where it computes.
+:data:`HOST_JUDGE_EXPERTS` experts, judged on the host from the host inputs the run's were moved
+from (the kernel still runs on the GPU; its output and observed stages are copied over). The
+reference's per-expert loop issues hundreds of small kernels per expert; with the default job's
+shard processes time-slicing one GPU, an E=256 case took 12–25 s to judge on the H200 (warm job,
+2026-12-03); judged on the host, the warm job went from 106.6 s to 86.7 s. The judge is
+device-agnostic (the CPU tier runs it), so this moves only where it computes; the remaining cost
+is the judge's own per-expert loop.
 """
 
 from __future__ import annotations
@@ -133,14 +134,18 @@ def judge_saved(case: Any, label: str, y: torch.Tensor, device: Any) -> Any:
 
 
 def judge_inputs(
-    case: Any, tensors: Mapping[str, Any], y: torch.Tensor, observed: Mapping[str, Any], device: Any
+    case: Any,
+    host: Mapping[str, Any],
+    run: Mapping[str, Any],
+    y: torch.Tensor,
+    observed: Mapping[str, Any],
+    device: Any,
 ) -> tuple[Mapping[str, Any], torch.Tensor, Mapping[str, Any]]:
-    """``(inputs, y, observed)`` the judge reads: the run's own, or for a case of at least
-    :data:`HOST_JUDGE_EXPERTS` experts off the host, the same seeded inputs regenerated on the
-    host with ``y`` and the observed stages copied there (module docstring)."""
+    """``(inputs, y, observed)`` the judge reads: the run's inputs, or for a case of at least
+    :data:`HOST_JUDGE_EXPERTS` experts run off the host, the host inputs the run's were moved
+    from, with ``y`` and the observed stages copied there (module docstring)."""
     if (case.experts or 0) < HOST_JUDGE_EXPERTS or torch.device(device).type == "cpu":
-        return tensors, y, observed
-    host = case_inputs.moe_inputs(case, "cpu")
+        return run, y, observed
     return host, y.cpu(), {name: stage.cpu() for name, stage in observed.items()}
 
 
@@ -150,13 +155,14 @@ def run_case(case: Any, device: Any) -> list[Outcome]:
     from oracle.declared import op_contract
 
     contract = op_contract("moe")
-    tensors = case_inputs.moe_inputs(case, device)
+    host = case_inputs.moe_inputs(case, "cpu")  # generated on the host, then moved
+    tensors = case_inputs.moved(host, device)
     choices = tensors["choices"]
     problem = moe_problem(case, tensors["experts"], choices, device)
     op_inputs = moe_op_inputs(tensors)
     result = run_op(contract, contract.graph_op(), problem, op_inputs, device)
     y = result.buffers["output"][: case.m]
-    judged, y_judged, observed = judge_inputs(case, tensors, y, result.observed, device)
+    judged, y_judged, observed = judge_inputs(case, host, tensors, y, result.observed, device)
     verdict = tolerance.judge_moe(
         y_judged,
         x=judged["x"],

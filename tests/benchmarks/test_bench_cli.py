@@ -57,3 +57,32 @@ def test_render_table_right_aligns_columns(bench_cli):
     assert bench_cli.fmt_cell(None) == "n/a"
     assert bench_cli.fmt_cell(0.123, ".2f", mark="*") == "0.12*"
     assert bench_cli.finite_or_none(math.inf) is None
+
+
+class _Bench:
+    def __init__(self, fail: bool):
+        self.fail = fail
+
+    def device(self):
+        if self.fail:
+            raise RuntimeError("no device facts")
+        return {"name": "H200"}
+
+    def hbm_bandwidth(self):
+        if self.fail:
+            raise RuntimeError("copy failed")
+        return 4.2e12
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_device_and_hbm_anchors_are_recorded_and_a_failure_never_raises(bench_cli, fail):
+    report, lines = {"anchors": {"hbm_copy_Bps": None}}, []
+    bench_cli.record_device_and_hbm(_Bench(fail), report, lines.append)
+    if fail:
+        assert report["device"] == {"error": "RuntimeError: no device facts"}
+        assert report["anchors"] == {"hbm_copy_Bps": None, "hbm_error": "RuntimeError: copy failed"}
+        assert lines[-1] == "HBM copy bandwidth: failed: RuntimeError: copy failed"
+    else:
+        assert report["device"] == {"name": "H200"}
+        assert report["anchors"] == {"hbm_copy_Bps": 4.2e12}
+        assert lines == ["device: {'name': 'H200'}", "HBM copy bandwidth: 4200 GB/s"]

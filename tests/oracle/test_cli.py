@@ -302,7 +302,7 @@ SPECS = (
 def fake_tiles(monkeypatch):
     """Install a fake tile registry and a fake compiler; returns what was compiled."""
     import b12x.support
-    import oracle.cli as cli
+    from oracle.checks import tile_run
 
     compiled = []
     state = {"registry": FakeRegistry(SPECS), "spill": 0, "error": None}
@@ -314,7 +314,7 @@ def fake_tiles(monkeypatch):
         ptx = "mma.sync.aligned.m16n8k16" if getattr(spec, "kind", "gemm") == "gemm" else ""
         return b12x.support.CompileReport(ptx, 76, state["spill"])
 
-    monkeypatch.setattr(cli, "_tile_registries", lambda: ([state["registry"]], ""))
+    monkeypatch.setattr(tile_run, "tile_registries", lambda: ([state["registry"]], ""))
     monkeypatch.setattr(b12x.support, "compile_specialization", compile_specialization)
     return compiled, state
 
@@ -406,7 +406,7 @@ def test_a_tile_no_grid_case_qualifies_for_fails_on_a_gpu(
 def test_the_real_registry_maps_every_tile_to_specialisations(fake_tiles, tmp_path, capsys):
     """b12x's registry declares ``specializations(tile)``: dense tiles → KernelSpecs, the FC2
     tile → grouped-GEMM MoeGemmSpecs, compiled (here by the fake compiler) for every arch."""
-    import oracle.cli as cli
+    from oracle.checks import tile_run
     from oracle.checks.dispatch_tiles import declared
 
     compiled, state = fake_tiles
@@ -424,7 +424,7 @@ def test_the_real_registry_maps_every_tile_to_specialisations(fake_tiles, tmp_pa
     specs = {spec for spec, _ in compiled}
     assert len(specs) == 14 and {s.codebook for s in specs} == {"mcg", None}
     assert "all 14 for codebook=mcg, bits=4" in checks["compile.tile_64x256x256"]["reason"]
-    assert cli.SPECIALIZATIONS_HOOK == "specializations"
+    assert tile_run.SPECIALIZATIONS_HOOK == "specializations"
 
 
 @pytest.mark.slow

@@ -183,6 +183,24 @@ def _plan_tiers(problem: Mapping[str, Any], compute_dtype: torch.dtype) -> MoePl
     )
 
 
+def _op_keywords(args: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`check_moe_op_args` over the op's arguments by schema name (``locals()`` on entry
+    of the real, the fake and the CPU implementation): one validation call for all three, bound
+    by name."""
+    return check_moe_op_args(
+        **{name: args[name] for name in _CHECKED_ARGS},
+        tables={name: args[name] for name in _TABLE_ARGS},
+    )
+
+
+#: The op arguments :func:`check_moe_op_args` reads as metadata, and those it checks as tables.
+_CHECKED_ARGS = (
+    "x", "topk_weights", "topk_ids", "w13", "w2", "codebook", "w13_layout",
+    "global_to_combined", "descriptor_map", "fc1_pair", "fc2_pair", "compute_dtype",
+)  # fmt: skip
+_TABLE_ARGS = ("gate_suh", "up_suh", "intermediate_rotations", "down_svh", "fc1_modes", "fc2_modes")
+
+
 def _plan(keywords: Mapping[str, Any], compute_dtype: torch.dtype) -> MoePlan:
     if "tier0_bits" in keywords:
         return _plan_tiers(keywords, compute_dtype)
@@ -210,14 +228,7 @@ def trellis_moe(
     fc1_modes: torch.Tensor | None = None,
     fc2_modes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    keywords = check_moe_op_args(
-        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
-        tables=dict(
-            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
-            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
-        ),
-    )  # fmt: skip
+    keywords = _op_keywords(locals())
     plan = _plan(keywords, compute_dtype or torch.float16)
     bound = bind_moe(plan, **allocate_moe_buffers(plan, x.device))
     inputs = MoeInputs(
@@ -234,14 +245,7 @@ def _trellis_moe_fake(
     codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
     fc1_pair=None, fc2_pair=None, fc1_modes=None, fc2_modes=None,
 ):  # fmt: skip
-    keywords = check_moe_op_args(
-        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
-        tables=dict(
-            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
-            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
-        ),
-    )  # fmt: skip
+    keywords = _op_keywords(locals())
     return x.new_empty((keywords["m"], keywords["hidden"]))
 
 
@@ -251,14 +255,7 @@ def _trellis_moe_cpu(
     codebook, w13_layout, global_to_combined=None, descriptor_map=None, compute_dtype=None,
     fc1_pair=None, fc2_pair=None, fc1_modes=None, fc2_modes=None,
 ):  # fmt: skip
-    check_moe_op_args(
-        x, topk_weights, topk_ids, w13, w2, codebook, w13_layout, global_to_combined,
-        descriptor_map, fc1_pair, fc2_pair, compute_dtype,
-        tables=dict(
-            gate_suh=gate_suh, up_suh=up_suh, intermediate_rotations=intermediate_rotations,
-            down_svh=down_svh, fc1_modes=fc1_modes, fc2_modes=fc2_modes,
-        ),
-    )  # fmt: skip
+    _op_keywords(locals())
     raise ValueError(
         f"x: {OP_NAME} runs on CUDA tensors; got device {x.device} (move every tensor argument "
         "to a CUDA device)"
