@@ -7,6 +7,8 @@
   traceback when no CUDA device is present.
 * :class:`Deadline` — a wall-clock budget: a benchmark checks it before each measurement and
   reports what it had to skip, so one run fits the caller's time limit.
+* :class:`Cell` / :func:`measure` — one fail-soft measurement: the budget checked first, an
+  exception recorded as the cell's error.
 * :func:`record_device_and_hbm` — the device facts and the HBM copy anchor every report starts
   with, a failure recorded rather than raised.
 * :func:`short_error` — one line of an exception for a table footnote or a JSON field.
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -90,6 +93,28 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclasses.dataclass
+class Cell:
+    """One measurement: microseconds and a detail (planned path, timing mode), or an error
+    (``skipped`` when the budget was spent before it)."""
+
+    us: float | None = None
+    detail: str | None = None
+    error: str | None = None
+    skipped: bool = False
+
+
+def measure(fn: Callable[[], tuple[float, str | None]], deadline: Deadline) -> Cell:
+    """Run one measurement unless the budget is spent; an exception becomes the cell's error."""
+    if deadline.expired():
+        return Cell(error=deadline.reason(), skipped=True)
+    try:
+        us, detail = fn()
+    except Exception as exc:  # noqa: BLE001 -- fail-soft: report, go on
+        return Cell(error=short_error(exc))
+    return Cell(us=us, detail=detail)
 
 
 def record_device_and_hbm(bench: Any, report: dict, log: Callable[[str], None]) -> None:

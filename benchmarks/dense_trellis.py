@@ -57,10 +57,12 @@ from typing import Any
 
 import torch
 from bench_cli import (
+    Cell,
     Deadline,
     finite_or_none,
     fmt_cell,
     int_list,
+    measure,
     record_device_and_hbm,
     refuse_without_cuda,
     render_table,
@@ -150,16 +152,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # --- the report (pure: CPU-tested) --------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Cell:
-    """One measurement: microseconds and a detail (planned path, timing mode), or an error."""
-
-    us: float | None = None
-    detail: str | None = None
-    error: str | None = None
-    skipped: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,17 +337,6 @@ def new_report(args: argparse.Namespace, timing: dict) -> dict:
         "rows": [],
         "dispatch": None,
     }
-
-
-def measure(fn: Callable[[], tuple[float, str | None]], deadline: Deadline) -> Cell:
-    """Run one measurement unless the budget is spent; an exception becomes the cell's error."""
-    if deadline.expired():
-        return Cell(error=deadline.reason(), skipped=True)
-    try:
-        us, detail = fn()
-    except Exception as exc:  # noqa: BLE001 -- fail-soft: report, go on
-        return Cell(error=short_error(exc))
-    return Cell(us=us, detail=detail)
 
 
 def collect(

@@ -47,7 +47,6 @@ Usage: ``python benchmarks/moe_trellis.py [--m 1,8,64,512,4096] [--extra-m 1,409
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,10 +54,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from bench_cli import (
+    Cell,
     Deadline,
     finite_or_none,
     fmt_cell,
     int_list,
+    measure,
     positive_int,
     record_device_and_hbm,
     refuse_without_cuda,
@@ -136,16 +137,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # --- the report (pure: CPU-tested) ---------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Cell:
-    """One measurement: microseconds and a detail, or an error (``skipped`` for the budget)."""
-
-    us: float | None = None
-    detail: str | None = None
-    error: str | None = None
-    skipped: bool = False
 
 
 def expert_bytes(hidden: int, intermediate: int, bits: int) -> int:
@@ -358,17 +349,6 @@ def new_report(args: argparse.Namespace, timing: dict) -> dict:
         "rows": [],
         "extras": [],
     }
-
-
-def measure(fn: Callable[[], tuple[float, str | None]], deadline: Deadline) -> Cell:
-    """Run one measurement unless the budget is spent; an exception becomes the cell's error."""
-    if deadline.expired():
-        return Cell(error=deadline.reason(), skipped=True)
-    try:
-        us, detail = fn()
-    except Exception as exc:  # noqa: BLE001 -- fail-soft: report, go on
-        return Cell(error=short_error(exc))
-    return Cell(us=us, detail=detail)
 
 
 def collect(
