@@ -27,6 +27,7 @@ from b12x.launch import kinds, toolchain
 from b12x.launch import specs as kernel_specs
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import plan_dense
+from b12x.runtime import cache_keys, disk_store
 from b12x.runtime import compile_cache as cc
 from oracle.tiles import DEVICES
 
@@ -266,7 +267,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
     assert key.kernel == "decode" and key.arch == "sm_90"
     assert dict(key.codegen) == {
         "kind": "decode",  # every spec field is codegen; the kind also names the kernel id
-        "fmt": cc._structural(resolve_format("mcg"), "fmt"),  # the whole format object
+        "fmt": cache_keys._structural(resolve_format("mcg"), "fmt"),  # the whole format object
         "bits": 4,
         "bf16": False,
         "in_bf16": False,
@@ -525,7 +526,7 @@ def test_a_source_edit_deep_in_the_import_closure_changes_the_disk_entry(tmp_pat
     (fake_b12x / "kernels" / "leaf.py").write_text("def g():\n    return 1\n")
     (fake_b12x / "helpers.py").write_text("X = 1\n")
     (fake_b12x / "unused.py").write_text("Y = 1\n")
-    monkeypatch.setattr(cc, "_B12X_DIR", fake_b12x)
+    monkeypatch.setattr(cache_keys, "_B12X_DIR", fake_b12x)
     closure = cc.source_closure(["b12x.kernels.top"])
     assert closure == (
         "b12x",
@@ -557,7 +558,7 @@ def test_entries_are_written_by_rename_and_a_failed_write_is_only_a_warning(disk
 
     def recording(src, dst):
         renames.append((Path(src), Path(dst)))
-        assert Path(src).read_bytes().startswith(cc.MAGIC)  # complete before it is visible
+        assert Path(src).read_bytes().startswith(disk_store.MAGIC)  # complete before it is visible
         assert not Path(dst).exists()
         real_replace(src, dst)
 
@@ -596,7 +597,9 @@ CORRUPTIONS = {
     "bad-magic": lambda data, foreign: b"X" + data[1:],
     "garbage": lambda data, foreign: b"\x00" * 40,
     "empty": lambda data, foreign: b"",
-    "header-length-overflow": lambda data, foreign: cc.MAGIC + (2**40).to_bytes(8, "little"),
+    "header-length-overflow": lambda data, foreign: (
+        disk_store.MAGIC + (2**40).to_bytes(8, "little")
+    ),
     "another-keys-entry": lambda data, foreign: foreign,
 }
 

@@ -22,6 +22,7 @@ from b12x.kernels.moe_boundary import MoeBoundarySpec
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import kinds
 from b12x.launch.specs import KERNEL_SPEC_KINDS, KernelSpec
+from b12x.runtime import cache_keys
 from b12x.runtime import compile_cache as cc
 
 B12X = Path(kinds.__file__).resolve().parents[1]
@@ -209,7 +210,7 @@ def test_an_import_planted_in_a_kernel_module_joins_the_closure_and_the_key(tmp_
     helper the kernel imports (ptx) changes the key too."""
     copy = tmp_path / "b12x"
     shutil.copytree(B12X, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(cc, "_B12X_DIR", copy)
+    monkeypatch.setattr(cache_keys, "_B12X_DIR", copy)
     kind = kinds.KINDS["moe_boundary"]
 
     def key(sources):
