@@ -107,6 +107,7 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
         data = json.loads(report.read_text())
         summary, environment = data.get("summary", {}), data.get("environment", {})
         case_time = case_seconds(data.get("checks", []))
+        case_time["per_worker_s"] = worker_seconds(work / "oracle-results" / "workers")
     cases = summary.get("total", 0)
     return {
         "run": name,
@@ -143,6 +144,20 @@ def case_seconds(checks: list[dict[str, Any]], slowest: int = 8) -> dict[str, An
         per_op[op] = round(per_op.get(op, 0.0) + wall, 2)
     top = sorted(walls.items(), key=lambda item: -item[1])[:slowest]
     return {"per_op_s": per_op, "slowest": [[key, round(w, 3)] for key, w in top]}
+
+
+def worker_seconds(parts_dir: Path) -> dict[str, float]:
+    """Summed case wall per worker process (``part_<tag>.json`` of a one-GPU job's workers):
+    how evenly the shard plan spread the grid. Empty when the job ran in one process."""
+    out: dict[str, float] = {}
+    for part in sorted(parts_dir.glob("part_*.json")):
+        try:
+            checks = json.loads(part.read_text()).get("checks", [])
+        except (OSError, ValueError):
+            continue
+        per_op = case_seconds(checks)["per_op_s"]
+        out[part.stem.removeprefix("part_")] = round(sum(per_op.values()), 2)
+    return out
 
 
 def _table(rows: list[dict[str, Any]], gpu: bool) -> str:
@@ -216,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if row["case_seconds"].get("per_op_s"):
             print(f"{row['run']}: case seconds per op {row['case_seconds']['per_op_s']}; "
-                  f"slowest {row['case_seconds']['slowest'][:4]}")  # fmt: skip
+                  f"slowest {row['case_seconds']['slowest'][:4]}; "
+                  f"per worker {row['case_seconds'].get('per_worker_s')}")  # fmt: skip
 
     print(f"python -m oracle {' '.join(oracle_args)}".rstrip() + f"  (cache: {cache_dir})")
     print(_table(rows, gpu))

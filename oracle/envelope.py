@@ -385,6 +385,15 @@ def h128_bound(v: Bound) -> Bound:
 # --------------------------------------------------------------------------- the GEMM stage
 
 
+def _prefix_sums_(blocks: torch.Tensor) -> torch.Tensor:
+    """In-place running sums over dim 0 (``blocks[s] += blocks[s - 1]``, in order): the values
+    of ``cumsum_(dim=0)``, but one vectorised add per step (torch's CPU cumsum over a leading
+    dim runs ~3x slower on the ``[K/16, M, N]`` float64 block sums, the judge's largest cost)."""
+    for step in range(1, blocks.shape[0]):
+        blocks[step].add_(blocks[step - 1])
+    return blocks
+
+
 def gemm_envelope(
     a: Bound,
     b: torch.Tensor,
@@ -404,8 +413,9 @@ def gemm_envelope(
     n = b.shape[1]
     pad = (-k) % STEP
     steps = (k + pad) // STEP
-    a3 = torch.nn.functional.pad(a_mid, (0, pad)).reshape(m, steps, STEP).transpose(0, 1)
-    a3_abs = a3.abs()  # [steps, M, 16]
+    a_padded = torch.nn.functional.pad(a_mid, (0, pad)) if pad else a_mid
+    a3 = a_padded.reshape(m, steps, STEP).transpose(0, 1).contiguous()  # [steps, M, 16]
+    a3_abs = a3.abs()
     uncertain = bool(a.sound.any())
     if uncertain:
         a_sys_sq = a.sys * a.sys
@@ -419,19 +429,21 @@ def gemm_envelope(
     for n0 in range(0, n, n_chunk):
         n1 = min(n, n0 + n_chunk)
         cols = b[:, n0:n1].to(device=a_mid.device, dtype=f64)
-        cols_abs = cols.abs()
         if uncertain:
-            out["spread"][:, n0:n1] = a.sound @ cols_abs
-            out["var"][:, n0:n1] = a.spread @ (cols * cols)
-            out["sys"][:, n0:n1] = (a_sys_sq @ (cols * cols)).sqrt()
-        b3 = torch.nn.functional.pad(cols, (0, 0, 0, pad)).reshape(steps, STEP, n1 - n0)
+            squares = cols * cols
+            out["spread"][:, n0:n1] = a.sound @ cols.abs()
+            out["var"][:, n0:n1] = a.spread @ squares
+            out["sys"][:, n0:n1] = (a_sys_sq @ squares).sqrt()
+            del squares
+        b_padded = torch.nn.functional.pad(cols, (0, 0, 0, pad)) if pad else cols
+        b3 = b_padded.reshape(steps, STEP, n1 - n0)
         b3_abs = b3.abs()
-        del cols, cols_abs
+        del cols, b_padded
         for m0 in range(0, m, m_chunk):
             m1 = min(m, m0 + m_chunk)
             blocks = torch.bmm(a3[:, m0:m1], b3)  # [steps, m, n] K16 block sums
             block_abs = torch.bmm(a3_abs[:, m0:m1], b3_abs)
-            prefix = blocks.cumsum_(dim=0)
+            prefix = _prefix_sums_(blocks)
             out["centre"][m0:m1, n0:n1] = prefix[-1]
             high = prefix.amax(dim=0).clamp_min_(0.0)
             low = prefix.amin(dim=0).clamp_max_(0.0)

@@ -6,8 +6,10 @@ Layout
   draw (1, 8|9, 16|17, 127|128|129, …). :data:`KN_BUCKETS` are (K, N) pairs, multiples of 128,
   with residues 128 mod 256 and 256 mod 512 on both axes, GLM-like projection shapes, and one
   heavy 8192×28672 shape. :data:`MOE_BUCKETS` are (hidden, intermediate) residues, crossed with
-  :data:`MOE_EXPERTS` and :data:`MOE_TOP_K`. ``Case.heavy`` follows :func:`is_heavy` (a size
-  rule), which holds exactly for the buckets flagged heavy; a pair's 256 extent is never heavy.
+  :data:`MOE_EXPERTS` and :data:`MOE_TOP_K`. ``Case.heavy`` follows :func:`is_heavy`: the
+  weights one case generates, moves and decodes (K·N dense; experts × 3·H·I for MoE) reach
+  :data:`HEAVY_WEIGHTS`. The buckets flagged heavy are heavy at every expert count; a MoE stack
+  of many large experts is heavy too (e.g. 64 × 7168×256 pair experts, 352M weights).
 * A :class:`Case` is one grid point. For ``op == "moe"``: ``k`` is the hidden size H (FC1
   reduction) and ``n`` the intermediate size I; ``experts``/``top_k`` are set. For pairs the
   rate axis is exactly 256 (one pair, spec §4.4) and MoE pairs use I = 256 (spec §4.2).
@@ -105,7 +107,9 @@ __all__ = [
     "ShapeBucket",
     "cases",
     "filter_vocabulary",
+    "case_weights",
     "is_heavy",
+    "needs_whole_gpu",
     "parse_case_id",
     "parse_filter",
     "resolve_case_id",
@@ -163,8 +167,15 @@ MOE_EXPERTS: tuple[int, ...] = (8, 64, 256)
 MOE_TOP_K: tuple[int, ...] = (1, 2, 8)
 PAIR_EXTENT = 256  # a pair is exactly 256 channels on its rate axis (spec §4.2, §4.4)
 
-HEAVY_DENSE_KN = 1 << 27  # 8192 x 28672 = 2^27.8 elements
-HEAVY_MOE_KN = 1 << 23  # 7168 x 2048 = 2^23.8 per expert (and FC1 is 2x that)
+#: A case is heavy when the weights it generates, moves and decodes reach this count: one dense
+#: 8192 x 28672 matrix (2^27.8), or a MoE stack of experts x 3·H·I (gate, up, down). The rule
+#: counts the whole stack because that is what one case costs: 256 experts of 2048 x 1024 are
+#: 1.6G weights (12 x the dense heavy shape) and took 12-21 s per case in the default job
+#: (H200 warm job, 2026-12-03), while one such expert is small.
+HEAVY_WEIGHTS = 1 << 27
+#: One MoE expert this large (H·I; FC1 is twice that) needs a GPU to itself: such a case runs in
+#: the serial phase of a sharded run (:func:`needs_whole_gpu`), as does a heavy dense shape.
+WHOLE_GPU_EXPERT_KN = 1 << 23
 CPU_MAX_M = 256
 CPU_MAX_KN = 1 << 22
 CPU_MAX_EXPERTS = 64
@@ -235,14 +246,35 @@ def parse_case_id(case_id: str) -> Case:
     k, n = int(match["k"]), int(match["n"])
     experts = int(match["e"]) if match["e"] else None
     top_k = int(match["t"]) if match["t"] else None
-    heavy = is_heavy(variant.op, k, n)
+    heavy = is_heavy(variant.op, k, n, experts)
     return Case(variant, int(match["m"]), k, n, experts, top_k, int(match["s"]), heavy)
 
 
-def is_heavy(op: str, k: int, n: int) -> bool:
-    """The heavy rule (buckets flagged ``heavy`` satisfy it): one weight matrix of at least
-    :data:`HEAVY_DENSE_KN` elements (dense/decode) or :data:`HEAVY_MOE_KN` per expert (MoE)."""
-    return k * n >= (HEAVY_MOE_KN if op == "moe" else HEAVY_DENSE_KN)
+def case_weights(op: str, k: int, n: int, experts: int | None = None) -> int:
+    """The weights one case generates, moves and decodes: ``K·N`` (dense, decode), or
+    ``experts · 3·H·I`` for MoE (gate and up ``[H, I]``, down ``[I, H]`` per expert)."""
+    if op != "moe":
+        return k * n
+    if experts is None:
+        raise ValueError("case_weights: a MoE case needs its expert count")
+    return experts * 3 * k * n
+
+
+def is_heavy(op: str, k: int, n: int, experts: int | None = None) -> bool:
+    """The heavy rule: :func:`case_weights` reaches :data:`HEAVY_WEIGHTS` (buckets flagged
+    ``heavy`` satisfy it at every expert count of :data:`MOE_EXPERTS`)."""
+    return case_weights(op, k, n, experts) >= HEAVY_WEIGHTS
+
+
+def needs_whole_gpu(case: Case) -> bool:
+    """A case whose single weight matrix is large (dense/decode ``K·N`` >= :data:`HEAVY_WEIGHTS`,
+    MoE ``H·I`` >= :data:`WHOLE_GPU_EXPERT_KN` per expert): memory-heavy, so a sharded run puts
+    it in the serial phase instead of next to another worker on the same GPU. A MoE case heavy
+    only by its expert count is not (its experts are decoded one at a time)."""
+    if not isinstance(case, Case):
+        raise TypeError(f"needs_whole_gpu: expected a Case, got {type(case).__name__}")
+    limit = WHOLE_GPU_EXPERT_KN if case.variant.op == "moe" else HEAVY_WEIGHTS
+    return case.k * case.n >= limit
 
 
 def shape_illegal_reason(variant: Variant, k: int, n: int) -> str | None:
@@ -305,7 +337,8 @@ def _variant_cases(variant: Variant, base_seed: int) -> Iterator[Case]:
         seen.add(key)
         identity = f"{variant.name}|{m}|{k}|{n}|{experts}|{top_k}"
         seed = _stable_seed(identity, base_seed)
-        yield Case(variant, m, k, n, experts, top_k, seed, heavy=is_heavy(variant.op, k, n))
+        heavy = is_heavy(variant.op, k, n, experts)
+        yield Case(variant, m, k, n, experts, top_k, seed, heavy=heavy)
 
 
 def _fits_cpu(case: Case) -> bool:

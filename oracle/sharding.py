@@ -12,7 +12,8 @@ Layout
   :data:`CASE_OVERHEAD` per case plus terms in K·N (payload generation, decode, copies) and
   M·K·N (GEMM and the fp64 reference). A group costs :data:`COMPILE_COST` (one compile) plus
   its cases.
-* :func:`plan_shards` puts heavy cases (``Case.heavy``) in the serial phase, then assigns whole
+* :func:`plan_shards` puts memory-heavy cases (:func:`oracle.grids.needs_whole_gpu`: one weight
+  matrix that needs a GPU to itself) in the serial phase, then assigns whole
   groups to ``count`` shards by longest-processing-time first: groups by decreasing cost (ties
   by key), each onto the least-loaded shard (ties by index). A group is never split, and the
   classic LPT bound holds: ``max load <= total / count + largest group``.
@@ -174,7 +175,7 @@ def estimate_cost(case: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
-    """``shards[i]`` are the cases of slice i (group by group); ``serial`` the heavy ones;
+    """``shards[i]`` are the cases of slice i (group by group); ``serial`` the memory-heavy ones;
     ``loads[i]`` the estimated cost of slice i; ``groups`` maps a group key to its slice."""
 
     count: int
@@ -210,11 +211,14 @@ def plan_shards(
     twice = sorted(cid for cid, n in ids.items() if n > 1)
     if twice:
         raise ValueError(f"cases: duplicate case ids {twice[:5]}")
-    serial = tuple(case for case in ordered if case.heavy)
+    from oracle.grids import needs_whole_gpu
+
+    alone = {case.case_id for case in ordered if needs_whole_gpu(case)}
+    serial = tuple(case for case in ordered if case.case_id in alone)
     groups: dict[str, list[Any]] = {}
     group_cost: dict[str, float] = {}
     for case in ordered:
-        if case.heavy:
+        if case.case_id in alone:
             continue
         key = group_key(case)
         if not isinstance(key, str) or not key:

@@ -585,14 +585,14 @@ def _linear_output(
 
 
 def _expert_source(experts: Any, topk_ids: torch.Tensor, fn: str):
-    """``(ids, num_experts, source, exact_forward, faithful_forward)`` for a reference stack.
+    """``(ids, num_experts, source)`` for a reference stack: ``source(e)`` is expert ``e``'s
+    ``(decoded weights, rotations, shared_input)``, called once per routed expert.
 
     ``MixedTierExperts`` routes by global ids: they are mapped to combined ids (``-1`` inactive)
     and each combined expert takes its payload from its tier and its rotations from the combined
     tables (:mod:`reference.tiers`). Any other stack must expose ``hidden_size``,
     ``num_experts``, ``w13``, ``w13_layout``, ``decode_expert(e)`` and ``expert_rotations(e)``."""
-    from reference import moe as ref_moe
-    from reference.tiers import MixedTierExperts, mixed_moe_forward
+    from reference.tiers import MixedTierExperts
 
     if isinstance(experts, MixedTierExperts):
         ids = experts.combined_ids(topk_ids)
@@ -603,7 +603,7 @@ def _expert_source(experts: Any, topk_ids: torch.Tensor, fn: str):
             rotations = experts.rotations.expert(combined)
             return stack.decode_expert(local), rotations, stack.w13_layout == "packed"
 
-        return ids, experts.num_combined_experts, mixed_source, mixed_moe_forward
+        return ids, experts.num_combined_experts, mixed_source
     required = ("hidden_size", "num_experts", "w13", "w13_layout")
     methods = ("decode_expert", "expert_rotations")
     missing = [a for a in required if not hasattr(experts, a)]
@@ -618,7 +618,7 @@ def _expert_source(experts: Any, topk_ids: torch.Tensor, fn: str):
     def source(expert: int):
         return experts.decode_expert(expert), experts.expert_rotations(expert), shared
 
-    return topk_ids, experts.num_experts, source, ref_moe.stack_moe_forward
+    return topk_ids, experts.num_experts, source
 
 
 class _RouteStages:
@@ -674,6 +674,7 @@ def judge_moe(
     by their fp32 bounds, FC1 and FC2 by the GEMM model; per token: the fp32 top-k sum from +0
     and the store to ``x.dtype``."""
     fn = "judge_moe"
+    from reference import moe as ref_moe
     from reference.routing import check_route_ids
 
     cd = _compute_dtype(compute_dtype, fn)
@@ -692,7 +693,7 @@ def judge_moe(
         )
     topk_weights = _float_tensor(topk_weights, "topk_weights", fn)
     _check_shape(topk_weights, tuple(topk_ids.shape), "topk_weights", fn)
-    ids, num_experts, source, forward = _expert_source(experts, topk_ids, fn)
+    ids, num_experts, source = _expert_source(experts, topk_ids, fn)
     stack_device = getattr(getattr(experts, "tier0", experts), "w13", None)
     if isinstance(stack_device, torch.Tensor) and stack_device.device != x.device:
         raise ValueError(
@@ -721,15 +722,26 @@ def judge_moe(
     fields = ("centre", "sound", "det", "var", "sys")
     terms = {f: torch.zeros(routes, h, dtype=torch.float64, device=device) for f in fields}
     fc2_sys, route_svh = torch.zeros_like(terms["sys"]), torch.zeros_like(terms["sys"])
+    references = {  # the exact and faithful chains' unweighted route terms
+        "exact": torch.zeros(routes, h, dtype=torch.float64, device=device),
+        "faithful": torch.zeros(routes, h, dtype=torch.float32, device=device),
+    }
     for expert in torch.unique(flat_ids[active]).tolist():
         index = torch.nonzero(active & (flat_ids == expert)).flatten()
         rows = x.index_select(0, index // top_k)
-        term, y_raw_sys, svh = _moe_expert(rows, source(expert), index, obs, sets, cd)
+        decoded = source(expert)  # decoded once: the envelope and both references read it
+        term, y_raw_sys, svh = _moe_expert(rows, decoded, index, obs, sets, cd)
         term = term.scale(weights32[index].unsqueeze(1))
         for f in fields:
             terms[f].index_copy_(0, index, getattr(term, f))
         fc2_sys.index_copy_(0, index, y_raw_sys)
         route_svh.index_copy_(0, index, svh.to(torch.float64).expand(index.numel(), h))
+        weights_fp16, rotations, shared_input = decoded
+        for precision, out in references.items():
+            out.index_copy_(0, index, ref_moe.expert_route_term(
+                rows, weights_fp16, rotations, shared_input=shared_input, precision=precision,
+                compute_dtype=cd,
+            ))  # fmt: skip
     output = _moe_reduce(env.Bound(**terms), active, m, top_k, x.dtype)
     if bool(fc2_sys.any()):
         token = torch.arange(routes, device=device) // top_k
@@ -757,8 +769,12 @@ def judge_moe(
             reports[name] = env.StageReport.not_observed(name, following[name])
     reports["output"] = env.check_stage(output, y)
 
-    exact = forward(x, experts, topk_weights, topk_ids, precision="exact")
-    faithful32 = forward(x, experts, topk_weights, topk_ids, precision="faithful", compute_dtype=cd)
+    # reference.moe's step 5 over the route terms: its exact and faithful forwards, bit for bit
+    slots = active.reshape(m, top_k)
+    exact, faithful32 = (
+        ref_moe.weighted_route_sum(references[p].reshape(m, top_k, h), slots, topk_weights)
+        for p in ("exact", "faithful")
+    )
     faithful = faithful32.to(x.dtype)  # fp32 -> x.dtype: one correct rounding
     coarse = _coarse(y, exact, faithful, tol)
     extra = {

@@ -399,15 +399,24 @@ def faithful_expert_stages(
     }
 
 
-def _expert_faithful(
+def expert_route_term(
     rows: torch.Tensor,
     weights,
-    rot: ExpertRotations,
+    rotations: ExpertRotations,
+    *,
     shared_input: bool,
+    precision: str,
     compute_dtype: torch.dtype,
-):
+) -> torch.Tensor:
+    """``Hb(y_raw) * down_svh`` (unweighted) of one expert's routes, ``rows`` the routes' token
+    rows ``[R, H]`` and ``weights`` its decoded ``(Wq_gate, Wq_up, Wq_down)``: float64 for
+    ``"exact"``, float32 for ``"faithful"`` (arguments pre-validated). The one per-expert step of
+    :func:`route_outputs_from_source`, public so that a caller holding an expert's decoded
+    weights (the oracle's judge) computes both references without decoding it again."""
+    if precision == "exact":
+        return _expert_exact(rows, weights, rotations, shared_input)
     stages = faithful_expert_stages(
-        rows, weights, rot, shared_input=shared_input, compute_dtype=compute_dtype
+        rows, weights, rotations, shared_input=shared_input, compute_dtype=compute_dtype
     )
     return stages["term"]
 
@@ -439,10 +448,10 @@ def route_outputs_from_source(
         routes = packed.packed_route_indices[start : start + counts[expert]].to(torch.int64)
         rows = x.index_select(0, routes // top_k)
         weights, rotations, shared_input = source(expert)
-        if precision == "exact":
-            result = _expert_exact(rows, weights, rotations, shared_input)
-        else:
-            result = _expert_faithful(rows, weights, rotations, shared_input, compute_dtype)
+        result = expert_route_term(
+            rows, weights, rotations, shared_input=shared_input, precision=precision,
+            compute_dtype=compute_dtype,
+        )  # fmt: skip
         outputs.index_copy_(0, routes, result)
     active = torch.zeros(m * top_k, dtype=torch.bool, device=x.device)
     active[packed.packed_route_indices[: packed.packed_route_count].to(torch.int64)] = True

@@ -10,8 +10,10 @@
 # Budgets (seconds; each phase is cut at its budget; the defaults add up to 570 s, inside the
 # device's 600 s per call):
 #   TESTS_S=240 GRID_S=60 BENCH_S=55 MOE_BENCH_S=60 SANITIZE_S=70 MUTATE_S=85
-# Switches (1 = run, 0 = skip): TESTS, GRID, BENCH, MOE_BENCH, SANITIZE, MUTATE (all default 1).
-# Others: WORKERS (xdist workers, default 8), GRID_FILTER, GRID_CASES, MOE_M (default
+# Switches (1 = run, 0 = skip): TESTS, GRID, BENCH, MOE_BENCH, SANITIZE, MUTATE (all default 1)
+# and TILE (default 0, budget TILE_S=75): `oracle run --tile` for each tile of TILES (default
+# 64x128x128) on TILE_CASES (default 40) stratified cases pinned to it.
+# Others: WORKERS (xdist workers, default 8), SHUFFLE_SEED (run the tests shuffled), GRID_FILTER, GRID_CASES, MOE_M (default
 # 1,8,64,512,4096), SANITIZE_TOOLS (default "memcheck racecheck").
 set -u
 OUT="${OUT:-./results/gpu}"
@@ -54,7 +56,8 @@ if [ "${TESTS:-1}" = 1 ]; then
   workers="${WORKERS:-8}"   # compiles are CPU-bound; all workers share the one GPU
   phase gpu_tests "$TESTS_S" "$OUT/gpu_tests.log" \
     python3 -m pytest tests -m "gpu and not multi_gpu" -n "$workers" -q \
-    -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE
+    -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE \
+    ${SHUFFLE_SEED:+--shuffle-seed "$SHUFFLE_SEED"}
   tail -n 40 "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$summary"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -n 60 | tee -a "$summary"
 else
@@ -105,6 +108,17 @@ if [ "${MUTATE:-1}" = 1 ]; then
   tail -n 15 "$OUT/mutate_gpu.log" | tee -a "$summary"
 else
   skipped mutate_gpu
+fi
+
+if [ "${TILE:-0}" = 1 ]; then
+  for tile in ${TILES:-64x128x128}; do
+    phase "tile_$tile" "${TILE_S:-75}" "$OUT/tile_$tile.log" \
+      python3 -m oracle run --tile "$tile" --max-cases "${TILE_CASES:-40}" -q \
+      --json "$OUT/tile_$tile.json" --results "$OUT/tile_cases"
+    tail -n 4 "$OUT/tile_$tile.log" | tee -a "$summary"
+  done
+else
+  skipped tile
 fi
 
 echo "gpu tier: $((SECONDS - total_start))s in all" | tee -a "$summary"

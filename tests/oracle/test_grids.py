@@ -47,8 +47,26 @@ def test_kn_buckets_cover_residues_glm_shapes_and_heavy():
     assert (8192, 28672) in heavy
     for b in G.KN_BUCKETS:
         assert b.heavy == G.is_heavy("dense", b.k, b.n), b
-    for b in G.MOE_BUCKETS:
-        assert b.heavy == G.is_heavy("moe", b.k, b.n), b
+    for b in G.MOE_BUCKETS:  # a bucket flagged heavy is heavy at every expert count
+        assert b.heavy == G.is_heavy("moe", b.k, b.n, min(G.MOE_EXPERTS)), b
+
+
+def test_a_moe_case_is_heavy_by_the_weights_of_its_whole_stack():
+    """The heavy rule counts what a case generates and decodes: every expert's gate, up and
+    down. A GLM-like expert is light alone and in a stack of 8, heavy in a stack of 256."""
+    assert G.case_weights("moe", 2048, 1024, 8) == 8 * 3 * 2048 * 1024
+    assert not G.is_heavy("moe", 2048, 1024, 8)
+    assert G.is_heavy("moe", 2048, 1024, 256) and G.is_heavy("moe", 7168, 256, 64)
+    assert G.is_heavy("dense", 8192, 28672) and not G.is_heavy("dense", 6144, 1024)
+    with pytest.raises(ValueError, match="expert count"):
+        G.case_weights("moe", 128, 128)
+    moe = [c for c in gpu_cases() if c.variant.op == "moe"]
+    for case in moe:
+        assert case.heavy == (case.experts * 3 * case.k * case.n >= G.HEAVY_WEIGHTS), case
+        assert G.parse_case_id(case.case_id).heavy == case.heavy
+    light_256 = [c for c in moe if c.experts == 256 and not c.heavy]
+    assert light_256 and {c.top_k for c in light_256} == set(G.MOE_TOP_K)
+    assert {c.m for c in light_256} >= set(G.CROSS_M)
 
 
 def test_moe_grid_covers_experts_and_top_k():

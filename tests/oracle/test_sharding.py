@@ -51,15 +51,27 @@ def test_sample_has_heavy_and_several_groups():
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 8])
-def test_plan_is_a_partition_with_heavy_cases_serial(count):
+def test_plan_is_a_partition_with_memory_heavy_cases_serial(count):
     cases = sample_cases()
     plan = S.plan_shards(cases, count)
     assert plan.count == count and len(plan.shards) == count
     ids = [c.case_id for shard in plan.shards for c in shard] + [c.case_id for c in plan.serial]
     assert len(ids) == len(set(ids)) == len(cases)  # disjoint and covering
     assert set(ids) == {c.case_id for c in cases}
-    assert {c.case_id for c in plan.serial} == {c.case_id for c in cases if c.heavy}
-    assert not any(c.heavy for shard in plan.shards for c in shard)
+    alone = {c.case_id for c in cases if G.needs_whole_gpu(c)}
+    assert alone and {c.case_id for c in plan.serial} == alone
+    assert not any(G.needs_whole_gpu(c) for shard in plan.shards for c in shard)
+
+
+def test_moe_cases_heavy_by_expert_count_are_sharded_not_serial():
+    """A 256-expert stack of small experts is heavy (its weights), not memory-heavy: it runs
+    in a shard; a 7168x2048 expert needs a GPU to itself and waits for the serial phase."""
+    moe = tuple(G.cases(tier="gpu", variants=(Variant.from_name("moe/mcg/k4/fp16"),)))
+    plan = S.plan_shards(moe, 4)
+    sharded = {c.case_id for shard in plan.shards for c in shard}
+    by_count = [c for c in moe if c.heavy and c.k * c.n < G.WHOLE_GPU_EXPERT_KN]
+    assert by_count and {c.case_id for c in by_count} <= sharded
+    assert plan.serial and all(c.k * c.n >= G.WHOLE_GPU_EXPERT_KN for c in plan.serial)
 
 
 @pytest.mark.parametrize("count", [2, 3, 5])

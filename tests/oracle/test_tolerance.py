@@ -652,3 +652,42 @@ def test_route_stages_reproduce_the_faithful_route_outputs():
     assert torch.equal(active, active_ref.reshape(-1))
     assert torch.equal(stages["term"], outputs.reshape(8, 128))
     assert set(stages) == set(ROUTE_STAGES)
+
+
+def test_judge_moe_references_are_the_reference_forwards_bit_for_bit(monkeypatch):
+    """The judge decodes each routed expert once and builds its exact and faithful references
+    from those weights: they must be reference.moe's / reference.tiers' forwards exactly (a
+    planted drift, e.g. the faithful term computed in the exact chain, fails here)."""
+    from oracle import tolerance
+    from reference.moe import stack_moe_forward
+    from reference.tiers import mixed_moe_forward
+
+    seen = {}
+
+    def capture(y, exact, faithful, tol):
+        seen.update(exact=exact, faithful=faithful)
+        return real(y, exact, faithful, tol)
+
+    real = tolerance._coarse
+    monkeypatch.setattr(tolerance, "_coarse", capture)
+    mixed = _tiers()
+    g = torch.Generator().manual_seed(12)
+    x = (0.5 * torch.randn(6, 128, generator=g)).half()
+    global_ids = torch.tensor([[5, 1], [0, 7], [3, 2], [8, 5], [-1, 1], [2, 4]])
+    local_ids = torch.tensor([[0, 1], [2, -1], [1, 0], [1, 2], [-1, 0], [2, 1]])
+    w = torch.rand(6, 2, generator=g) + 0.1
+    w[4, 0] = float("nan")
+    for stack, ids, forward in (
+        (mixed, global_ids, mixed_moe_forward),
+        (mixed.tier1, local_ids, stack_moe_forward),
+    ):
+        for cd in (F16, torch.bfloat16):
+            faithful = forward(x, stack, w, ids, precision="faithful", compute_dtype=cd)
+            exact = forward(x, stack, w, ids, precision="exact")
+            verdict = judge_moe(
+                faithful.half(), x=x, experts=stack, topk_weights=w, topk_ids=ids,
+                compute_dtype=cd,
+            )  # fmt: skip
+            assert verdict.passed, verdict.reason
+            assert torch.equal(seen["exact"], exact)
+            assert torch.equal(seen["faithful"], faithful.half())
