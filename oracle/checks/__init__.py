@@ -11,6 +11,9 @@ Layout
   coverage, compile (all CPU tier) then gpu (the differential grid, decode exactness, graph
   protocol).
   On a CPU machine the gpu family reports one ``skip`` line per check family, with the reason.
+  When the gpu family hands the grid to worker processes (:func:`oracle.checks.gpu.in_workers`),
+  :func:`run` starts it first and runs the CPU families while the workers judge (the parent only
+  waits on them); the report keeps this order either way.
 * Families import b12x lazily; when b12x declares nothing for a family, its check is a ``skip``
   with a plain reason, never a silent pass.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -92,8 +96,37 @@ def run_family(name: str, ctx: CheckContext) -> list[CheckResult]:
 
 
 def run(ctx: CheckContext, families: tuple[str, ...] = FAMILIES) -> list[CheckResult]:
-    """Run ``families`` in order and concatenate their results."""
-    out: list[CheckResult] = []
-    for name in families:
-        out.extend(run_family(name, ctx))
-    return out
+    """Run ``families`` and concatenate their results in the order given (module docstring:
+    a gpu family run by worker processes overlaps the CPU families)."""
+    results: dict[str, list[CheckResult]] = {}
+    background = None
+    if "gpu" in families and len(families) > 1 and _gpu_in_workers(ctx):
+
+        def gpu_family() -> None:
+            try:
+                results["gpu"] = run_family("gpu", ctx)
+            except BaseException as exc:  # noqa: BLE001 - reported, never a silent gap
+                why = f"family crashed in its thread: {type(exc).__name__}: {exc}"
+                results["gpu"] = [CheckResult("gpu", "gpu", "fail", why)]
+
+        background = threading.Thread(target=gpu_family, name="oracle-gpu-workers", daemon=True)
+        background.start()
+    try:
+        for name in families:
+            if background is None or name != "gpu":
+                results[name] = run_family(name, ctx)
+    except BaseException:  # Ctrl-C: the workers share our process group and got it too
+        if background is not None:
+            background.join(timeout=5)
+        raise
+    if background is not None:
+        background.join()
+    return [r for name in families for r in results[name]]
+
+
+def _gpu_in_workers(ctx: CheckContext) -> bool:
+    try:
+        from oracle.checks.gpu import in_workers
+    except Exception:  # noqa: BLE001 - run_family reports the import failure
+        return False
+    return in_workers(ctx)

@@ -247,6 +247,18 @@ def _in_workers(ctx: Any) -> list[CheckResult]:
     return list(report.checks)
 
 
+def in_workers(ctx: Any) -> bool:
+    """True when :func:`run` hands the grid to ``ctx.workers`` processes (a parent with CUDA,
+    tier gpu, no pinned tile, more than one worker): the caller only waits on them."""
+    return bool(
+        ctx.cuda
+        and ctx.tier == "gpu"
+        and not getattr(ctx, "tile", None)
+        and ctx.workers > 1
+        and WORKER_ENV not in os.environ
+    )
+
+
 def run(ctx: Any) -> list[CheckResult]:
     if not ctx.cuda:
         return [CheckResult(n, "gpu", "skip", "no CUDA device") for n in FAMILY_NAMES]
@@ -255,7 +267,7 @@ def run(ctx: Any) -> list[CheckResult]:
     if getattr(ctx, "tile", None):  # in-process; the graph protocol pins no tile
         why = f"the graph protocol is not tile-pinned (--tile {ctx.tile})"
         return _grid(ctx) + [CheckResult("gpu.graph_protocol", "gpu", "skip", why)]
-    if ctx.workers > 1 and WORKER_ENV not in os.environ:
+    if in_workers(ctx):
         return _in_workers(ctx)
     return _grid(ctx) + graph_results(ctx)
 

@@ -474,3 +474,57 @@ def test_contracts_json_carries_its_schema(tmp_path, capsys):
     assert data["schema"] == SCHEMA == "oracle.contracts/1"
     assert {"root", "ok", "counts", "by_rule", "violations", "infos"} <= set(data)
     capsys.readouterr()
+
+
+# --- the default job overlaps the CPU families with the GPU workers ---------------------------
+
+
+def _families_with(monkeypatch, gpu_body, *, workers: bool):
+    """checks.run over fake families: the CPU ones log their start, the gpu one runs
+    ``gpu_body``; ``workers`` says whether the gpu family hands the grid to processes."""
+    import threading
+
+    import oracle.checks as checks
+    from oracle.checks import gpu
+    from oracle.report import CheckResult
+
+    log: list[str] = []
+    gpu_started = threading.Event()
+
+    def fake_family(name, ctx):
+        if name == "gpu":
+            gpu_started.set()
+            return gpu_body()
+        log.append(f"{name}:gpu_started={gpu_started.is_set()}")
+        return [CheckResult(f"{name}.x", "cpu", "pass")]
+
+    monkeypatch.setattr(checks, "run_family", fake_family)
+    monkeypatch.setattr(gpu, "in_workers", lambda ctx: workers)
+    families = ("fingerprints", "contracts", "gpu")
+    return checks.run(checks.CheckContext(tier="gpu", cuda=True), families), log
+
+
+def test_gpu_workers_start_before_the_cpu_families_and_the_order_is_kept(monkeypatch):
+    import time
+
+    from oracle.report import CheckResult
+
+    def gpu_body():
+        time.sleep(0.2)
+        return [CheckResult("gpu.differential_grid", "gpu", "pass")]
+
+    got, log = _families_with(monkeypatch, gpu_body, workers=True)
+    assert [r.name for r in got] == ["fingerprints.x", "contracts.x", "gpu.differential_grid"]
+    assert log[-1] == "contracts:gpu_started=True"  # the CPU families ran while it judged
+    got, log = _families_with(monkeypatch, gpu_body, workers=False)  # in-process: in order
+    assert [r.name for r in got][-1] == "gpu.differential_grid"
+    assert log == ["fingerprints:gpu_started=False", "contracts:gpu_started=False"]
+
+
+def test_a_gpu_worker_thread_that_dies_is_a_failure_not_a_silent_gap(monkeypatch):
+    def gpu_body():
+        raise SystemExit("worker thread died")  # run_family itself catches only Exception
+
+    got, _ = _families_with(monkeypatch, gpu_body, workers=True)
+    assert [(r.name, r.status) for r in got][-1] == ("gpu", "fail")
+    assert "SystemExit: worker thread died" in got[-1].reason
