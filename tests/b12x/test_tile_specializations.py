@@ -83,6 +83,41 @@ def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
     assert all(s.pair is None and (s.k_split == 1 or s.m_tiles == 1) for s in specs)
 
 
+@pytest.mark.parametrize(
+    ("m_tiles", "intermediate"),
+    [(4, 512), (1, 2048), (1, 1536)],  # k_split 1 at four blocks (spilled), k_split 4 (spilled), 2
+)
+def test_a_decoder_capped_below_four_tiles_never_takes_the_wave_fc2_tile(m_tiles, intermediate):
+    """D3L (sqg_fp16, wide_tile_cap 2) spilled 400-700 B in the wave tile at m_tiles 4 and at
+    k_split 4 on every arch (``oracle run --tile 32x512x256`` on the H200, 2026-12-03): its FC2
+    keeps the default geometry where MCG, same problem, takes the tile."""
+    from b12x.formats import resolve_format
+    from b12x.ops.moe.dispatch import FC2_TILE
+    from b12x.ops.moe.plan import plan_fc2_tile, plan_gemm_spec
+
+    limits = tiles.DeviceLimits("h200", 132, 232448, (9, 0))
+    taken = {}
+    for codebook, bits in (("mcg", 5), ("sqg_fp16", 5)):
+        decisions: list = []
+        default = plan_gemm_spec(
+            decisions=decisions, role="fc2", fmt=resolve_format(codebook, bits), bits=bits,
+            compute_dtype=torch.float16, m_tiles=m_tiles, phase="fc2", choice=None,
+            k=intermediate, n=5120,
+        )  # fmt: skip
+        spec = plan_fc2_tile(
+            default, decisions=decisions, role="fc2", limits=limits, m=64, top_k=8,
+            num_experts=160, hidden=5120, intermediate=intermediate,
+        )  # fmt: skip
+        taken[codebook] = spec != default
+        assert dict(decisions[-1].case)["wide_tile_cap"] == resolve_format(codebook).wide_tile_cap
+        if codebook == "sqg_fp16":
+            reasons = " ".join(FC2_TILE.explain(dict(decisions[-1].case)).reasons)
+            assert "wide_tile_cap=2" in reasons, reasons
+    assert taken == {"mcg": True, "sqg_fp16": False}
+    listed = {s.codebook for s in tiles.specializations(tiles.WAVE_BALANCED_FC2)}
+    assert "mcg" in listed and "sqg_fp16" not in listed
+
+
 def test_hook_refuses_what_is_not_a_registry_tile():
     with pytest.raises(TypeError, match="tile"):
         tiles.specializations([64, 256, 256])

@@ -380,11 +380,14 @@ def specializations(tile: Tile) -> tuple[Any, ...]:
 
 
 def _fc2_specializations(legal: list[tuple[str, int]]) -> tuple[Any, ...]:
+    from b12x.formats import resolve_format
     from b12x.kernels.moe_gemm import K_SPLITS, MoeGemmSpec
 
     warps, n_tiles = kernel_geometry(WAVE_BALANCED_FC2)
     specs = []
     for codebook, bits in legal:
+        if resolve_format(codebook, bits).wide_tile_cap < n_tiles:
+            continue  # the FC2 table's decoder_takes_four_tiles: this decoder never takes it
         for bf16 in (False, True):
             for m_tiles in GROUPED_M_TILES:
                 for k_split in K_SPLITS:

@@ -58,7 +58,10 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    tile :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8,
    2)):
    ``wave_balanced`` when a device is known (``sm_count``, ``max_shared_mem``), the phase is
-   unpaired, the CTA is not both split and wide (``k_split > 1`` with ``m_tiles > 1``: 256·k_split
+   unpaired, the decoder takes the tile's four N16 tiles per warp (``wide_tile_cap`` >= 4: the
+   D3L decoder's cap 2 spills 400-700 B in the wave tile at ``m_tiles`` 4 or ``k_split`` 4,
+   sm_80/sm_90/sm_120, ``python -m oracle run --tile 32x512x256 --codebook sqg_fp16``), the CTA
+   is not both split and wide (``k_split > 1`` with ``m_tiles > 1``: 256·k_split
    threads cannot keep wide accumulators), THE tile predicate :func:`b12x.ops.dense.tiles.qualify`
    accepts the tile for this FC2 (``K = intermediate``, ``N = hidden``, M = the packed capacity,
    ``cta_m_blocks = m_tiles``) on that device, and the default launch has a second wave: its live
@@ -657,6 +660,12 @@ FC2_TILE = _table(
         Field("k_split", int_choice(K_SPLITS)),
         Field("default_n_group", positive_int, doc="columns per CTA of the default geometry"),
         Field("pair", str_choice(PAIR_CHOICES, optional=True), None),
+        Field(
+            "wide_tile_cap",
+            int_choice(WIDE_TILE_CAPS),
+            WIDE_TILE_CAP,
+            "the format's tile hint (b12x.formats.DecodeFormat.wide_tile_cap)",
+        ),
     ),
     (
         (
@@ -672,6 +681,14 @@ FC2_TILE = _table(
                     "unpaired",
                     lambda c: c["pair"] is None,
                     lambda c: f"pair={c['pair']!r}: a paired FC2 keeps the pair geometry",
+                ),
+                _cond(
+                    "decoder_takes_four_tiles",
+                    lambda c: c["wide_tile_cap"] >= _wave_geometry().n_tiles,
+                    lambda c: (
+                        f"wide_tile_cap={c['wide_tile_cap']}: the decoder spills at the wave "
+                        f"tile's {_wave_geometry().n_tiles} N16 tiles per warp"
+                    ),
                 ),
                 _cond(
                     "not_split_and_wide",
@@ -699,6 +716,7 @@ FC2_TILE = _table(
     (
         Boundary("fc2_tile_device", _ft(), "sm_count", 132, None, "wave_balanced", "default"),
         Boundary("fc2_tile_pair", _ft(), "pair", None, "P24", "wave_balanced", "default"),
+        Boundary("fc2_tile_decoder", _ft(), "wide_tile_cap", 4, 2, "wave_balanced", "default"),
         Boundary("fc2_tile_hidden_512", _ft(), "hidden", 5120, 5248, "wave_balanced", "default"),
         Boundary(
             "fc2_tile_shared_memory",

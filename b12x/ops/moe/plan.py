@@ -290,6 +290,7 @@ def fc2_tile_case(
         "k_split": spec.k_split,
         "default_n_group": spec.n_group,
         "pair": spec.pair,
+        "wide_tile_cap": resolve_format(spec.codebook, spec.bits).wide_tile_cap,
     }
 
 
