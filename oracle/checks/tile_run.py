@@ -130,7 +130,17 @@ def tile_specializations(
     if not any(getattr(s, "codebook", None) is not None for s in narrowed) and (
         codebook is not None or bits is not None
     ):
-        return [], f"has no specialisation for codebook={codebook} bits={bits}"
+        offered: dict[str, set[int]] = {}
+        for s in found:
+            if getattr(s, "codebook", None) is not None:
+                offered.setdefault(s.codebook, set()).add(s.bits)
+        listing = "; ".join(
+            f"{name} bits {','.join(map(str, sorted(b)))}" for name, b in sorted(offered.items())
+        )
+        return [], (
+            f"has no specialisation for codebook={codebook} bits={bits} "
+            f"(it has: {listing or 'none'})"
+        )
     return list(dict.fromkeys(narrowed)), ""
 
 

@@ -354,7 +354,9 @@ def test_tile_run_narrows_by_codebook_and_bits(fake_tiles, tmp_path, capsys):
     assert {spec for spec, _ in compiled} == {FakeSpec("gemm", "mcg", 6), FakeSpec("reduce")}
     code, checks = _tile_run(tmp_path, capsys, "--tile", "64x256x256", "--codebook", "sqg_fp16")
     assert code == 1
-    assert "no specialisation for codebook=sqg_fp16" in checks["compile.tile_64x256x256"]["reason"]
+    reason = checks["compile.tile_64x256x256"]["reason"]
+    assert "no specialisation for codebook=sqg_fp16" in reason
+    assert "(it has: mcg bits 4,6; sqg_e4m3 bits 3)" in reason  # what the tile does offer
 
 
 @pytest.mark.parametrize(
