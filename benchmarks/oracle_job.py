@@ -227,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             _empty(cache_dir)  # cold means cold; a --cache-dir outside WORK is never touched
         _empty(work / "oracle-results")
     gpu = _has_gpu()
-    rows = [run_job(name, work, cache_dir, oracle_args, args.timeout) for name in runs]
+    rows = []
+    for name in runs:  # one line per run as it ends: a device call cut short still shows it
+        print(f"{name}: running (timeout {args.timeout:.0f} s)", flush=True)
+        rows.append(run_job(name, work, cache_dir, oracle_args, args.timeout))
+        row = rows[-1]
+        print(f"{name}: rc={row['rc']} wall {row['wall_s']} s, {row['cases']} checks "
+              f"({row['pass']} pass / {row['fail']} fail / {row['skip']} skip), "
+              f"{row['compiles']} compiles", flush=True)  # fmt: skip
     for row in rows:
         if row["case_seconds"].get("per_op_s"):
             print(f"{row['run']}: case seconds per op {row['case_seconds']['per_op_s']}; "
