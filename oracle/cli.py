@@ -6,7 +6,7 @@ Commands
   layout, contracts, dispatch/tiles, kernel compile checks, and one ``skip`` line per GPU check
   family saying why; on a GPU also the differential grid, decode exactness and graph protocol.
 * ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases for the GPU families
-  (``--max-cases N`` takes a stratified sample, :func:`oracle.grids.stratified_sample`);
+  (``--max-cases N`` takes a stratified sample, :func:`oracle.sampling.stratified_sample`);
   ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile on the simulated devices (pin vs
   the one predicate), compiles the kernel specialisations the tile registry maps it to for
   sm_80/sm_90/sm_120 (registers, spill bytes, MMA present; ``--codebook``/``--bits`` narrow
@@ -415,7 +415,8 @@ def _cmd_default(args: argparse.Namespace) -> int:
 def _validate_run_selection(args: argparse.Namespace) -> None:
     """Validate ``--filter``/``--case``/``--max-cases`` against the grid, and require at least one
     case the oracle can run on a GPU (else nothing would ever be judged)."""
-    from oracle.grids import select_cases, stratified_cover_size
+    from oracle.grids import select_cases
+    from oracle.sampling import stratified_cover_size
 
     if not (args.filter or args.case):
         return

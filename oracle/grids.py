@@ -66,18 +66,8 @@ every id the CLI accepts is one that ``python -m oracle grid`` lists, so a run, 
 a replay always name the same inputs. (:func:`parse_case_id` stays the plain inverse of
 :attr:`Case.case_id`, for files and reports.)
 
-Stratified sampling (:func:`stratified_sample`, used by ``cases(max_cases=N)``)
---------------------------------------------------------------------------------
-A deterministic sample of ``N`` cases (a pure function of the cases and ``seed``; the result
-keeps the input order). Before filling, it takes a *cover*, in this priority order: both compute
-dtypes of every op present, every (op, M) present, every variant present. Each cover pick
-prefers a variant with the fewest picks so far, so a cover has at most one case per variant when
-there are at least as many variants as (op, dtype) and (op, M) strata. Then it fills
-round-robin over the variants, each variant's queue alternating over its Ms (and, within one M,
-over its shapes). Guarantee: when ``N >= stratified_cover_size(cases)``, every variant, every
-(op, M) and every (op, compute dtype) of ``cases`` is in the sample, and the per-variant counts
-of variants that still had cases left differ by at most one beyond their cover picks; below
-that size the sample is a prefix of the cover (dtypes, then Ms, then variants).
+Stratified sampling lives in :mod:`oracle.sampling` (``cases(max_cases=N)`` and
+:func:`select_cases` take its sample).
 """
 
 from __future__ import annotations
@@ -87,7 +77,6 @@ import difflib
 import functools
 import re
 import zlib
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -115,8 +104,6 @@ __all__ = [
     "resolve_case_id",
     "select_cases",
     "shape_illegal_reason",
-    "stratified_cover_size",
-    "stratified_sample",
 ]
 
 
@@ -358,15 +345,15 @@ def cases(
 ) -> list[Case]:
     """Grid cases for ``op`` (or every op), filtered, for ``tier`` ("cpu" or "gpu").
 
-    ``max_cases`` takes a :func:`stratified_sample` (seeded with ``base_seed``) of the filtered
-    cases, never a prefix: every variant, (op, M) and compute dtype stays represented when
-    ``max_cases`` allows it (module docstring)."""
+    ``max_cases`` takes a :func:`oracle.sampling.stratified_sample` (seeded with
+    ``base_seed``) of the filtered cases, never a prefix: every variant, (op, M) and compute
+    dtype stays represented when ``max_cases`` allows it."""
     if op is not None and op not in OPS:
         raise ValueError(f"cases: op must be one of {OPS} or None, got {op!r}")
     if tier not in ("cpu", "gpu"):
         raise ValueError(f"cases: tier must be 'cpu' or 'gpu', got {tier!r}")
     if max_cases is not None:
-        _check_count(max_cases, "cases: max_cases", allow_zero=True)
+        check_count(max_cases, "cases: max_cases", allow_zero=True)
     if isinstance(base_seed, bool) or not isinstance(base_seed, int) or base_seed < 0:
         raise ValueError(f"cases: base_seed must be a non-negative int, got {base_seed!r}")
     if variants is not None and (
@@ -390,11 +377,13 @@ def cases(
                 continue
             out.append(case)
     if max_cases is not None:
+        from oracle.sampling import stratified_sample
+
         return stratified_sample(out, max_cases, seed=base_seed)
     return out
 
 
-def _check_count(value: Any, name: str, *, allow_zero: bool = False) -> int:
+def check_count(value: Any, name: str, *, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SelectionError(f"{name} must be an int, got {value!r}")
     if value < (0 if allow_zero else 1):
@@ -726,7 +715,7 @@ def select_cases(
     Raises :class:`SelectionError` (one line) for everything :func:`parse_filter` and
     :func:`resolve_case_id` refuse, for an unknown op or tier, a ``max_cases`` that is not a
     positive int, and a selection that matches no case of the tier's grid (the message says
-    which clause empties it). ``max_cases`` applies :func:`stratified_sample`."""
+    which clause empties it). ``max_cases`` applies :func:`oracle.sampling.stratified_sample`."""
     if case and filter:
         raise SelectionError("use --case or --filter, not both")
     if op is not None and op not in OPS:
@@ -734,7 +723,7 @@ def select_cases(
     if tier not in ("cpu", "gpu"):
         raise SelectionError(f"unknown tier {tier!r}; known: cpu, gpu")
     if max_cases is not None:
-        _check_count(max_cases, "--max-cases")
+        check_count(max_cases, "--max-cases")
     if case:
         found = resolve_case_id(case, tier=tier)
         if op is not None and found.variant.op != op:
@@ -748,103 +737,7 @@ def select_cases(
         why = _diagnose(predicate.clauses, population, scope) if predicate else f"no {scope}"
         raise SelectionError(f"filter {filter!r} matches nothing: {why}")
     if max_cases is not None:
+        from oracle.sampling import stratified_sample
+
         selected = stratified_sample(selected, max_cases)
     return selected
-
-
-# --- stratified sampling ------------------------------------------------------------------
-
-
-def _rank(seed: int, identity: str) -> int:
-    return zlib.crc32(f"{seed}:{identity}".encode())
-
-
-def _stratified_order(pool: Sequence[Case], seed: int) -> tuple[list[int], int]:
-    """Indices of ``pool`` in sampling order (cover, then round-robin fill) and the cover size."""
-    variants = list(dict.fromkeys(c.variant for c in pool))
-    variant_rank = {v: _rank(seed, v.name) for v in variants}
-    case_rank = [_rank(seed, c.case_id) for c in pool]
-    by_variant: dict[Variant, list[int]] = defaultdict(list)
-    for i, c in enumerate(pool):
-        by_variant[c.variant].append(i)
-    picked: list[int] = []
-    taken: set[int] = set()
-    per_variant: Counter = Counter()
-    per_op_m: Counter = Counter()
-
-    def take(i: int) -> None:
-        picked.append(i)
-        taken.add(i)
-        per_variant[pool[i].variant] += 1
-        per_op_m[(pool[i].variant.op, pool[i].m)] += 1
-
-    def best(candidates: Iterable[int]) -> int:
-        return min(
-            candidates,
-            key=lambda i: (
-                per_variant[pool[i].variant],
-                per_op_m[(pool[i].variant.op, pool[i].m)],
-                variant_rank[pool[i].variant],
-                case_rank[i],
-            ),
-        )
-
-    strata: list[dict[Any, list[int]]] = [defaultdict(list), defaultdict(list)]
-    for i, c in enumerate(pool):
-        strata[0][(c.variant.op, c.variant.compute_dtype)].append(i)
-        strata[1][(c.variant.op, c.m)].append(i)
-    for groups in strata:  # both dtypes of every op, then every (op, M)
-        for members in groups.values():
-            if not any(i in taken for i in members):
-                take(best(members))
-    for v in sorted(variants, key=variant_rank.__getitem__):  # then every variant
-        if not per_variant[v]:
-            take(best(by_variant[v]))
-    cover = len(picked)
-    queues: dict[Variant, list[int]] = {}
-    for v in variants:  # each variant's queue alternates over its Ms, shapes within one M
-        by_m: dict[int, list[int]] = defaultdict(list)
-        for i in sorted(by_variant[v], key=case_rank.__getitem__):
-            if i not in taken:
-                by_m[pool[i].m].append(i)
-        have = Counter(pool[i].m for i in by_variant[v] if i in taken)  # cover's Ms go last
-        lanes = [
-            by_m[m]
-            for m in sorted(by_m, key=lambda m, v=v: (have[m], _rank(seed, f"{v.name}|{m}")))
-        ]
-        queue = []
-        for depth in range(max((len(lane) for lane in lanes), default=0)):
-            queue += [lane[depth] for lane in lanes if depth < len(lane)]
-        queues[v] = queue[::-1]  # pop() from the end
-    order = sorted(variants, key=variant_rank.__getitem__)
-    while len(picked) < len(pool):  # round-robin fill
-        for v in order:
-            if queues[v]:
-                take(queues[v].pop())
-    return picked, cover
-
-
-def stratified_cover_size(cases: Sequence[Case], *, seed: int = 0) -> int:
-    """How many cases the cover of :func:`stratified_sample` needs: the smallest ``max_cases``
-    at which its guarantee (every variant, (op, M) and (op, dtype) present) holds."""
-    return _stratified_order(list(cases), seed)[1]
-
-
-def stratified_sample(cases: Sequence[Case], max_cases: int, *, seed: int = 0) -> list[Case]:
-    """A deterministic stratified sample of at most ``max_cases`` of ``cases``, in input order.
-
-    Guarantee (module docstring): when ``max_cases >= stratified_cover_size(cases)``, every
-    variant, every (op, M) and both compute dtypes of every op present in ``cases`` appear; the
-    rest is filled round-robin across variants, spreading each variant over its Ms and shapes.
-    Same input and ``seed`` → same sample."""
-    pool = list(cases)
-    for i, c in enumerate(pool):
-        if not isinstance(c, Case):
-            raise TypeError(f"stratified_sample: cases[{i}] must be a Case, got {type(c).__name__}")
-    _check_count(max_cases, "stratified_sample: max_cases", allow_zero=True)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"stratified_sample: seed must be an int, got {seed!r}")
-    if max_cases >= len(pool):
-        return pool
-    order, _ = _stratified_order(pool, seed)
-    return [pool[i] for i in sorted(order[:max_cases])]

@@ -13,8 +13,9 @@
 # Switches (1 = run, 0 = skip): TESTS, GRID, BENCH, MOE_BENCH, SANITIZE, MUTATE (all default 1)
 # and TILE (default 0, budget TILE_S=75): `oracle run --tile` for each tile of TILES (default
 # 64x128x128) on TILE_CASES (default 40) stratified cases pinned to it.
-# Others: WORKERS (xdist workers, default 8), SHUFFLE_SEED (run the tests shuffled), GRID_FILTER, GRID_CASES, MOE_M (default
-# 1,8,64,512,4096), SANITIZE_TOOLS (default "memcheck racecheck").
+# Others: WORKERS (xdist workers, default 8), SHUFFLE_SEED (run the tests shuffled),
+# GRID_FILTER, GRID_CASES, MOE_M (default 1,8,64,512,4096), SANITIZE_TOOLS (default
+# "memcheck racecheck").
 set -u
 OUT="${OUT:-./results/gpu}"
 mkdir -p "$OUT"

@@ -14,7 +14,7 @@ plan / bind / run of each op b12x declares — and is judged with the one tolera
 
 Selection (:func:`select_grid`, the ONE place that decides it, shared by the one-GPU job and
 every shard of a multi-GPU run): the default job is a stratified sample
-(:func:`oracle.grids.stratified_sample`) of :data:`DEFAULT_JOB_CASES` non-heavy cases of the
+(:func:`oracle.sampling.stratified_sample`) of :data:`DEFAULT_JOB_CASES` non-heavy cases of the
 variants b12x declares — every declared variant, every M bucket edge of every op and both compute
 dtypes at least once; ``--heavy`` (or a filter naming ``heavy``) selects the heavy shapes;
 ``--max-cases`` samples the same stratified way. Variants b12x does not declare are one ``skip``
@@ -90,7 +90,8 @@ def select_grid(
     """The grid cases a GPU run executes, and one skip line per reason for those it leaves out
     (module docstring). ``tile`` (``KxNxT``) keeps the cases pinned to it (:func:`pinned_cases`,
     planned for ``device``); none is one ``fail`` line naming the tile."""
-    from oracle.grids import cases, parse_case_id, stratified_sample
+    from oracle.grids import cases, parse_case_id
+    from oracle.sampling import stratified_sample
 
     notes: list[CheckResult] = []
     if case:

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from oracle import grids as G
+from oracle import sampling
 from oracle.variants import Variant, variant_by_name
 
 
@@ -300,7 +301,7 @@ def _strata(sample):
 
 def test_a_1000_case_sample_of_the_gpu_grid_covers_every_stratum():
     grid = gpu_cases()
-    sample = G.stratified_sample(grid, 1000)
+    sample = sampling.stratified_sample(grid, 1000)
     assert len(sample) == 1000 and len(set(sample)) == 1000
     assert {c.variant.codebook for c in sample} == {"3inst", "mcg", "mul1", "sqg_e4m3", "sqg_fp16"}
     assert {c.variant.bits for c in sample} == set(range(1, 9))
@@ -316,25 +317,25 @@ def test_a_1000_case_sample_of_the_gpu_grid_covers_every_stratum():
 
 def test_the_sample_is_deterministic_and_max_cases_uses_it():
     grid = gpu_cases()
-    assert G.stratified_sample(grid, 500) == G.stratified_sample(list(grid), 500)
-    assert G.stratified_sample(grid, 500, seed=1) != G.stratified_sample(grid, 500)
-    assert G.cases(tier="gpu", max_cases=1000) == G.stratified_sample(grid, 1000)
-    assert G.stratified_sample(grid[:10], 50) == list(grid[:10])
-    assert G.stratified_sample(grid, 0) == []
+    assert sampling.stratified_sample(grid, 500) == sampling.stratified_sample(list(grid), 500)
+    assert sampling.stratified_sample(grid, 500, seed=1) != sampling.stratified_sample(grid, 500)
+    assert G.cases(tier="gpu", max_cases=1000) == sampling.stratified_sample(grid, 1000)
+    assert sampling.stratified_sample(grid[:10], 50) == list(grid[:10])
+    assert sampling.stratified_sample(grid, 0) == []
     # the old prefix took one codebook's low bit rates only
     assert len({c.variant.codebook for c in G.cases(tier="gpu", max_cases=1000)}) == 5
 
 
 def test_below_the_cover_size_the_sample_is_a_prefix_of_the_cover():
     dense = [c for c in gpu_cases() if c.variant.op == "dense"]
-    cover = G.stratified_cover_size(dense)
+    cover = sampling.stratified_cover_size(dense)
     assert cover == len({c.variant for c in dense})  # one pick per variant suffices
-    assert _strata(G.stratified_sample(dense, cover)) == _strata(dense)
-    two = G.stratified_sample(dense, 2)
+    assert _strata(sampling.stratified_sample(dense, cover)) == _strata(dense)
+    two = sampling.stratified_sample(dense, 2)
     assert {c.variant.compute_dtype for c in two} == {"fp16", "bf16"}  # dtypes come first
-    small = G.stratified_sample(dense, 17)
+    small = sampling.stratified_sample(dense, 17)
     assert {c.m for c in small} == set(G.M_BUCKETS)  # then every M
     with pytest.raises(TypeError):
-        G.stratified_sample([1, 2], 1)
+        sampling.stratified_sample([1, 2], 1)
     with pytest.raises(ValueError):
-        G.stratified_sample(dense, -1)
+        sampling.stratified_sample(dense, -1)

@@ -87,6 +87,7 @@ __all__ = [
     "serialize",
     "specializations",
     "wave_fc2_fits",
+    "wave_fc2_takes_decoder",
     "WAVE_BALANCED_FC2_DEPTH",
 ]
 
@@ -338,6 +339,13 @@ def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
     return not (k_split > 1 and m_tiles > 1)
 
 
+def wave_fc2_takes_decoder(wide_tile_cap: int) -> bool:
+    """Whether a decoder with this tile hint (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`)
+    can take the wave-balanced FC2 tile's N16 tiles per warp: D3L's cap 2 spilled 400-700 B
+    there (the ``decoder_takes_four_tiles`` condition of ``b12x.ops.moe.dispatch.FC2_TILE``)."""
+    return wide_tile_cap >= kernel_geometry(WAVE_BALANCED_FC2)[1]
+
+
 #: M16 blocks per CTA (``m_tiles``) a grouped-GEMM launch takes (``b12x.ops.moe.dispatch.M_TILES``).
 GROUPED_M_TILES = (1, 2, 4)
 
@@ -386,8 +394,8 @@ def _fc2_specializations(legal: list[tuple[str, int]]) -> tuple[Any, ...]:
     warps, n_tiles = kernel_geometry(WAVE_BALANCED_FC2)
     specs = []
     for codebook, bits in legal:
-        if resolve_format(codebook, bits).wide_tile_cap < n_tiles:
-            continue  # the FC2 table's decoder_takes_four_tiles: this decoder never takes it
+        if not wave_fc2_takes_decoder(resolve_format(codebook, bits).wide_tile_cap):
+            continue  # the FC2 table never gives this decoder the tile
         for bf16 in (False, True):
             for m_tiles in GROUPED_M_TILES:
                 for k_split in K_SPLITS:

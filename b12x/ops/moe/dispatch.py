@@ -684,7 +684,7 @@ FC2_TILE = _table(
                 ),
                 _cond(
                     "decoder_takes_four_tiles",
-                    lambda c: c["wide_tile_cap"] >= _wave_geometry().n_tiles,
+                    lambda c: dense_tiles.wave_fc2_takes_decoder(c["wide_tile_cap"]),
                     lambda c: (
                         f"wide_tile_cap={c['wide_tile_cap']}: the decoder spills at the wave "
                         f"tile's {_wave_geometry().n_tiles} N16 tiles per warp"
