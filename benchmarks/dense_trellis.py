@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dispatch", action="store_true", help="also check the dispatch table")
     mode.add_argument("--sweep", action="store_true", help="time GEMM tile/split variants only")
+    mode.add_argument(
+        "--split-sweep",
+        type=int_list,
+        default=None,
+        help="time the whole linear (plan/bind/run, graphed) at these split_k values and auto",
+    )
     return parser
 
 
@@ -503,12 +509,12 @@ class CudaDenseBench:
         graphs = [capture_graph(lambda w=w: torch.mm(x, w.t(), out=out)) for w in weights]
         return self._time_graphs(graphs), None
 
-    def b12x(self, m: int, bits: int) -> tuple[float, str | None]:
+    def b12x(self, m: int, bits: int, split_k: int | None = None) -> tuple[float, str | None]:
         from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 
         plan = plan_dense(
             m=m, k=self.k, n=self.n, bits=bits, codebook=CODEBOOK, x_dtype=torch.bfloat16,
-            compute_dtype=self.compute_dtype,
+            compute_dtype=self.compute_dtype, split_k=split_k,
         )  # fmt: skip
         bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
         x = torch.randn(m, self.k, device="cuda").to(torch.bfloat16)
@@ -668,6 +674,22 @@ def sweep(bench: CudaDenseBench, args) -> None:
         bench._payloads.pop(bits, None)
 
 
+def split_sweep(bench: CudaDenseBench, args) -> None:
+    """The whole linear through the front door at each requested ``split_k`` next to the split
+    the split-K table picks (auto), per (bits, M): the evidence for the table's small-M rule."""
+    from b12x.ops.dense.plan import plan_dense
+
+    k, n = args.shape
+    for bits in args.bits:
+        for m in args.m:
+            auto = plan_dense(m=m, k=k, n=n, bits=bits, codebook=CODEBOOK, x_dtype=torch.bfloat16)
+            cells = [f"auto({auto.split_k}) {bench.b12x(m, bits)[0]:.1f}"]
+            for split in args.split_sweep:
+                cells.append(f"{split}: {bench.b12x(m, bits, split_k=split)[0]:.1f}")
+            print(f"split K{bits} M={m} [{auto.path}] us: " + "  ".join(cells), flush=True)
+        bench._payloads.pop(bits, None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     refusal = refuse_without_cuda("dense_trellis.py", torch.cuda.is_available())
@@ -678,6 +700,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = CudaDenseBench(args, timing)
     if args.sweep:
         sweep(bench, args)
+        return 0
+    if args.split_sweep:
+        split_sweep(bench, args)
         return 0
     deadline = Deadline(args.budget_s or None)
 

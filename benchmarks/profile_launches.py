@@ -7,7 +7,10 @@ device time, largest first, plus the step's sum. This is a diagnostic for the la
 (how much of a step is glue versus the trellis GEMMs), not a benchmark: its times include
 profiler overhead and are never quoted as ratios.
 
-Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25]``
+Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]``
+
+``--only dense --m 1 --bits 4`` is also the target for a kernel profile of the dense linear
+(``ncu --clock-control none python benchmarks/profile_launches.py --plain ...``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ def _table(label: str, fn, top: int) -> None:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    if top == 0:  # --plain: no torch.profiler (an outside profiler such as ncu is attached)
+        fn()
+        torch.cuda.synchronize()
+        return
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -49,14 +56,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", default="1,8")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--only", choices=("dense", "moe"), default=None)
+    parser.add_argument("--bits", default="4", help="dense K-bits list (MCG)")
+    parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
     cli = parser.parse_args()
+    if cli.plain:
+        cli.top = 0
     args = types.SimpleNamespace(
         experts=128, hidden=5120, intermediate=1536, top_k=8, bits=4, codebook="mcg",
         layout="packed",
     )  # fmt: skip
     torch.manual_seed(0)
     w13, w2, tables = make_weights(args)
-    for m in (int(v) for v in cli.m.split(",")):
+    for m in (int(v) for v in cli.m.split(",")) if cli.only != "dense" else ():
         x = (0.05 * torch.randn(m, args.hidden, device="cuda")).to(torch.bfloat16)
         topk_w, topk_ids = torch.softmax(torch.randn(m, args.experts, device="cuda"), -1).topk(8)
         plan = plan_moe(
@@ -70,19 +82,23 @@ def main() -> None:
             tables["intermediate_rotations"], tables["down_svh"],
         )  # fmt: skip
         _table(f"run_moe M={m}", lambda b=bound, i=inputs: run_moe(b, i), cli.top)
+    if cli.only == "moe":
+        return
     k, n = 8192, 28672
-    trellis = torch.randint(-(2**15), 2**15, (k // 16, n // 16, 64), device="cuda").to(torch.int16)
     suh = torch.full((k,), 0.02, device="cuda", dtype=torch.float16)
     svh = torch.ones(n, device="cuda", dtype=torch.float16)
-    for m in (int(v) for v in cli.m.split(",")):
-        x = torch.randn(m, k, device="cuda").to(torch.float16)
-        plan = plan_dense(m=m, k=k, n=n, bits=4, codebook="mcg", x_dtype=torch.float16)
-        bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
-        _table(
-            f"dense linear M={m} K4 ({plan.path})",
-            lambda x=x, b=bound: run_dense(b, x, trellis, suh, svh),
-            cli.top,
-        )
+    for bits in (int(v) for v in cli.bits.split(",")):
+        shape = (k // 16, n // 16, 16 * bits)
+        trellis = torch.randint(-(2**15), 2**15, shape, device="cuda").to(torch.int16)
+        for m in (int(v) for v in cli.m.split(",")):
+            x = torch.randn(m, k, device="cuda").to(torch.float16)
+            plan = plan_dense(m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16)
+            bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
+            _table(
+                f"dense linear M={m} K{bits} ({plan.path})",
+                lambda x=x, b=bound, t=trellis: run_dense(b, x, t, suh, svh),
+                cli.top,
+            )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ __all__ = [
     "MoeRotateKernel",
 ]
 
-BOUNDARY_KINDS = ("rotate", "activate", "reduce")
+BOUNDARY_KINDS = ("rotate", "activate", "reduce", "pack")
 H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.ops.moe.boundary (fp32-rounded)
 WORDS_PER_BLOCK = 64  # a 128-feature block of 16-bit values, as int32 words
 
@@ -69,7 +69,9 @@ class MoeBoundarySpec:
     ``in_bf16``: the 16-bit input is bf16 (rotate: ``x``; activate / reduce: the GEMM output in
     the compute dtype). ``out_bf16``: the output is bf16 (rotate / activate: the compute dtype;
     reduce: ``x.dtype``). ``proj``: rotate writes gate and up rotations (grid y = 2). ``top_k``:
-    reduce's unrolled slot count (0 for the other kinds, which take it at run time).
+    reduce's unrolled slot count (0 for the other kinds, which take it at run time). ``pack`` is
+    the route packer (:class:`b12x.kernels.moe_pack.MoePackKernel`): no 16-bit operand, so both
+    dtype flags are False.
     """
 
     kind: str
@@ -85,6 +87,8 @@ class MoeBoundarySpec:
         for name in ("in_bf16", "out_bf16", "proj"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected bool, got {getattr(self, name)!r}")
+        if self.kind == "pack" and (self.in_bf16 or self.out_bf16):
+            raise ValueError("in_bf16/out_bf16: the pack kernel has no 16-bit operand (False)")
         if self.proj and self.kind != "rotate":
             raise ValueError(f"proj: only the rotate kernel has projections, not {self.kind!r}")
         k = self.top_k

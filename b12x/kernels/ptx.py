@@ -52,6 +52,7 @@ __all__ = [
     "cut16",
     "ld_global_nc_u32_imm",
     "st_shared_u16",
+    "st_shared_u32",
     "ld_shared_v4",
     "st_global_v4",
     "cp_async_16",
@@ -353,6 +354,13 @@ def st_shared_u16(addr, value, loc=None, ip=None) -> None:
     ops = _u32_values([addr, value], loc, ip)
     text = "{ .reg .b16 t; cvt.u16.u32 t, $1; st.shared.u16 [$0], t; }"
     _asm_void(ops, text, "r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def st_shared_u32(addr, value, loc=None, ip=None) -> None:
+    """Store the u32 ``value`` at 32-bit shared address ``addr``."""
+    ops = _u32_values([addr, value], loc, ip)
+    _asm_void(ops, "st.shared.u32 [$0], $1;", "r,r,~{memory}", loc, ip)
 
 
 @dsl_user_op

@@ -13,8 +13,8 @@ Layout
 * :data:`KINDS` maps every name to its kind: ``decode``, ``gemm``, ``reduce``, ``rotate_in``,
   ``rotate_out`` (:class:`~b12x.launch.specs.KernelSpec`, selected by its ``kind``),
   ``moe_gemm`` (:class:`~b12x.kernels.moe_gemm.MoeGemmSpec`: the grouped and the pair kernel)
-  and ``moe_boundary`` (:class:`~b12x.kernels.moe_boundary.MoeBoundarySpec`: rotate, activate
-  and reduce).
+  and ``moe_boundary`` (:class:`~b12x.kernels.moe_boundary.MoeBoundarySpec`: rotate, activate,
+  reduce and the route packer).
 * :func:`kind_of` answers a spec's kind (``TypeError`` / ``ValueError`` naming ``spec``);
   :func:`sources` the modules hashed into the kind's key; :func:`launch_key` the key of a spec;
   :func:`compiled` the compiled callable: THE door every launch path resolves a kernel through
@@ -141,6 +141,7 @@ _REGISTRY = (
             "b12x.kernels.moe_boundary.MoeRotateKernel",
             "b12x.kernels.moe_boundary.MoeActivateKernel",
             "b12x.kernels.moe_boundary.MoeReduceKernel",
+            "b12x.kernels.moe_pack.MoePackKernel",
         ),
     ),
 )

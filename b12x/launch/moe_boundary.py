@@ -4,8 +4,9 @@ Layout
 ------
 * :func:`build_moe_boundary` maps a :class:`~b12x.kernels.moe_boundary.MoeBoundarySpec` to its
   kernel object (by ``spec.kind``: :class:`~b12x.kernels.moe_boundary.MoeRotateKernel`,
-  :class:`~b12x.kernels.moe_boundary.MoeActivateKernel` or
-  :class:`~b12x.kernels.moe_boundary.MoeReduceKernel`) and the fake (symbolic-shape) arguments
+  :class:`~b12x.kernels.moe_boundary.MoeActivateKernel`,
+  :class:`~b12x.kernels.moe_boundary.MoeReduceKernel` or the route packer
+  :class:`~b12x.kernels.moe_pack.MoePackKernel`) and the fake (symbolic-shape) arguments
   ``cute.compile`` needs. It is the builder of the ``moe_boundary`` kind of
   :mod:`b12x.launch.kinds`: CPU compile checks and GPU launches both reach it there.
 
@@ -14,7 +15,8 @@ Invariants
 * 16-bit operands are int32 word views ``[rows, F/2]`` with ``F/2 % 64 == 0``
   (``WORDS_PER_BLOCK`` words per 128-feature block); ``route_expert`` is int64 ``[n]``,
   ``route_inactive`` uint8 ``[n]`` (the bool buffer's bytes), ``weights`` fp32 ``[n]`` (4-byte
-  aligned: the caller's ``topk_weights`` need not be 16-byte aligned).
+  aligned: the caller's ``topk_weights`` need not be 16-byte aligned). The packer's buffers are
+  the route buffers of :mod:`b12x.ops.moe.routing` (bool flags as uint8 bytes).
 * No device code lives here; the kernels' PTX does not depend on where their builder is. The
   fake arguments' shapes are codegen inputs, so this module is in the kind's hashed sources.
 """
@@ -31,10 +33,16 @@ from b12x.kernels.moe_boundary import (
     MoeReduceKernel,
     MoeRotateKernel,
 )
+from b12x.kernels.moe_pack import MoePackKernel
 
 __all__ = ["build_moe_boundary"]
 
-_KERNELS = {"rotate": MoeRotateKernel, "activate": MoeActivateKernel, "reduce": MoeReduceKernel}
+_KERNELS = {
+    "rotate": MoeRotateKernel,
+    "activate": MoeActivateKernel,
+    "reduce": MoeReduceKernel,
+    "pack": MoePackKernel,
+}
 
 
 def build_moe_boundary(spec: MoeBoundarySpec):
@@ -58,6 +66,14 @@ def build_moe_boundary(spec: MoeBoundarySpec):
         gate, up = fake(Int32, (cute.sym_int(), h)), fake(Int32, (cute.sym_int(), h))
         out_gate, out_up = fake(Int32, (n, h)), fake(Int32, (n, h))
         args = (x, gate, up, experts, out_gate, out_up, Int32(1), Int32(1))
+    elif spec.kind == "pack":
+        flag = (fake(Uint8, (n,)), fake(Uint8, (n,)))
+        packed = fake(Int32, (cute.sym_int(),))
+        slots = (fake(Int64, (n,)), fake(Int64, (n,)))
+        blocks, count = fake(Int32, (cute.sym_int(),)), fake(Int32, (1,))
+        e = cute.sym_int()
+        counts, offsets = fake(Int32, (e,)), fake(Int32, (cute.sym_int(),))
+        args = (experts, *flag, packed, *slots, blocks, count, counts, offsets, Int32(1))
     elif spec.kind == "activate":
         fc1 = fake(Int32, (n, cute.sym_int(divisibility=2 * WORDS_PER_BLOCK)))
         rotations = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=3 * WORDS_PER_BLOCK)))

@@ -44,6 +44,7 @@ __all__ = [
     "LaunchRecord",
     "LaunchRecordError",
     "MoeActivateLaunch",
+    "MoePackLaunch",
     "MoeReduceLaunch",
     "MoeRotateLaunch",
     "OutputRotationLaunch",
@@ -265,6 +266,24 @@ class MoeReduceLaunch(LaunchRecord):
     num_experts: int
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class MoePackLaunch(LaunchRecord):
+    """:class:`b12x.kernels.moe_pack.MoePackKernel`."""
+
+    entry: ClassVar[str] = "b12x.kernels.moe_pack.MoePackKernel"
+    route_expert: torch.Tensor
+    route_active: torch.Tensor
+    route_inactive: torch.Tensor
+    packed_route_slots: torch.Tensor
+    route_slot: torch.Tensor
+    route_gather: torch.Tensor
+    block_expert_ids: torch.Tensor
+    route_count: torch.Tensor
+    expert_counts: torch.Tensor
+    expert_offsets: torch.Tensor
+    block_size: int
+
+
 #: Every launch record, one per compiled kernel class a host launch calls.
 RECORDS: tuple[type[LaunchRecord], ...] = (
     DecodeLaunch,
@@ -277,6 +296,7 @@ RECORDS: tuple[type[LaunchRecord], ...] = (
     MoeRotateLaunch,
     MoeActivateLaunch,
     MoeReduceLaunch,
+    MoePackLaunch,
 )
 
 

@@ -39,6 +39,7 @@ SAMPLE_SPECS = (
     MoeBoundarySpec("rotate", False, False),
     MoeBoundarySpec("activate", False, True),
     MoeBoundarySpec("reduce", True, False, top_k=2),
+    MoeBoundarySpec("pack", False, False),
 )
 SAMPLE_IDS = [f"{i}-{kinds.kind_of(spec).name}" for i, spec in enumerate(SAMPLE_SPECS)]
 
@@ -90,7 +91,7 @@ def coverage_problems(scanned: set[str], registry) -> list[str]:
 
 def test_the_scan_finds_the_kernel_classes():
     scanned = kernel_classes(B12X / "kernels")
-    assert len(scanned) == 10  # 5 dense + 2 MoE GEMM + 3 boundary: the scan is not vacuous
+    assert len(scanned) == 11  # 5 dense + 2 MoE GEMM + 3 boundary + packer: not vacuous
     assert "b12x.kernels.moe_pair_gemm.MoePairGemmKernel" in scanned
     assert not any(name.endswith(("Spec", "Bundle", "_SmemRing")) for name in scanned)
 

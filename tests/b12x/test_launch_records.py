@@ -355,6 +355,7 @@ def test_check_records_covers_every_compiled_kernel_class():
         "b12x.kernels.moe_gemm",
         "b12x.kernels.moe_pair_gemm",
         "b12x.kernels.moe_boundary",
+        "b12x.kernels.moe_pack",
     }
 
 

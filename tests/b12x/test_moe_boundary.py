@@ -16,7 +16,7 @@ from b12x.kernels.moe_boundary import H128_SCALE_FP32, MoeBoundarySpec
 from b12x.launch import kinds
 from b12x.launch.moe_boundary import build_moe_boundary
 from b12x.launch.toolchain import compile_with_remarks
-from b12x.ops.moe import boundary
+from b12x.ops.moe import boundary, routing
 from b12x.ops.moe.plan import plan_moe
 from b12x.runtime import compile_cache
 
@@ -28,6 +28,7 @@ SPECS = (
     MoeBoundarySpec("activate", True, True),
     MoeBoundarySpec("reduce", False, False, top_k=8),
     MoeBoundarySpec("reduce", True, False, top_k=3),
+    MoeBoundarySpec("pack", False, False),
 )
 
 
@@ -44,6 +45,11 @@ def test_boundary_kernels_compile_without_spills(spec, arch):
     assert re.search(rf"\.target {arch}\b", ptx)
     assert regs and 0 < max(regs) <= 128, regs
     assert spills and sum(spills) == 0, spills
+    if spec.kind == "pack":  # integer work only: the scan's five up-shuffles, no float op
+        assert ptx.count("shfl.sync.up") == 5 and ".f32" not in ptx and "fma" not in ptx
+        # ranks come from ordered walks: no atomic or reduction instruction
+        assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M)
+        return
     # Five xor-shuffle stages of 4 values per H128 (activate runs two butterflies per route).
     butterflies = {"rotate": 1, "activate": 3, "reduce": spec.top_k}[spec.kind]
     assert ptx.count("shfl.sync.bfly") >= 20 * butterflies
@@ -71,6 +77,8 @@ def test_specs_validate():
         MoeBoundarySpec("rotate", False, False, warps=3)
     with pytest.raises(TypeError, match="in_bf16"):
         MoeBoundarySpec("rotate", 1, False)
+    with pytest.raises(ValueError, match="pack kernel"):
+        MoeBoundarySpec("pack", True, False)
 
 
 @pytest.mark.parametrize(
@@ -86,11 +94,53 @@ def test_boundary_specs_follow_the_problem(x_dtype, cd, layout, top_k):
         m=4, top_k=top_k, hidden=256, intermediate=256, codebook="mcg", bits=3, num_experts=8,
         w13_layout=layout, x_dtype=x_dtype, compute_dtype=cd,
     )  # fmt: skip
-    rotate, act, reduce = boundary.boundary_specs(plan.problem)
+    rotate, act, reduce, pack = boundary.boundary_specs(plan.problem)
     x_bf16, cd_bf16 = x_dtype == torch.bfloat16, cd == torch.bfloat16
     assert rotate == MoeBoundarySpec("rotate", x_bf16, cd_bf16, proj=layout == "proj")
     assert act == MoeBoundarySpec("activate", cd_bf16, cd_bf16)
     assert reduce == MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=top_k)
+    assert pack == MoeBoundarySpec("pack", False, False)  # 4·top_k routes: the device packer
+
+
+@pytest.mark.parametrize(
+    "m, top_k, experts, packs",
+    [(128, 8, 128, True), (129, 8, 128, False), (1, 1, 1024, True), (1, 1, 1025, False)],
+)
+def test_the_device_packer_takes_plans_within_its_bounds(m, top_k, experts, packs):
+    """1024 routes and 1024 experts at most; the warm-up set lists the packer exactly then."""
+    plan = plan_moe(
+        m=m, top_k=top_k, hidden=256, intermediate=256, codebook="mcg", bits=3,
+        num_experts=experts, w13_layout="packed", x_dtype=torch.float16,
+        compute_dtype=torch.float16,
+    )  # fmt: skip
+    assert boundary.device_packs(plan.routes) is packs
+    assert (boundary.PACK_SPEC in boundary.boundary_specs(plan.problem)) is packs
+
+
+def test_the_pack_wrapper_refuses_a_plan_past_its_bounds_before_writing(monkeypatch):
+    def no_compile(spec, arch):
+        raise AssertionError(f"compiled {spec}")
+
+    monkeypatch.setattr(boundary, "compiled", no_compile)
+    plan = routing.plan_routes(m=129, top_k=8, num_experts=16, block_size=16)
+    buffers = {
+        s.name: torch.full(s.shape, 7, dtype=s.dtype) for s in routing.route_buffer_specs(plan)
+    }
+    before = {name: t.clone() for name, t in buffers.items()}
+    with pytest.raises(ValueError, match="device packer's bounds"):
+        boundary.pack_routes(
+            arch="sm_90", plan=plan, topk_ids=torch.zeros(3, 8, dtype=torch.int32), buffers=buffers
+        )
+    assert all(torch.equal(t, before[name]) for name, t in buffers.items())  # nothing written
+    with pytest.raises(TypeError, match="topk_ids"):
+        boundary.pack_routes(arch="sm_90", plan=plan, topk_ids=torch.zeros(3, 8), buffers=buffers)
+    small = routing.plan_routes(m=4, top_k=2, num_experts=16, block_size=16)
+    # pack() without an arch (a CPU-bound plan) is the torch packer, never the kernel
+    zeros = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in routing.route_buffer_specs(small)}
+    live = boundary.pack(
+        arch=None, plan=small, topk_ids=torch.tensor([[0, 3], [3, -1]]), buffers=zeros
+    )
+    assert live.routes == 4
 
 
 def test_boundary_kernels_resolve_through_the_runtime_cache(monkeypatch):

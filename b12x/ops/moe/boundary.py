@@ -9,6 +9,11 @@ Layout
   :func:`activate` (the intermediate boundary FC1 → FC2 input) and :func:`reduce_output`
   (H128 of FC2, ``down_svh``, top-k weights, the slot-ordered fp32 sum, ``x.dtype``). Each reads
   the route packer's ``route_expert`` (int64, drop bucket ``E``) and clamps it in the kernel.
+* Route packing (:func:`pack_routes`): the one-launch packer :class:`b12x.kernels.moe_pack.
+  MoePackKernel` writes the consumer buffers of :func:`b12x.ops.moe.routing.pack_routes_into`
+  (the torch packer, about thirty launches) bit for bit; :func:`device_packs` says whether a
+  routing plan is within its bounds (decided on the planned sizes, so a captured graph never
+  changes packer), and :func:`pack` picks one of the two.
 * The torch path (:func:`reference_rotate_inputs`, :func:`reference_activate`,
   :func:`reference_reduce_output`): the same stages as torch ops on the plan's scratch buffers.
   ``run_moe`` takes it where no kernel can run (a CPU-bound plan: the CPU suite's emulated
@@ -34,14 +39,24 @@ import torch
 import torch.nn.functional as F
 
 from b12x.kernels.moe_boundary import MoeBoundarySpec
+from b12x.kernels.moe_pack import PACK_MAX_EXPERTS, PACK_MAX_ROUTES
 from b12x.launch.kinds import compiled
-from b12x.launch.records import MoeActivateLaunch, MoeReduceLaunch, MoeRotateLaunch
+from b12x.launch.records import (
+    MoeActivateLaunch,
+    MoePackLaunch,
+    MoeReduceLaunch,
+    MoeRotateLaunch,
+)
+from b12x.ops.moe import routing
 from b12x.runtime.scratch import live_rows, live_view
 
 __all__ = [
     "H128_SCALE_FP32",
     "activate",
     "boundary_specs",
+    "device_packs",
+    "pack",
+    "pack_routes",
     "gather_rows_",
     "h128_fp32_",
     "reduce_output",
@@ -85,16 +100,32 @@ def gather_rows_(table: torch.Tensor, slot_expert: torch.Tensor, out: torch.Tens
 # ---------------------------------------------------------------------------- kernel launches
 
 
+PACK_SPEC = MoeBoundarySpec("pack", False, False)
+
+
+def device_packs(routes: routing.RoutePlan) -> bool:
+    """Whether the one-launch packer takes the routing plan ``routes`` (its planned sizes: at
+    most :data:`~b12x.kernels.moe_pack.PACK_MAX_ROUTES` routes and
+    :data:`~b12x.kernels.moe_pack.PACK_MAX_EXPERTS` experts)."""
+    return routes.routes <= PACK_MAX_ROUTES and routes.num_experts <= PACK_MAX_EXPERTS
+
+
 def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
-    """The three boundary specialisations ``run_moe`` launches for a plan's ``problem``
-    (:class:`b12x.ops.moe.plan.MoeProblem`): its warm-up set next to ``MoePlan.kernel_specs``."""
+    """The boundary specialisations ``run_moe`` launches for a plan's ``problem``
+    (:class:`b12x.ops.moe.plan.MoeProblem`): rotate, activate, reduce, and the route packer
+    when the problem's routes are within its bounds; the warm-up set next to
+    ``MoePlan.kernel_specs``."""
     x_bf16 = problem.x_dtype == torch.bfloat16
     cd_bf16 = problem.compute_dtype == torch.bfloat16
-    return (
+    specs = (
         MoeBoundarySpec("rotate", x_bf16, cd_bf16, proj=problem.w13_layout == "proj"),
         MoeBoundarySpec("activate", cd_bf16, cd_bf16),
         MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=problem.top_k),
     )
+    routes = problem.m * problem.top_k
+    if routes <= PACK_MAX_ROUTES and problem.num_experts <= PACK_MAX_EXPERTS:
+        specs += (PACK_SPEC,)
+    return specs
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -202,6 +233,52 @@ def reduce_output(
         num_experts=num_experts,
     )
     fn(*launch.args())
+
+
+def pack_routes(
+    *, arch: str, plan: routing.RoutePlan, topk_ids: torch.Tensor, buffers
+) -> routing.RoutePlan:
+    """Pack ``topk_ids`` with one launch of the device packer (after the widening ``copy_`` of
+    the ids into ``route_expert``); returns the live plan, as
+    :func:`b12x.ops.moe.routing.pack_routes_into` does. The ids are validated and the plan's
+    bounds checked before anything is written or launched."""
+    routing.check_route_ids(topk_ids, top_k=plan.top_k)
+    if not device_packs(plan):
+        raise ValueError(
+            f"topk_ids: {plan.routes} planned routes over {plan.num_experts} experts exceed the "
+            f"device packer's bounds ({PACK_MAX_ROUTES} routes, {PACK_MAX_EXPERTS} experts); "
+            "pack with b12x.ops.moe.routing.pack_routes_into"
+        )
+    live = plan.live(topk_ids.shape[0])
+    n, cap = live.routes, live.capacity
+    expert = live_rows(buffers, "route_expert", n)
+    expert.copy_(topk_ids.reshape(n))  # widening copy; int64 ids are never narrowed
+    fn = compiled(PACK_SPEC, arch)
+    launch = MoePackLaunch(
+        route_expert=expert,
+        route_active=live_rows(buffers, "route_active", n).view(torch.uint8),
+        route_inactive=live_rows(buffers, "route_inactive", n).view(torch.uint8),
+        packed_route_slots=live_rows(buffers, "packed_route_slots", cap + n),
+        route_slot=live_rows(buffers, "route_slot", n),
+        route_gather=live_rows(buffers, "route_gather", n),
+        block_expert_ids=live_rows(buffers, "block_expert_ids", live.num_blocks),
+        route_count=buffers["route_count"],
+        expert_counts=buffers["expert_counts"],
+        expert_offsets=buffers["expert_offsets"],
+        block_size=live.block_size,
+    )
+    fn(*launch.args())
+    return live
+
+
+def pack(
+    *, arch: str | None, plan: routing.RoutePlan, topk_ids: torch.Tensor, buffers
+) -> routing.RoutePlan:
+    """Route packing for ``run_moe``: the device packer when kernels launch (``arch`` given)
+    and :func:`device_packs` admits the plan, else the torch packer."""
+    if arch is not None and device_packs(plan):
+        return pack_routes(arch=arch, plan=plan, topk_ids=topk_ids, buffers=buffers)
+    return routing.pack_routes_into(plan, topk_ids, buffers)
 
 
 # ---------------------------------------------------------------------------- the torch path

@@ -380,7 +380,8 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
         ids = inputs.topk_ids
         descriptors = buf["expert_descriptors"]
         torch.arange(e, out=descriptors)
-    live = routing.pack_routes_into(plan.routes, ids, buf)
+    packer_arch = launchers.device_arch(bound.device) if kernels else None  # CPU: torch packer
+    live = boundary.pack(arch=packer_arch, plan=plan.routes, topk_ids=ids, buffers=buf)
     n, nb = live.routes, live.num_blocks
 
     def rows(name: str, count: int) -> torch.Tensor:
