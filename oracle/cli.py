@@ -355,6 +355,23 @@ def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda:
     return ctx
 
 
+#: Skip reasons the closing line spells out; the rest are counted (all are in the table / JSON).
+SKIP_REASONS_SHOWN = 6
+
+
+def _skip_line(gpu_skips: list) -> str:
+    """One line naming the skipped GPU checks (the first six) and their distinct reasons (the
+    first :data:`SKIP_REASONS_SHOWN`, then how many more: a run with 160 "b12x.support does not
+    declare ..." reasons stays one readable line)."""
+    names = ", ".join(c.name for c in gpu_skips[:6]) + (" …" if len(gpu_skips) > 6 else "")
+    reasons = sorted({c.reason for c in gpu_skips})
+    shown = "; ".join(reasons[:SKIP_REASONS_SHOWN])
+    more = len(reasons) - SKIP_REASONS_SHOWN
+    if more > 0:
+        shown += f"; and {more} more reason(s) (each in the table without -q, and in --json)"
+    return f"GPU checks skipped ({len(gpu_skips)}): {names} — {shown}"
+
+
 def _finish(report: Any, args: argparse.Namespace) -> int:
     """Print the table (or summary), write JSON, name the skipped GPU checks; return exit code."""
     from rich.console import Console
@@ -372,11 +389,7 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
         report.print_table(console)
     gpu_skips = [c for c in report.checks if c.tier == "gpu" and c.status == "skip"]
     if gpu_skips:
-        reasons = sorted({c.reason for c in gpu_skips})
-        print(
-            f"GPU checks skipped ({len(gpu_skips)}): {', '.join(c.name for c in gpu_skips[:6])}"
-            f"{' …' if len(gpu_skips) > 6 else ''} — {'; '.join(reasons)}"
-        )
+        print(_skip_line(gpu_skips))
     if args.json:
         try:
             print(f"JSON report: {report.to_json(args.json)}")

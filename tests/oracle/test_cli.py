@@ -532,3 +532,24 @@ def test_a_gpu_worker_thread_that_dies_is_a_failure_not_a_silent_gap(monkeypatch
     got, _ = _families_with(monkeypatch, gpu_body, workers=True)
     assert [(r.name, r.status) for r in got][-1] == ("gpu", "fail")
     assert "SystemExit: worker thread died" in got[-1].reason
+
+
+def test_the_gpu_skip_line_names_six_reasons_and_counts_the_rest():
+    """A run --tile on a GPU skips ~160 variants b12x does not declare, each with its own reason:
+    the closing line spells out six and counts the others instead of printing 150 lines."""
+    from oracle import cli
+    from oracle.report import CheckResult
+
+    skips = [
+        CheckResult(f"gpu.unrunnable.dense.{i}", "gpu", "skip", f"reason {i:03d}")
+        for i in range(10)
+    ]
+    skips += [
+        CheckResult("gpu.heavy", "gpu", "skip", "reason 000")
+    ]  # a repeated reason counts once
+    line = cli._skip_line(skips)
+    assert line.startswith("GPU checks skipped (11): gpu.unrunnable.dense.0, ")
+    assert "reason 005" in line and "reason 006" not in line
+    assert "and 4 more reason(s)" in line
+    few = cli._skip_line(skips[:2])
+    assert few.endswith("— reason 000; reason 001") and "more" not in few
