@@ -246,6 +246,15 @@ class MixedTierExperts:
         descriptor = int(self.descriptor_map[combined_id])
         return descriptor >> TIER_SHIFT, descriptor & (MAX_EXPERTS_PER_TIER - 1)
 
+    def combined_expert(self, combined_id: int):
+        """``(decoded weights, rotations, shared_input)`` of combined expert ``combined_id``: the
+        payload from its tier, the rotations from the combined tables (the per-expert source of
+        :func:`mixed_moe_forward`, and of the oracle's MoE judge)."""
+        tier, local = self.tier_of(combined_id)
+        experts = self.tier0 if tier == 0 else self.tier1
+        shared = experts.w13_layout == "packed"
+        return experts.decode_expert(local), self.rotations.expert(combined_id), shared
+
 
 def mixed_moe_forward(
     x: torch.Tensor,
@@ -270,17 +279,11 @@ def mixed_moe_forward(
     )
     combined = mixed.combined_ids(topk_global_ids)
 
-    def source(combined_id: int):
-        tier, local = mixed.tier_of(combined_id)
-        experts = mixed.tier0 if tier == 0 else mixed.tier1
-        shared = experts.w13_layout == "packed"
-        return experts.decode_expert(local), mixed.rotations.expert(combined_id), shared
-
     outputs, active = route_outputs_from_source(
         x,
         combined,
         mixed.num_combined_experts,
-        source,
+        mixed.combined_expert,
         precision=precision,
         compute_dtype=compute_dtype,
     )
