@@ -103,11 +103,15 @@ def gather_rows_(table: torch.Tensor, slot_expert: torch.Tensor, out: torch.Tens
 PACK_SPEC = MoeBoundarySpec("pack", False, False)
 
 
+def _within_packer(routes: int, experts: int) -> bool:
+    return routes <= PACK_MAX_ROUTES and experts <= PACK_MAX_EXPERTS
+
+
 def device_packs(routes: routing.RoutePlan) -> bool:
     """Whether the one-launch packer takes the routing plan ``routes`` (its planned sizes: at
     most :data:`~b12x.kernels.moe_pack.PACK_MAX_ROUTES` routes and
     :data:`~b12x.kernels.moe_pack.PACK_MAX_EXPERTS` experts)."""
-    return routes.routes <= PACK_MAX_ROUTES and routes.num_experts <= PACK_MAX_EXPERTS
+    return _within_packer(routes.routes, routes.num_experts)
 
 
 def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
@@ -122,8 +126,7 @@ def boundary_specs(problem) -> tuple[MoeBoundarySpec, ...]:
         MoeBoundarySpec("activate", cd_bf16, cd_bf16),
         MoeBoundarySpec("reduce", cd_bf16, x_bf16, top_k=problem.top_k),
     )
-    routes = problem.m * problem.top_k
-    if routes <= PACK_MAX_ROUTES and problem.num_experts <= PACK_MAX_EXPERTS:
+    if _within_packer(problem.m * problem.top_k, problem.num_experts):  # as device_packs
         specs += (PACK_SPEC,)
     return specs
 
