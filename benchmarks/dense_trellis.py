@@ -682,7 +682,11 @@ def split_sweep(bench: CudaDenseBench, args) -> None:
     k, n = args.shape
     for bits in args.bits:
         for m in args.m:
-            auto = plan_dense(m=m, k=k, n=n, bits=bits, codebook=CODEBOOK, x_dtype=torch.bfloat16)
+            # the plan bench.b12x times (same dtypes), read for its split and path
+            auto = plan_dense(
+                m=m, k=k, n=n, bits=bits, codebook=CODEBOOK, x_dtype=torch.bfloat16,
+                compute_dtype=bench.compute_dtype,
+            )  # fmt: skip
             cells = [f"auto({auto.split_k}) {bench.b12x(m, bits)[0]:.1f}"]
             for split in args.split_sweep:
                 cells.append(f"{split}: {bench.b12x(m, bits, split_k=split)[0]:.1f}")

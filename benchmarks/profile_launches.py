@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import types
 
 import torch
+from bench_cli import int_list
 from moe_trellis import make_weights
 from torch.profiler import ProfilerActivity, profile
 
@@ -28,11 +30,13 @@ from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 
 
-def _table(label: str, fn, top: int) -> None:
+def _table(label: str, fn, top: int, *, plain: bool = False) -> None:
+    """Three warm-up calls, then one call under ``torch.profiler`` and its kernel table; with
+    ``plain`` the fourth call runs without it (an outside profiler such as ncu is attached)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    if top == 0:  # --plain: no torch.profiler (an outside profiler such as ncu is attached)
+    if plain:
         fn()
         torch.cuda.synchronize()
         return
@@ -52,23 +56,13 @@ def _table(label: str, fn, top: int) -> None:
         print(f"  {us:9.1f} us  x{count:<3d} {name}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", default="1,8")
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--only", choices=("dense", "moe"), default=None)
-    parser.add_argument("--bits", default="4", help="dense K-bits list (MCG)")
-    parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
-    cli = parser.parse_args()
-    if cli.plain:
-        cli.top = 0
+def _moe(cli) -> None:
     args = types.SimpleNamespace(
         experts=128, hidden=5120, intermediate=1536, top_k=8, bits=4, codebook="mcg",
         layout="packed",
     )  # fmt: skip
-    torch.manual_seed(0)
     w13, w2, tables = make_weights(args)
-    for m in (int(v) for v in cli.m.split(",")) if cli.only != "dense" else ():
+    for m in cli.m:
         x = (0.05 * torch.randn(m, args.hidden, device="cuda")).to(torch.bfloat16)
         topk_w, topk_ids = torch.softmax(torch.randn(m, args.experts, device="cuda"), -1).topk(8)
         plan = plan_moe(
@@ -81,24 +75,38 @@ def main() -> None:
             x, topk_w, topk_ids, (w13,), (w2,), tables["gate_suh"], None,
             tables["intermediate_rotations"], tables["down_svh"],
         )  # fmt: skip
-        _table(f"run_moe M={m}", lambda b=bound, i=inputs: run_moe(b, i), cli.top)
-    if cli.only == "moe":
-        return
+        run = functools.partial(run_moe, bound, inputs)
+        _table(f"run_moe M={m}", run, cli.top, plain=cli.plain)
+
+
+def _dense(cli) -> None:
     k, n = 8192, 28672
     suh = torch.full((k,), 0.02, device="cuda", dtype=torch.float16)
     svh = torch.ones(n, device="cuda", dtype=torch.float16)
-    for bits in (int(v) for v in cli.bits.split(",")):
+    for bits in cli.bits:
         shape = (k // 16, n // 16, 16 * bits)
         trellis = torch.randint(-(2**15), 2**15, shape, device="cuda").to(torch.int16)
-        for m in (int(v) for v in cli.m.split(",")):
+        for m in cli.m:
             x = torch.randn(m, k, device="cuda").to(torch.float16)
             plan = plan_dense(m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16)
             bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
-            _table(
-                f"dense linear M={m} K{bits} ({plan.path})",
-                lambda x=x, b=bound, t=trellis: run_dense(b, x, t, suh, svh),
-                cli.top,
-            )
+            run = functools.partial(run_dense, bound, x, trellis, suh, svh)
+            _table(f"dense linear M={m} K{bits} ({plan.path})", run, cli.top, plain=cli.plain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", type=int_list, default=(1, 8))
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--only", choices=("dense", "moe"), default=None)
+    parser.add_argument("--bits", type=int_list, default=(4,), help="dense K-bits list (MCG)")
+    parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
+    cli = parser.parse_args()
+    torch.manual_seed(0)
+    if cli.only != "dense":  # the MoE weights are made only when the MoE step runs
+        _moe(cli)
+    if cli.only != "moe":
+        _dense(cli)
 
 
 if __name__ == "__main__":

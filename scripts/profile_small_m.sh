@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Where the small-M time goes (issues 14 and 15), in one device call: the launch table of the
 # dense linear (K2/K4/K6 at M = 1, 16) and of the MoE step (M = 1, 8) from
-# benchmarks/profile_launches.py, then an ncu profile (--clock-control none) of every kernel of
-# one dense linear at M = 1 and M = 16 (K4, MCG): speed of light, warp stall reasons, scheduler,
+# benchmarks/profile_launches.py, then an ncu profile (--clock-control none) of the trellis GEMM
+# of one dense linear at M = 1 and M = 16 (K4, MCG): speed of light, warp stall reasons, scheduler,
 # occupancy, launch statistics. Logs under $OUT.
 #   usage (device tool, carry [".device"]): source .device/env.sh && bash scripts/profile_small_m.sh
 set -u
@@ -14,9 +14,9 @@ timeout -k 5 "${LAUNCH_S:-150}" python3 benchmarks/profile_launches.py --m 1,8 -
   > "$OUT/launches_moe.log" 2>&1; echo "launches moe rc=$?"
 cat "$OUT/launches_dense.log" "$OUT/launches_moe.log" | grep -v Warning | head -n 120
 for m in 1 16; do
-  # every kernel of the run (setup fills, three warm-up calls and the profiled call of the linear)
+  # the trellis GEMM of the fourth call (after three warm-ups), not the setup kernels before it
   timeout -k 5 "${NCU_S:-150}" "$NCU" --clock-control none --target-processes all \
-    --launch-count 40 \
+    --kernel-name regex:DenseTrellisGemm --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum" \

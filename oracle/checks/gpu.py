@@ -260,11 +260,16 @@ def in_workers(ctx: Any) -> bool:
     )
 
 
+def skipped(ctx: Any, suffix: str = "") -> list[CheckResult]:
+    """One ``skip`` per GPU check family (names + ``suffix``) with why no GPU runs them: no CUDA
+    device, or ``--tier cpu``."""
+    why = "no CUDA device" if not ctx.cuda else "tier cpu selected (--tier)"
+    return [CheckResult(f"{n}{suffix}", "gpu", "skip", why) for n in FAMILY_NAMES]
+
+
 def run(ctx: Any) -> list[CheckResult]:
-    if not ctx.cuda:
-        return [CheckResult(n, "gpu", "skip", "no CUDA device") for n in FAMILY_NAMES]
-    if ctx.tier != "gpu":
-        return [CheckResult(n, "gpu", "skip", "tier cpu selected (--tier)") for n in FAMILY_NAMES]
+    if not (ctx.cuda and ctx.tier == "gpu"):
+        return skipped(ctx)
     if getattr(ctx, "tile", None):  # in-process; the graph protocol pins no tile
         why = f"the graph protocol is not tile-pinned (--tile {ctx.tile})"
         return _grid(ctx) + [CheckResult("gpu.graph_protocol", "gpu", "skip", why)]

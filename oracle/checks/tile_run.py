@@ -11,7 +11,8 @@ Layout
   neither is given.
 * :func:`tile_checks` runs the three steps — qualify, compile on CPU for every arch (each row
   with registers, spills and MMA: :func:`compile_line`), and on a GPU the grid cases pinned to
-  the tile — and :func:`gpu_skips` stands for the GPU families where no GPU runs.
+  the tile — and :func:`oracle.checks.gpu.skipped` stands for the GPU families where no GPU
+  runs.
 
 Invariants
 ----------
@@ -22,14 +23,6 @@ no qualifying grid case is a ``fail``.
 from __future__ import annotations
 
 from typing import Any
-
-
-def gpu_skips(ctx: Any, suffix: str = "") -> list[Any]:
-    from oracle.checks import gpu
-    from oracle.report import CheckResult
-
-    why = "no CUDA device" if not ctx.cuda else "tier cpu selected (--tier)"
-    return [CheckResult(f"{n}{suffix}", "gpu", "skip", why) for n in gpu.FAMILY_NAMES]
 
 
 def tile_registries() -> tuple[list[Any], str]:
@@ -191,7 +184,7 @@ def tile_checks(
     """qualify (strict) → compile its specialisations on CPU (strict) → on a GPU, the grid
     cases pinned to the tile (:func:`oracle.checks.gpu.select_grid` ``tile=``: none is a fail)."""
     from oracle.checks import compile as compile_checks
-    from oracle.checks import run_family
+    from oracle.checks import gpu, run_family
     from oracle.report import CheckResult
 
     label = "x".join(map(str, tile))
@@ -207,7 +200,7 @@ def tile_checks(
         why = f"crashed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         return [
             CheckResult(f"tile.{label}", "cpu", "fail", why),
-            *gpu_skips(ctx, f".tile_{label}"),
+            *gpu.skipped(ctx, f".tile_{label}"),
         ]
     if not specs:
         out.append(CheckResult(f"compile.tile_{label}", "cpu", "fail", f"tile {label} {why}"))
@@ -245,5 +238,5 @@ def tile_checks(
                                summary, {"compiled": len(specs), "declared": total}))  # fmt: skip
         out += rows
     if not (ctx.cuda and ctx.tier == "gpu"):
-        return out + gpu_skips(ctx, f".tile_{label}")
+        return out + gpu.skipped(ctx, f".tile_{label}")
     return out + run_family("gpu", ctx)

@@ -144,6 +144,7 @@ def test_run_refuses_a_cpu_bound_plan_before_anything_runs(monkeypatch):
         run_moe(bound, inputs)
     assert calls == []
     monkeypatch.setattr(run_mod, "LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))  # the emulated tier
+    monkeypatch.setattr(run_mod.launchers, "device_arch", lambda device: "sm_90")  # as it does
     with pytest.raises(_Packed):  # now it gets as far as the (stubbed) packer
         run_moe(bound, inputs)
     assert calls == ["pack"]

@@ -380,14 +380,14 @@ def run_moe(bound: BoundMoe, inputs: MoeInputs) -> torch.Tensor:
         ids = inputs.topk_ids
         descriptors = buf["expert_descriptors"]
         torch.arange(e, out=descriptors)
-    packer_arch = launchers.device_arch(bound.device) if kernels else None  # CPU: torch packer
+    arch = launchers.device_arch(bound.device)
+    packer_arch = arch if kernels else None  # a CPU-bound plan packs with the torch packer
     live = boundary.pack(arch=packer_arch, plan=plan.routes, topk_ids=ids, buffers=buf)
     n, nb = live.routes, live.num_blocks
 
     def rows(name: str, count: int) -> torch.Tensor:
         return live_rows(buf, name, count)
 
-    arch = launchers.device_arch(bound.device)
     route_expert, route_inactive = rows("route_expert", n), rows("route_inactive", n)
     tables = dict(n=n, top_k=k, num_experts=e)
     a_gate = rows("rotation_gate", n)
