@@ -386,11 +386,12 @@ def h128_bound(v: Bound) -> Bound:
 
 
 def _prefix_sums_(blocks: torch.Tensor) -> torch.Tensor:
-    """In-place running sums over dim 0 (``blocks[s] += blocks[s - 1]``, in order): the values
-    of ``cumsum_(dim=0)``, but one vectorised add per step (torch's CPU cumsum over a leading
-    dim runs ~3x slower on the ``[K/16, M, N]`` float64 block sums, the judge's largest cost)."""
-    for step in range(1, blocks.shape[0]):
-        blocks[step].add_(blocks[step - 1])
+    """In-place running sums over dim -3, the K16 steps of ``[..., K/16, M, N]`` block sums
+    (``blocks[..., s, :, :] += blocks[..., s - 1, :, :]``, in order): the values of
+    ``cumsum_(dim=-3)``, but one vectorised add per step (torch's CPU cumsum over a leading dim
+    runs ~3x slower on the float64 block sums, the judge's largest cost)."""
+    for step in range(1, blocks.shape[-3]):
+        blocks[..., step, :, :].add_(blocks[..., step - 1, :, :])
     return blocks
 
 
@@ -402,53 +403,67 @@ def gemm_envelope(
 ) -> Bound:
     """The GEMM ``round_cd(a @ b)`` before its rounding (the module docstring's model).
 
-    ``a`` ``[M, K]`` compute-dtype values (a :class:`Bound`: exact when observed, an uncertain
-    stored value otherwise), ``b`` ``[K, N]`` exact compute-dtype values in any float dtype
-    (pass the compute-dtype tensor: it is widened to float64 one column chunk at a time).
-    Columns and rows are processed in chunks so that the ``[K/16, m, n]`` float64 partial sums
-    (three such buffers) stay within ``memory_budget`` bytes."""
+    ``a`` ``[..., M, K]`` compute-dtype values (a :class:`Bound`: exact when observed, an
+    uncertain stored value otherwise), ``b`` ``[..., K, N]`` exact compute-dtype values in any
+    float dtype (pass the compute-dtype tensor: it is widened to float64 one column chunk at a
+    time). Leading dims, when present, are a batch of independent GEMMs (the same on ``a`` and
+    ``b``; the MoE judge stacks experts that see the same number of routes): each gets the bound
+    it would get alone (bit for bit unless the memory budget splits the columns, where BLAS may
+    order the float64 sums of the uncertain terms differently, ~1e-15 relative). Columns and
+    rows are processed in chunks so that the ``[batch·K/16, m, n]`` float64 partial sums (three
+    such buffers) stay within ``memory_budget`` bytes."""
     f64 = torch.float64
     a_mid = a.centre.to(f64)
-    m, k = a_mid.shape
-    n = b.shape[1]
+    *batch, m, k = a_mid.shape
+    if tuple(b.shape[:-2]) != tuple(batch) or b.shape[-2] != k:
+        raise ValueError(
+            f"gemm_envelope: b must have shape [{', '.join(map(str, (*batch, k)))}, N], got "
+            f"{list(b.shape)}"
+        )
+    n = b.shape[-1]
+    count = math.prod(batch)
     pad = (-k) % STEP
     steps = (k + pad) // STEP
     a_padded = torch.nn.functional.pad(a_mid, (0, pad)) if pad else a_mid
-    a3 = a_padded.reshape(m, steps, STEP).transpose(0, 1).contiguous()  # [steps, M, 16]
+    # [..., M, steps, 16] -> [..., steps, M, 16]
+    a3 = a_padded.reshape(*batch, m, steps, STEP).transpose(-3, -2).contiguous()
     a3_abs = a3.abs()
     uncertain = bool(a.sound.any())
     if uncertain:
         a_sys_sq = a.sys * a.sys
     out = {
-        name: torch.zeros(m, n, dtype=f64, device=a_mid.device)
+        name: torch.zeros(*batch, m, n, dtype=f64, device=a_mid.device)
         for name in ("centre", "walk", "abs_sum", "spread", "var", "sys")
     }
-    per_element = 3 * 8 * steps
+    per_element = 3 * 8 * steps * count
     n_chunk = max(1, min(n, memory_budget // (per_element * m)))
     m_chunk = max(1, min(m, memory_budget // (per_element * n_chunk)))
     for n0 in range(0, n, n_chunk):
         n1 = min(n, n0 + n_chunk)
-        cols = b[:, n0:n1].to(device=a_mid.device, dtype=f64)
+        cols = b[..., n0:n1].to(device=a_mid.device, dtype=f64)
         if uncertain:
             squares = cols * cols
-            out["spread"][:, n0:n1] = a.sound @ cols.abs()
-            out["var"][:, n0:n1] = a.spread @ squares
-            out["sys"][:, n0:n1] = (a_sys_sq @ squares).sqrt()
+            out["spread"][..., n0:n1] = a.sound @ cols.abs()
+            out["var"][..., n0:n1] = a.spread @ squares
+            out["sys"][..., n0:n1] = (a_sys_sq @ squares).sqrt()
             del squares
         b_padded = torch.nn.functional.pad(cols, (0, 0, 0, pad)) if pad else cols
-        b3 = b_padded.reshape(steps, STEP, n1 - n0)
+        b3 = b_padded.reshape(count * steps, STEP, n1 - n0)
         b3_abs = b3.abs()
         del cols, b_padded
         for m0 in range(0, m, m_chunk):
             m1 = min(m, m0 + m_chunk)
-            blocks = torch.bmm(a3[:, m0:m1], b3)  # [steps, m, n] K16 block sums
-            block_abs = torch.bmm(a3_abs[:, m0:m1], b3_abs)
+            rows = a3[..., m0:m1, :].reshape(count * steps, m1 - m0, STEP)
+            rows_abs = a3_abs[..., m0:m1, :].reshape(count * steps, m1 - m0, STEP)
+            shape = (*batch, steps, m1 - m0, n1 - n0)
+            blocks = torch.bmm(rows, b3).view(shape)  # K16 block sums
+            block_abs = torch.bmm(rows_abs, b3_abs).view(shape)
             prefix = _prefix_sums_(blocks)
-            out["centre"][m0:m1, n0:n1] = prefix[-1]
-            high = prefix.amax(dim=0).clamp_min_(0.0)
-            low = prefix.amin(dim=0).clamp_max_(0.0)
-            out["walk"][m0:m1, n0:n1] = high - low + 2 * block_abs.amax(dim=0)
-            out["abs_sum"][m0:m1, n0:n1] = block_abs.sum(dim=0)
+            out["centre"][..., m0:m1, n0:n1] = prefix[..., -1, :, :]
+            high = prefix.amax(dim=-3).clamp_min_(0.0)
+            low = prefix.amin(dim=-3).clamp_max_(0.0)
+            out["walk"][..., m0:m1, n0:n1] = high - low + 2 * block_abs.amax(dim=-3)
+            out["abs_sum"][..., m0:m1, n0:n1] = block_abs.sum(dim=-3)
             del blocks, block_abs, prefix
     centre, spread = out["centre"], out["spread"]
     walk = out["walk"] + spread  # any partial sum moves by at most the operands' spread

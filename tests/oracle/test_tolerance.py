@@ -5,6 +5,7 @@ expert stacks). The planted-fault table is tests/oracle/test_planted_faults.py."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -389,6 +390,25 @@ def test_gemm_envelope_is_the_same_in_any_chunking():
     assert bool((wide.radius > whole.radius).all())
 
 
+def test_gemm_envelope_batches_are_the_single_gemms():
+    """Leading dims are independent GEMMs: each batch entry's bound is the one it gets alone, bit
+    for bit (the MoE judge stacks the experts that share a route count)."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(3, 4, 200, generator=g).half()
+    b = torch.randn(3, 200, 24, generator=g).half()
+    for bound in (
+        env.Bound.exact(a),
+        env.Bound.interval(a.double() - 1e-3, a.double() + 1e-3),
+    ):
+        batched = env.gemm_envelope(bound, b)
+        for i in range(3):
+            alone = env.gemm_envelope(env.Bound(*(t[i] for t in dataclasses.astuple(bound))), b[i])
+            for field in ("centre", "sound", "det", "var", "sys"):
+                assert torch.equal(getattr(batched, field)[i], getattr(alone, field)), field
+    with pytest.raises(ValueError, match="b must have shape"):
+        env.gemm_envelope(env.Bound.exact(a), b[:2])
+
+
 def test_stage_check_counts_violations_and_reports_the_first():
     centre = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
     bound = env.Bound.exact(centre)
@@ -638,6 +658,62 @@ def test_judge_moe_on_a_paired_stack_with_observed_stages():
     assert bool(active.all())
     reported = verdict.details["stages"]
     assert reported["activated"]["observed"] is False and reported["fc2"]["checked"] == 10 * h
+
+
+def test_judge_moe_batches_experts_without_changing_the_verdict(monkeypatch):
+    """Experts with equal route counts are judged in one batch: the verdict, every count and
+    the first violation are those of judging each expert alone (BATCH_WEIGHT_ELEMENTS = 1), on a
+    correct output and on one with a planted wrong element, every stage observed."""
+    from oracle import moe_judge
+    from reference.moe import stack_moe_forward, stack_route_stages
+
+    stack = _tiers().tier0  # 3 experts, proj layout
+    g = torch.Generator().manual_seed(13)
+    x = (0.5 * torch.randn(6, 128, generator=g)).half()
+    ids = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 1], [1, 2], [2, -1]])  # 4, 4, 3 routes
+    w = torch.rand(6, 2, generator=g) + 0.1
+    y = stack_moe_forward(x, stack, w, ids, precision="faithful").half()
+    wrong = y.clone()
+    wrong[3, 40] = wrong[3, 40] * 2 + 1
+    stages, _ = stack_route_stages(x, stack, ids)
+    observed = {name: stages[name] for name in moe_judge.MOE_STAGES}
+    batches = []
+    real = moe_judge._moe_experts
+
+    def spy(rows, batch, *args):
+        batches.append(len(batch.experts))
+        return real(rows, batch, *args)
+
+    monkeypatch.setattr(moe_judge, "_moe_experts", spy)
+    verdicts = {}
+    default = moe_judge.BATCH_WEIGHT_ELEMENTS
+    for limit in (default, 1):
+        monkeypatch.setattr(moe_judge, "BATCH_WEIGHT_ELEMENTS", limit)
+        verdicts[limit] = [
+            judge_moe(
+                out,
+                x=x,
+                experts=stack,
+                topk_weights=w,
+                topk_ids=ids,
+                compute_dtype=F16,
+                observed=observed,
+            )  # fmt: skip
+            for out in (y, wrong)
+        ]
+    # per judged output: 3 routes (expert 2) alone, then 4 routes (experts 0 and 1) together
+    assert batches == [1, 2] * 2 + [1, 1, 1] * 2
+    batched, alone = verdicts[default], verdicts[1]
+    assert batched[0].passed and alone[0].passed, batched[0].reason
+    assert not batched[1].passed and not alone[1].passed
+    for together, single in zip(batched, alone, strict=True):
+        for name, stage in together.details["stages"].items():
+            other = single.details["stages"][name]
+            for key in ("checked", "violations", "first_violation"):
+                assert stage.get(key) == other.get(key), (name, key)
+            assert stage.get("worst_ratio") == pytest.approx(other.get("worst_ratio"), rel=1e-9)
+    assert batched[1].details["stages"]["output"]["first_violation"] == [3, 40]
+    assert all(batched[0].details["stages"][name]["observed"] for name in moe_judge.MOE_STAGES)
 
 
 def test_route_stages_reproduce_the_faithful_route_outputs():
