@@ -620,8 +620,17 @@ class CudaMoeBench:
     # extras ---------------------------------------------------------------------------------------
 
     def extra(self, name: str, m: int) -> tuple[float, str | None]:
+        from b12x.ops.moe.run import run_moe
+
+        bound, inputs, detail = self.extra_step(name, m)
+        return self._graphs(lambda inp: run_moe(bound, inp), inputs), detail
+
+    def extra_step(self, name: str, m: int) -> tuple[object, list, str]:
+        """``(bound, inputs per routing, detail)`` of the extra ``name`` (``tiers…`` or
+        ``pair…``) at ``M = m``: random payloads of the plan's shapes, bound buffers (also the
+        step ``profile_launches.py --stacks`` tables)."""
         from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe
-        from b12x.ops.moe.run import MoeInputs, payload_shapes, run_moe
+        from b12x.ops.moe.run import MoeInputs, payload_shapes
 
         self._steps.clear()
         a = self.args
@@ -646,7 +655,7 @@ class CudaMoeBench:
             )
             for w, ids in routes
         ]
-        return self._graphs(lambda inp: run_moe(bound, inp), inputs), detail
+        return bound, inputs, detail
 
     def _tier_plan(self, m: int):
         """K3/K4 tiers over a seeded random half/half split of the experts."""

@@ -7,7 +7,12 @@ device time, largest first, plus the step's sum. This is a diagnostic for the la
 (how much of a step is glue versus the trellis GEMMs), not a benchmark: its times include
 profiler overhead and are never quoted as ratios.
 
-Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]``
+Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]
+[--stacks uniform,tiers,pair]``
+
+``--stacks`` picks the MoE stacks tabled: ``uniform`` (MCG K4), ``tiers`` (K3/K4 tiers over a
+seeded half/half split) and ``pair`` (P33 on FC1 and FC2 over the K3 base): the same plans and
+payloads as ``moe_trellis.py``'s extras (:meth:`moe_trellis.CudaMoeBench.extra_step`).
 
 ``--only dense --m 1 --bits 4`` is also the target for a kernel profile of the dense linear
 (``ncu --clock-control none python benchmarks/profile_launches.py --plain ...``).
@@ -22,7 +27,7 @@ import types
 
 import torch
 from bench_cli import int_list
-from moe_trellis import make_weights
+from moe_trellis import CudaMoeBench, make_weights
 from torch.profiler import ProfilerActivity, profile
 
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
@@ -76,7 +81,14 @@ def _moe(cli) -> None:
             tables["intermediate_rotations"], tables["down_svh"],
         )  # fmt: skip
         run = functools.partial(run_moe, bound, inputs)
-        _table(f"run_moe M={m}", run, cli.top, plain=cli.plain)
+        if "uniform" in cli.stacks:
+            _table(f"run_moe M={m}", run, cli.top, plain=cli.plain)
+        for stack, extra in (("tiers", "tiers K3/K4"), ("pair", "pair P33")):
+            if stack in cli.stacks:
+                bench_args = types.SimpleNamespace(**vars(args), pair_kind="P33", routings=1)
+                step, extra_inputs, detail = CudaMoeBench(bench_args, {}).extra_step(extra, m)
+                run = functools.partial(run_moe, step, extra_inputs[0])
+                _table(f"run_moe M={m} {extra} ({detail})", run, cli.top, plain=cli.plain)
 
 
 def _dense(cli) -> None:
@@ -94,6 +106,14 @@ def _dense(cli) -> None:
             _table(f"dense linear M={m} K{bits} ({plan.path})", run, cli.top, plain=cli.plain)
 
 
+def _stacks(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(names) - {"uniform", "tiers", "pair"})
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected uniform,tiers,pair, got {text!r}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", type=int_list, default=(1, 8))
@@ -101,6 +121,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
     parser.add_argument("--bits", type=int_list, default=(4,), help="dense K-bits list (MCG)")
     parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
+    parser.add_argument(
+        "--stacks", type=_stacks, default=("uniform",), help="MoE stacks: uniform,tiers,pair"
+    )
     cli = parser.parse_args()
     torch.manual_seed(0)
     if cli.only != "dense":  # the MoE weights are made only when the MoE step runs

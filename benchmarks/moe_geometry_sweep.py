@@ -1,0 +1,167 @@
+"""Grouped-GEMM geometry sweep at small M: how many CTAs a MoE FC1/FC2 launch keeps busy.
+
+What it measures
+----------------
+One grouped trellis GEMM (``b12x.ops.moe.gemm_op``: plan → bind → run, graphed) of the GLM-like
+MoE (hidden 5120, intermediate 1536, 128 experts, top-8, MCG K4, fp16 compute) per phase and M,
+with the planned spec and with each geometry of ``--geometries`` (``n_tiles x warps x depth``;
+the K split stays the planned one, so every geometry sums each output in the same order and
+the outputs are bit-identical, which the sweep checks against the planned geometry's). Per cell:
+median graphed time, the live CTAs of the launch (``N / (16·n_tiles·warps)`` per live route
+block) against the device's SMs, and the weight stream as a share of the HBM copy bandwidth
+measured in the same run. ``--routings`` routings are cycled so that the experts read differ
+from one replay to the next (the weights of 8 experts at M = 1 are 63 MB for FC1, more than the
+L2).
+
+This is the evidence for the MoE geometry table's small-M rows
+(:data:`b12x.ops.moe.dispatch.GEMM_GEOMETRY`, :data:`b12x.ops.moe.dispatch.FC2_TILE`), not a
+benchmark of the whole step (``moe_trellis.py``).
+
+Usage: ``python benchmarks/moe_geometry_sweep.py [--m 1,8] [--phases fc1,fc2]
+[--geometries 1x4x8,2x4x8,...] [--routings 4] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+from bench_cli import int_list
+from bench_timing import capture_graph, hbm_copy_bandwidth, median_us
+from moe_trellis import random_payload
+
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, BITS = 5120, 1536, 128, 8, 4
+DEFAULT_GEOMETRIES = "1x4x8,2x4x8,1x8x8,2x8x8,1x2x8,4x4x8,4x8x2,1x4x4,2x4x4"
+
+
+def _geometries(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in text.split(","):
+        try:
+            n_tiles, warps, depth = (int(v) for v in part.strip().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected n_tiles x warps x depth, got {part!r}"
+            ) from None
+        out.append((n_tiles, warps, depth))
+    return out
+
+
+def _problem(phase: str) -> tuple[int, int]:
+    """(K, N) of the phase: FC1 ``[H] -> [2I]`` (packed gate|up), FC2 ``[I] -> [H]``."""
+    return (HIDDEN, 2 * INTERMEDIATE) if phase == "fc1" else (INTERMEDIATE, HIDDEN)
+
+
+def _legal(spec, k: int, n: int) -> str | None:
+    if n % (16 * spec.n_tiles * spec.warps):
+        return f"N={n} is not a multiple of {16 * spec.n_tiles * spec.warps}"
+    if (k // 16 // spec.k_split) % spec.depth:
+        return f"depth {spec.depth} does not divide the K slice"
+    return None
+
+
+def _time_cell(run_moe_gemm, bound, a, payload, routings) -> tuple[torch.Tensor, float]:
+    """The first routing's output (a copy) and the median graphed time over the routings."""
+
+    def run(ids):
+        return run_moe_gemm(bound, a=a, topk_ids=ids, payload=payload)
+
+    out = run(routings[0]).clone()
+    graphs = [capture_graph(lambda ids=ids: run(ids)) for ids in routings]
+    return out, median_us(lambda i: graphs[i % len(graphs)].replay(), reps=15, inner=4)
+
+
+def sweep(args) -> dict:
+    from b12x.ops.moe.gemm_op import (
+        allocate_moe_gemm_buffers,
+        bind_moe_gemm,
+        plan_moe_gemm,
+        run_moe_gemm,
+    )
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hbm = hbm_copy_bandwidth()
+    print(f"HBM copy {hbm / 1e9:.0f} GB/s, {sms} SMs", flush=True)
+    rows = []
+    gen = torch.Generator(device="cuda")
+    for phase in args.phases:
+        k, n = _problem(phase)
+        payload = random_payload((EXPERTS, k // 16, n // 16, 16 * BITS))
+        for m in args.m:
+            gen.manual_seed(7919 * m)
+            a = (0.05 * torch.randn(m * TOP_K, k, device="cuda", generator=gen)).half()
+            routings = []
+            for _ in range(args.routings):
+                logits = torch.randn(m, EXPERTS, device="cuda", generator=gen)
+                routings.append(logits.topk(TOP_K, dim=-1).indices.contiguous())
+            experts_read = sum(int(r.unique().numel()) for r in routings) / len(routings)
+            weight_bytes = experts_read * k * n * BITS / 8
+            plan = plan_moe_gemm(
+                m=m, top_k=TOP_K, k=k, n=n, codebook="mcg", bits=BITS, num_experts=EXPERTS,
+                compute_dtype=torch.float16, phase=phase, device=torch.device("cuda"),
+            )  # fmt: skip
+            reference = None
+            for label, geometry in [("planned", None), *[("", g) for g in args.geometries]]:
+                spec = plan.spec
+                if geometry is not None:
+                    n_tiles, warps, depth = geometry
+                    try:
+                        spec = dataclasses.replace(spec, n_tiles=n_tiles, warps=warps, depth=depth)
+                    except ValueError as exc:
+                        print(f"{phase} M={m} {geometry}: illegal ({exc})", flush=True)
+                        continue
+                    why = _legal(spec, k, n)
+                    if why:
+                        print(f"{phase} M={m} {geometry}: illegal ({why})", flush=True)
+                        continue
+                cell = dataclasses.replace(plan, spec=spec)
+                bound = bind_moe_gemm(cell, **allocate_moe_gemm_buffers(cell, "cuda"))
+
+                out, us = _time_cell(run_moe_gemm, bound, a, payload, routings)
+                if reference is None:
+                    reference = out
+                same = bool(torch.equal(out, reference))
+                live_blocks = min(cell.routes.num_blocks, m * TOP_K)
+                ctas = live_blocks * (n // (16 * spec.n_tiles * spec.warps))
+                row = {
+                    "phase": phase, "m": m, "label": label or "sweep",
+                    "geometry": [spec.n_tiles, spec.warps, spec.depth], "k_split": spec.k_split,
+                    "threads": spec.cta_threads, "live_ctas_max": ctas, "sms": sms,
+                    "us": us, "weight_bw_of_hbm": weight_bytes / (us * 1e-6) / hbm,
+                    "bit_identical_to_planned": same,
+                }  # fmt: skip
+                rows.append(row)
+                geo = "x".join(str(v) for v in row["geometry"])
+                print(
+                    f"{phase} M={m:<3d} {geo:>7s} k_split {spec.k_split} {label:8s} "
+                    f"{us:8.1f} us  CTAs<={ctas:4d} ({spec.cta_threads} thr)  "
+                    f"weights {row['weight_bw_of_hbm']:.2f} of HBM  identical={same}",
+                    flush=True,
+                )
+    return {"hbm_copy_bytes_per_s": hbm, "sms": sms, "rows": rows}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", type=int_list, default=(1, 8))
+    parser.add_argument("--phases", type=lambda t: t.split(","), default=("fc1", "fc2"))
+    parser.add_argument("--geometries", type=_geometries, default=_geometries(DEFAULT_GEOMETRIES))
+    parser.add_argument("--routings", type=int, default=4)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("moe_geometry_sweep.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    report = sweep(args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 0 if all(r["bit_identical_to_planned"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
