@@ -314,10 +314,10 @@ def test_legacy_helpers_answer_from_the_tables(monkeypatch):
     assert plan_mod.choose_k_split(5120, 1) == 4
     assert plan_mod.gemm_geometry(4, 3072, 1, wide_tile_cap=2) == (2, 4, 2)
     assert pairs.pair_geometry(phase="fc2", m_tiles=4, n=512) == (2, 4, 1, "k")
-    spec = plan_moe(**dict(PROBLEMS[1], device=H200)).fc2_spec[0]
+    spec = plan_moe(**dict(PROBLEMS[2], device=H200)).fc2_spec[0]  # M = 64: 512 routes
     assert spec.n_group == 512  # the wave-balanced tile
     default = dataclasses.replace(spec, n_tiles=2, warps=4, depth=8)
-    p = plan_moe(**PROBLEMS[1])
+    p = plan_moe(**PROBLEMS[2])
     assert plan_mod.wave_balanced_fc2(p.problem, p.routes, default, H200)
     monkeypatch.setattr(D, "M_TILES_1_MAX_ROUTES", 8)  # the helpers read the table, live
     assert plan_mod.choose_m_tiles(9, 1, 1) == 2

@@ -65,7 +65,8 @@ def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
     specs = tiles.REGISTRY.specializations(tiles.WAVE_BALANCED_FC2)
     limits = tiles.DeviceLimits("h200", 132, 232448, (9, 0))
     taken = 0
-    for codebook, bits, dtype, m in (("mcg", 3, torch.float16, 8), ("mul1", 4, torch.bfloat16, 8)):
+    cases = (("mcg", 3, torch.float16, 17), ("mul1", 4, torch.bfloat16, 17))  # 136 routes
+    for codebook, bits, dtype, m in cases:
         decisions: list = []
         default = plan_gemm_spec(
             decisions=decisions, role="fc2", fmt=resolve_format(codebook, bits), bits=bits,

@@ -64,8 +64,10 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    is not both split and wide (``k_split > 1`` with ``m_tiles > 1``: 256·k_split
    threads cannot keep wide accumulators), THE tile predicate :func:`b12x.ops.dense.tiles.qualify`
    accepts the tile for this FC2 (``K = intermediate``, ``N = hidden``, M = the packed capacity,
-   ``cta_m_blocks = m_tiles``) on that device, and the default launch has a second wave: its live
-   CTAs ``min(blocks, m·top_k) · hidden/default_n_group`` exceed ``sm_count``; else ``default``
+   ``cta_m_blocks = m_tiles``) on that device, the step has at least :data:`WAVE_FC2_MIN_ROUTES`
+   routes (``m·top_k``; fewer measured faster on the default geometry, H200), and the default
+   launch has a second wave: its live CTAs ``min(blocks, m·top_k) · hidden/default_n_group``
+   exceed ``sm_count``; else ``default``
    (value None: keep the geometry table's answer). Simulated devices enter through the two
    integer fields.
 
@@ -147,6 +149,13 @@ WIDE_TILE_CAPS = (2, 4)
 WIDE_TILE_CAP = 4
 #: Columns of one QSRT pair (two 128-channel records).
 PAIR_CHANNELS = 256
+#: Fewest routes (``M·top_k``) at which an FC2 takes the wave-balanced tile. Measured on the H200
+#: (2026-12-03, ``benchmarks/moe_geometry_sweep.py``: GLM-like FC2, K = 1536, N = 5120, 128
+#: experts, top-8, MCG K4, graphed): at M = 1, 2, 4, 8, 16 the table's default geometry (2, 4, 8)
+#: was as fast or faster than the wave tile (4, 8, 2): 99.5 vs 100.8, 117.2 vs 142.4, 150.3 vs
+#: 179.2, 214.2 vs 233.1, 303.4 vs 345.9 us per launch (each including the op's ~50 us of torch
+#: route packing). Beyond 128 routes the wave tile keeps its place (not measured there yet).
+WAVE_FC2_MIN_ROUTES = 129
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -616,11 +625,12 @@ def _wave_geometry() -> GemmGeometry:
 
 
 def _ft(**changes: Any) -> dict:
-    """GLM-like FC2 on an H200: 64 live blocks × 40 CTAs = 2560 > 132 SMs, footprint 41216 B."""
+    """GLM-like FC2 on an H200 at M = 17 (136 routes, past :data:`WAVE_FC2_MIN_ROUTES`): 136 live
+    blocks × 40 CTAs = 5440 > 132 SMs, footprint 41216 B."""
     base = {
         "sm_count": 132,
         "max_shared_mem": 232448,
-        "m": 8,
+        "m": 17,
         "top_k": 8,
         "num_experts": 160,
         "hidden": 5120,
@@ -704,6 +714,14 @@ FC2_TILE = _table(
                     lambda c: f"qualify: {_fc2_qualifies(c)[1]}",
                 ),
                 _cond(
+                    "routes_past_measured_loss",
+                    lambda c: c["m"] * c["top_k"] >= WAVE_FC2_MIN_ROUTES,
+                    lambda c: (
+                        f"M·top_k = {c['m'] * c['top_k']} < {WAVE_FC2_MIN_ROUTES}: the default "
+                        "geometry measured faster (WAVE_FC2_MIN_ROUTES)"
+                    ),
+                ),
+                _cond(
                     "second_wave",
                     lambda c: _live_ctas(c) > c["sm_count"],
                     lambda c: f"{_live_ctas(c)} live CTAs fit one wave of {c['sm_count']} SMs",
@@ -728,11 +746,19 @@ FC2_TILE = _table(
             "default",
         ),
         Boundary(
-            "fc2_tile_second_wave_sms", _ft(), "sm_count", 2559, 2560, "wave_balanced", "default"
+            "fc2_tile_second_wave_sms", _ft(), "sm_count", 5439, 5440, "wave_balanced", "default"
         ),
+        # 130 vs 129 live blocks × 40 CTAs against 5160 SMs (both past the measured routes)
         Boundary(
-            "fc2_tile_second_wave_blocks", _ft(top_k=1), "m", 4, 3, "wave_balanced", "default"
+            "fc2_tile_second_wave_blocks",
+            _ft(top_k=1, sm_count=5160),
+            "m",
+            130,
+            129,
+            "wave_balanced",
+            "default",
         ),
+        Boundary("fc2_tile_measured_routes", _ft(), "m", 17, 16, "wave_balanced", "default"),
         Boundary(
             "fc2_tile_split_wide_k_split",
             _ft(m_tiles=2),

@@ -573,10 +573,11 @@ def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: An
     :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
     (a CUDA device or a simulated one)? The :data:`~b12x.ops.moe.dispatch.FC2_TILE` table's answer:
     THE tile predicate (:func:`b12x.ops.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
-    FC2 (K = I, N = H), the launch is unpaired and not both split and wide, and the default
-    launch has more live CTAs than the device has SMs (at most ``min(blocks, M·top_k)`` live
-    route blocks: a second wave that 4× wider CTAs shorten). Opt-in (``plan_moe(device=...)``);
-    not yet measured against the default."""
+    FC2 (K = I, N = H), the launch is unpaired and not both split and wide, the step has at
+    least :data:`~b12x.ops.moe.dispatch.WAVE_FC2_MIN_ROUTES` routes (below, the default geometry
+    measured faster on the H200), and the default launch has more live CTAs than the device has
+    SMs (at most ``min(blocks, M·top_k)`` live route blocks: a second wave that 4× wider CTAs
+    shorten). Opt-in (``plan_moe(device=...)``)."""
     del routes  # the table recomputes the packed capacity from (m, top_k, E, m_tiles)
     case = fc2_tile_case(
         spec, limits=device_limits(device), m=problem.m, top_k=problem.top_k,
