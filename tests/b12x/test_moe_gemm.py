@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from b12x.kernels.moe_gemm import DYNAMIC_KINDS
 from b12x.launch import host
-from b12x.ops.moe import gemm_op
+from b12x.ops.moe import boundary, gemm_op
 from b12x.ops.moe import pairs as pairs_mod
 from b12x.ops.moe import run as run_mod
 from b12x.ops.moe.dispatch import FC2_TILE, GEMM_GEOMETRY, K_SPLIT, PAIR_GEOMETRY, ROUTE_BLOCK
@@ -71,7 +71,10 @@ def test_plan_takes_its_geometry_from_the_tables():
         ("route_block", "moe_route_block"), ("fc1.k_split", "moe_k_split"),
         ("fc1.geometry", "moe_gemm_geometry"),
     ]  # fmt: skip
-    assert plan.kernel_specs == (spec,)
+    # the warm-up set: the GEMM, then the device route packer (1024 routes at most)
+    assert plan.routes.routes == 1024 and plan.kernel_specs == (spec, boundary.PACK_SPEC)
+    past = plan_moe_gemm(**_problem(m=129, top_k=8, k=5120, n=3072, num_experts=16))  # 1032
+    assert past.kernel_specs == (past.spec,)
     pinned = plan_moe_gemm(**_problem(m_tiles=2))
     assert pinned.routes.block_size == 32 and pinned.decisions[0].path == "pinned_m_tiles"
 
@@ -86,7 +89,7 @@ def test_paired_plans_take_the_pair_geometry(phase, pair, m_tiles):
 
 
 def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
-    glm = _problem(m=8, top_k=8, k=1536, n=5120, num_experts=160, bits=3, phase="fc2")
+    glm = _problem(m=17, top_k=8, k=1536, n=5120, num_experts=160, bits=3, phase="fc2")
     wave = plan_moe_gemm(**glm, device=H200)
     assert wave.spec.n_group == 512 and wave.decisions[-1].path == "wave_balanced"
     case = dict(wave.decisions[-1].case)
@@ -96,6 +99,8 @@ def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
     paired = plan_moe_gemm(**{**glm, "pair": "P24"}, device=H200)
     assert paired.spec.pair == "P24" and paired.spec.n_group != 512
     assert MoeGemmOp(device=H200).plan(glm).spec == wave.spec  # the op's (simulated) device
+    few = plan_moe_gemm(**{**glm, "m": 16}, device=H200)  # 128 routes: measured slower there
+    assert few.spec.n_group == 128 and few.decisions[-1].path == "default"
 
 
 @pytest.mark.parametrize(

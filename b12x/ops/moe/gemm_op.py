@@ -4,7 +4,9 @@ It is exactly the launch :func:`b12x.ops.moe.run.run_moe` makes for one phase of
 of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the
 oracle can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces
 the weights bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
-:func:`b12x.ops.moe.routing.pack_routes_into`, the launch is the shared body
+:func:`b12x.ops.moe.boundary.pack` (the one-launch device packer within its bounds, as in
+``run_moe``; the torch packer :func:`b12x.ops.moe.routing.pack_routes_into` past them and on
+the emulated tier's CPU plans), the launch is the shared body
 :func:`b12x.ops.moe.run.launch_grouped_gemm` (unpaired) or
 :func:`b12x.ops.moe.pairs.launch_paired_gemm`
 (paired), and every geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` through the same
@@ -82,7 +84,7 @@ from b12x.formats import resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import host as launchers
 from b12x.launch.kinds import compiled
-from b12x.ops.moe import pairs, routing
+from b12x.ops.moe import boundary, pairs, routing
 from b12x.ops.moe.dispatch import PHASES, ROUTE_BLOCK
 from b12x.ops.moe.plan import (
     Decision,
@@ -154,8 +156,11 @@ class MoeGemmPlan(PlannedBuffers):
     decisions: tuple[Decision, ...]
 
     @property
-    def kernel_specs(self) -> tuple[MoeGemmSpec, ...]:
-        """The specialisation ``run`` launches (the warm-up set)."""
+    def kernel_specs(self) -> tuple[Any, ...]:
+        """The specialisations ``run`` launches on a GPU (the warm-up set): the grouped GEMM and,
+        when the planned routes are within its bounds, the one-launch route packer."""
+        if boundary.device_packs(self.routes):
+            return (self.spec, boundary.PACK_SPEC)
         return (self.spec,)
 
 
@@ -327,7 +332,8 @@ def check_moe_gemm_inputs(
 def resolve_kernels(bound: BoundMoeGemm) -> str:
     """Look the planned kernel up before anything is launched (R5); returns the arch."""
     arch = launchers.device_arch(bound.device)
-    compiled(bound.plan.spec, arch)
+    for spec in bound.plan.kernel_specs:
+        compiled(spec, arch)
     return arch
 
 
@@ -347,7 +353,10 @@ def run_moe_gemm(
     plan, p, buf = bound.plan, bound.plan.problem, bound.buffers
     descriptors = buf["expert_descriptors"]
     torch.arange(p.num_experts, out=descriptors)  # identity: every expert is tier 0, local e
-    live = routing.pack_routes_into(plan.routes, topk_ids, buf)
+    # the one-launch packer on a GPU within its bounds (as run_moe); the emulated tier's CPU
+    # plans pack with torch
+    packer_arch = arch if bound.device.type == "cuda" else None
+    live = boundary.pack(arch=packer_arch, plan=plan.routes, topk_ids=topk_ids, buffers=buf)
     out = live_rows(buf, "out", live.routes)
     ctx = GemmContext(
         arch=arch,
