@@ -238,7 +238,7 @@ def _problems():
     )  # fmt: skip
     small = dict(glm, hidden=512, intermediate=256, num_experts=8, top_k=2)
     out = []
-    for m in (1, 8, 64, 385, 4096):
+    for m in (1, 8, 64, 256, 385, 4096):  # M = 256: 2048 routes, past WAVE_FC2_MIN_ROUTES
         out.append(dict(glm, m=m))
     for m, cd, layout in itertools.product((1, 200), (F16, BF16), ("packed", "proj")):
         out.append(dict(small, m=m, compute_dtype=cd, w13_layout=layout))
@@ -314,10 +314,10 @@ def test_legacy_helpers_answer_from_the_tables(monkeypatch):
     assert plan_mod.choose_k_split(5120, 1) == 4
     assert plan_mod.gemm_geometry(4, 3072, 1, wide_tile_cap=2) == (2, 4, 2)
     assert pairs.pair_geometry(phase="fc2", m_tiles=4, n=512) == (2, 4, 1, "k")
-    spec = plan_moe(**dict(PROBLEMS[2], device=H200)).fc2_spec[0]  # M = 64: 512 routes
+    spec = plan_moe(**dict(PROBLEMS[3], device=H200)).fc2_spec[0]  # M = 256: 2048 routes
     assert spec.n_group == 512  # the wave-balanced tile
     default = dataclasses.replace(spec, n_tiles=2, warps=4, depth=8)
-    p = plan_moe(**PROBLEMS[2])
+    p = plan_moe(**PROBLEMS[3])
     assert plan_mod.wave_balanced_fc2(p.problem, p.routes, default, H200)
     monkeypatch.setattr(D, "M_TILES_1_MAX_ROUTES", 8)  # the helpers read the table, live
     assert plan_mod.choose_m_tiles(9, 1, 1) == 2

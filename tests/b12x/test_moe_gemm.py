@@ -89,7 +89,7 @@ def test_paired_plans_take_the_pair_geometry(phase, pair, m_tiles):
 
 
 def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
-    glm = _problem(m=17, top_k=8, k=1536, n=5120, num_experts=160, bits=3, phase="fc2")
+    glm = _problem(m=129, top_k=8, k=1536, n=5120, num_experts=160, bits=3, phase="fc2")
     wave = plan_moe_gemm(**glm, device=H200)
     assert wave.spec.n_group == 512 and wave.decisions[-1].path == "wave_balanced"
     case = dict(wave.decisions[-1].case)
@@ -99,7 +99,7 @@ def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
     paired = plan_moe_gemm(**{**glm, "pair": "P24"}, device=H200)
     assert paired.spec.pair == "P24" and paired.spec.n_group != 512
     assert MoeGemmOp(device=H200).plan(glm).spec == wave.spec  # the op's (simulated) device
-    few = plan_moe_gemm(**{**glm, "m": 16}, device=H200)  # 128 routes: measured slower there
+    few = plan_moe_gemm(**{**glm, "m": 128}, device=H200)  # 1024 routes: measured slower
     assert few.spec.n_group == 128 and few.decisions[-1].path == "default"
 
 

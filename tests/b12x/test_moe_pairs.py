@@ -403,7 +403,7 @@ def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
     glm = dict(
-        m=17, top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=3, num_experts=160,
+        m=129, top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=3, num_experts=160,
         w13_layout="proj", x_dtype=BF16,
     )  # fmt: skip
     plan = plan_moe(**glm, device=h200)
@@ -411,7 +411,7 @@ def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
     # 512 output columns per CTA, 256 threads: 8 warps × 4 N16 tiles (tile_k 32 = 2 K16 rows).
     assert (fc2.n_group, 32 * fc2.warps, fc2.n_tiles, fc2.depth) == (512, 256, 4, 2)
     assert fc1.n_group != 512 and fc1 == plan_moe(**glm).fc1_spec[0]  # FC1 never takes it
-    fc1_problem = tiles.TileProblem("fc1", 17, 5120, 1536, 3)
+    fc1_problem = tiles.TileProblem("fc1", 129, 5120, 1536, 3)
     assert not tiles.qualify(tiles.WAVE_BALANCED_FC2, fc1_problem, h200)[0]
     assert plan_moe(**glm).fc2_spec[0].n_group == 128  # no device: the default geometry
     odd = plan_moe(**{**glm, "hidden": 5120 + 128}, device=h200)  # H % 512 != 0: rejected

@@ -154,7 +154,7 @@ def _extra_split_specs():
     from b12x.ops.dense import tiles
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
-    p = plan_moe(m=8, **{**GLM, "w13_layout": "proj", "bits": 3, "num_experts": 160}, device=h200)
+    p = plan_moe(m=129, **{**GLM, "w13_layout": "proj", "bits": 3, "num_experts": 160}, device=h200)
     (wave,) = p.fc2_spec  # the wave-balanced FC2 keeps the plan's k_split 2 (512 threads)
     assert (wave.n_group, wave.k_split) == (512, 2)
     return [wave, MoeGemmSpec("mcg", 4, False, m_tiles=1, n_tiles=2, warps=1, depth=8, k_split=8)]

@@ -65,7 +65,7 @@ def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
     specs = tiles.REGISTRY.specializations(tiles.WAVE_BALANCED_FC2)
     limits = tiles.DeviceLimits("h200", 132, 232448, (9, 0))
     taken = 0
-    cases = (("mcg", 3, torch.float16, 17), ("mul1", 4, torch.bfloat16, 17))  # 136 routes
+    cases = (("mcg", 3, torch.float16, 129), ("mul1", 4, torch.bfloat16, 129))  # 1032 routes
     for codebook, bits, dtype, m in cases:
         decisions: list = []
         default = plan_gemm_spec(
@@ -106,7 +106,7 @@ def test_a_decoder_capped_below_four_tiles_never_takes_the_wave_fc2_tile(m_tiles
             k=intermediate, n=5120,
         )  # fmt: skip
         spec = plan_fc2_tile(
-            default, decisions=decisions, role="fc2", limits=limits, m=64, top_k=8,
+            default, decisions=decisions, role="fc2", limits=limits, m=129, top_k=8,
             num_experts=160, hidden=5120, intermediate=intermediate,
         )  # fmt: skip
         taken[codebook] = spec != default

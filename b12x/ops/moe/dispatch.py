@@ -151,11 +151,12 @@ WIDE_TILE_CAP = 4
 PAIR_CHANNELS = 256
 #: Fewest routes (``M·top_k``) at which an FC2 takes the wave-balanced tile. Measured on the H200
 #: (2026-12-03, ``benchmarks/moe_geometry_sweep.py``: GLM-like FC2, K = 1536, N = 5120, 128
-#: experts, top-8, MCG K4, graphed): at M = 1, 2, 4, 8, 16 the table's default geometry (2, 4, 8)
-#: was as fast or faster than the wave tile (4, 8, 2): 99.5 vs 100.8, 117.2 vs 142.4, 150.3 vs
-#: 179.2, 214.2 vs 233.1, 303.4 vs 345.9 us per launch (each including the op's ~50 us of torch
-#: route packing). Beyond 128 routes the wave tile keeps its place (not measured there yet).
-WAVE_FC2_MIN_ROUTES = 129
+#: experts, top-8, MCG K4, graphed, us per launch including the op's route packing), the table's
+#: default geometry (2, 4, 8) against the wave tile (4, 8, 2): M = 1: 99.5 vs 100.8, 2: 117.2 vs
+#: 142.4, 4: 150.3 vs 179.2, 8: 214.2 vs 233.1, 16: 303.4 vs 345.9, 32: 296.4 vs 356.1, 64: 340.7
+#: vs 400.1, 128: 351.3 vs 410.6. Up to 1024 routes the default is as fast or faster; beyond them
+#: the wave tile keeps its place (not measured there yet).
+WAVE_FC2_MIN_ROUTES = 1025
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -625,12 +626,12 @@ def _wave_geometry() -> GemmGeometry:
 
 
 def _ft(**changes: Any) -> dict:
-    """GLM-like FC2 on an H200 at M = 17 (136 routes, past :data:`WAVE_FC2_MIN_ROUTES`): 136 live
-    blocks × 40 CTAs = 5440 > 132 SMs, footprint 41216 B."""
+    """GLM-like FC2 on an H200 at M = 129 (1032 routes, past :data:`WAVE_FC2_MIN_ROUTES`): 215
+    live blocks × 40 CTAs = 8600 > 132 SMs."""
     base = {
         "sm_count": 132,
         "max_shared_mem": 232448,
-        "m": 17,
+        "m": 129,
         "top_k": 8,
         "num_experts": 160,
         "hidden": 5120,
@@ -746,19 +747,20 @@ FC2_TILE = _table(
             "default",
         ),
         Boundary(
-            "fc2_tile_second_wave_sms", _ft(), "sm_count", 5439, 5440, "wave_balanced", "default"
+            "fc2_tile_second_wave_sms", _ft(), "sm_count", 8599, 8600, "wave_balanced", "default"
         ),
-        # 130 vs 129 live blocks × 40 CTAs against 5160 SMs (both past the measured routes)
+        # top-1 over 2048 experts: every route its own block, 1026 vs 1025 live blocks × 40 CTAs
+        # against 41000 SMs (both past the measured routes)
         Boundary(
             "fc2_tile_second_wave_blocks",
-            _ft(top_k=1, sm_count=5160),
+            _ft(top_k=1, num_experts=2048, sm_count=41000),
             "m",
-            130,
-            129,
+            1026,
+            1025,
             "wave_balanced",
             "default",
         ),
-        Boundary("fc2_tile_measured_routes", _ft(), "m", 17, 16, "wave_balanced", "default"),
+        Boundary("fc2_tile_measured_routes", _ft(), "m", 129, 128, "wave_balanced", "default"),
         Boundary(
             "fc2_tile_split_wide_k_split",
             _ft(m_tiles=2),
