@@ -68,8 +68,8 @@ def moe_problem(case: Any, experts: Any, choices: Any, device: Any = None) -> di
             "num_global_experts": experts.num_global_experts,
         }
     problem = {**common, "codebook": v.codebook, "bits": v.bits, "num_experts": case.experts}
-    if device is not None:
-        problem["device"] = torch.device(device)
+    if device is not None:  # a CUDA device (name or index), or a simulated part (planning only)
+        problem["device"] = torch.device(device) if isinstance(device, str | int) else device
     if v.pair_kind is not None:
         problem.update(fc1_pair=choices.fc1_pair, fc2_pair=choices.fc2_pair)
     return problem
