@@ -9,6 +9,7 @@ Files for ``report``/``replay`` are built per row under ``tmp_path`` by :func:`m
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -30,6 +31,7 @@ def no_cuda(monkeypatch):
     monkeypatch.setattr(mutate_cli, "_cuda", lambda: False)
 
 
+@functools.cache  # a frozen Case: one grid walk per filter, not one per refusal
 def _grid_case(flt: str, op: str = "dense"):
     return cases(op=op, filter=flt, tier="cpu")[0]
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def test_explain_moe_decisions(capsys):
 # --- drift --------------------------------------------------------------------------------------
 
 
+@functools.cache  # a frozen Case: one grid walk per filter
 def _case(flt: str):
     return cases(op="dense", filter=flt, tier="cpu")[0]
 

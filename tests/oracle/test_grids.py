@@ -317,13 +317,15 @@ def test_a_1000_case_sample_of_the_gpu_grid_covers_every_stratum():
 
 def test_the_sample_is_deterministic_and_max_cases_uses_it():
     grid = gpu_cases()
-    assert sampling.stratified_sample(grid, 500) == sampling.stratified_sample(list(grid), 500)
-    assert sampling.stratified_sample(grid, 500, seed=1) != sampling.stratified_sample(grid, 500)
-    assert G.cases(tier="gpu", max_cases=1000) == sampling.stratified_sample(grid, 1000)
+    first = sampling.stratified_sample(grid, 500)
+    assert first == sampling.stratified_sample(list(grid), 500)
+    assert sampling.stratified_sample(grid, 500, seed=1) != first
+    sampled = G.cases(tier="gpu", max_cases=1000)
+    assert sampled == sampling.stratified_sample(grid, 1000)
     assert sampling.stratified_sample(grid[:10], 50) == list(grid[:10])
     assert sampling.stratified_sample(grid, 0) == []
     # the old prefix took one codebook's low bit rates only
-    assert len({c.variant.codebook for c in G.cases(tier="gpu", max_cases=1000)}) == 5
+    assert len({c.variant.codebook for c in sampled}) == 5
 
 
 def test_below_the_cover_size_the_sample_is_a_prefix_of_the_cover():

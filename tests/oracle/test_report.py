@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -17,10 +18,15 @@ from oracle.report import CheckResult, Report, plot_error_vs_shape, plot_tile_er
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@functools.cache  # frozen Cases: the grid walk runs once, each test builds its own Report
+def _sample_grid() -> tuple:
+    return tuple(cases(op="dense", filter="codebook=mcg,bits=6,dtype=fp16,k=128,n=128,m=1|9|17"))
+
+
 def sample_report() -> Report:
     report = Report()
     e = torch.linspace(1, 2, 64, dtype=torch.float64).reshape(4, 16)
-    grid = cases(op="dense", filter="codebook=mcg,bits=6,dtype=fp16,k=128,n=128,m=1|9|17")
+    grid = _sample_grid()
     assert len(grid) == 6  # 3 Ms x (full rotation, no rotation)
     for i, case in enumerate(grid):
         y = e * (1 + 1e-4 * (i + 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import struct
@@ -148,11 +149,17 @@ def test_save_failing_case_echoes_the_replay_command_and_restores_the_case(tmp_p
 # --- strict loading and grid-case consistency -------------------------------------------------
 
 
-def _grid_case_files(tmp_path, op="dense", flt="codebook=mcg,bits=4,m=9,k=128,n=128,rotation=full"):
+@functools.cache  # a frozen Case: one grid walk per (op, filter), not one per saved file
+def _first_cpu_case(op: str, flt: str) -> Case:
     from oracle.grids import cases
+
+    return cases(op=op, filter=flt, tier="cpu")[0]
+
+
+def _grid_case_files(tmp_path, op="dense", flt="codebook=mcg,bits=4,m=9,k=128,n=128,rotation=full"):
     from oracle.runners import saved_inputs as make_inputs
 
-    case = cases(op=op, filter=flt, tier="cpu")[0]
+    case = _first_cpu_case(op, flt)
     inputs = make_inputs(case)
     if op == "decode":
         y = torch.zeros(case.k, case.n, dtype=torch.float16)

@@ -9,6 +9,7 @@ the output = x.dtype(fp16(gemm)) check, saving a failing case — runs as on a G
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -74,6 +75,7 @@ def _fake_contract(fault: str | None):
     )  # fmt: skip
 
 
+@functools.cache  # a frozen Case: the grid walk runs once per (rotation, dtype), not per test
 def _case(rotation: str, dtype: str = "fp16"):
     text = f"codebook=mcg,bits=4,m=17,k=128,n=128,rotation={rotation},dtype={dtype}"
     return cases(op="dense", tier="gpu", filter=text)[0]

@@ -11,6 +11,7 @@ the poisoned ``output``, ``judge_moe``, saving — runs as on a GPU.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -26,6 +27,7 @@ CASES = {
 }
 
 
+@functools.cache  # a frozen Case: the grid walk runs once per (kind, dtype), not per test
 def _case(kind: str, dtype: str):
     found = cases(op="moe", tier="gpu", filter=f"{CASES[kind]},dtype={dtype},m<=17")
     return max(found, key=lambda c: c.m)  # several tokens, so a single row can be singled out
@@ -111,6 +113,7 @@ def test_moe_runner_passes_faithful_and_fails_planted_faults(
         assert "replay: python -m oracle replay" in result.reason
 
 
+@functools.cache
 def _many_expert_case():
     from oracle.runners.moe import HOST_JUDGE_EXPERTS
 
