@@ -268,10 +268,7 @@ class _ExpertBatch:
     experts: tuple[int, ...]
     route_index: tuple[torch.Tensor, ...]
     decoded: tuple[Any, ...]
-
-    @property
-    def index(self) -> torch.Tensor:
-        return torch.cat(self.route_index)
+    index: torch.Tensor
 
 
 def _expert_batches(flat_ids, active, source):
@@ -289,7 +286,7 @@ def _expert_batches(flat_ids, active, source):
             decoded = source(expert)
             if pending and (
                 decoded[2] != pending[0][2][2]
-                or (len(pending) + 1) * _widest(decoded[0]) > BATCH_WEIGHT_ELEMENTS
+                or (len(pending) + 1) * max(w.numel() for w in decoded[0]) > BATCH_WEIGHT_ELEMENTS
             ):
                 yield _batch(pending)
                 pending = []
@@ -298,13 +295,9 @@ def _expert_batches(flat_ids, active, source):
             yield _batch(pending)
 
 
-def _widest(weights) -> int:
-    return max(int(w.numel()) for w in weights)
-
-
 def _batch(members) -> _ExpertBatch:
     experts, route_index, decoded = zip(*members, strict=True)
-    return _ExpertBatch(tuple(experts), tuple(route_index), tuple(decoded))
+    return _ExpertBatch(experts, route_index, decoded, torch.cat(route_index))
 
 
 def _stacked(values) -> torch.Tensor:
