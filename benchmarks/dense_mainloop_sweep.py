@@ -6,15 +6,18 @@ mainloop variant: ``smem_stages = 0`` (register stages) × ``depth`` (K16 rows i
 0 = load and decode the same row, 1 = the default ping-pong of two register stages, 2 = three
 stages), and ``smem_stages`` = S > 0 (the cp.async ring of S slots, S - 1 rows in flight;
 ``depth`` does not apply) — each × ``unroll`` of the K loop × ``split_k`` (``auto`` = the
-split-K rule's choice, :func:`b12x.ops.dense.split_k.split_k`: the launcher takes the split it
-is given). Every row shows the time, the ratio to cuBLAS bf16 on a dequantised weight of the
-same shape (same run) and the weight bytes per second; after each (bits, M) block the fastest
-variant is printed, and a summary of the winners closes the run. The instruction side of the
-same knobs is ``benchmarks/sass_budget.py`` (CPU). Payloads rotate over copies larger than the
-L2.
+split the plan takes). The kernel geometry (M16 blocks and N16 tiles per warp, warps per CTA)
+and the ``auto`` split are those of ``plan_dense`` (what ``run_dense`` launches), or with
+``--geometry launcher`` the launcher's defaults (``host.choose_tiles``, 4 warps) and the split-K
+table's split for them (:func:`b12x.ops.dense.split_k.split_k`). Every row shows the time, the
+ratio to cuBLAS bf16 on a dequantised weight of the same shape (same run) and the weight bytes
+per second; after each (bits, M) block the fastest variant is printed, and a summary of the
+winners closes the run. The instruction side of the same knobs is ``benchmarks/sass_budget.py``
+(CPU). Payloads rotate over copies larger than the L2.
 
 Usage: ``python benchmarks/dense_mainloop_sweep.py [--m 1,16] [--bits 2,3,4,6]
-[--smem-stages 0,2,3,4] [--depth 0,1,2] [--unroll 1,2] [--split-k auto] [--codebook mcg]``
+[--smem-stages 0,2,3,4] [--depth 0,1,2] [--unroll 1,2] [--split-k auto] [--codebook mcg]
+[--geometry planned|launcher]``
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from bench_timing import median_us
 
 from b12x.launch import host
 from b12x.ops.dense import split_k as split_rule
+from b12x.ops.dense.plan import plan_dense
 
 K, N = 8192, 28672
 L2_BYTES = 60 * 2**20
@@ -39,13 +43,29 @@ def _splits(text: str) -> list[int | None]:
     return [None if v == "auto" else int(v) for v in text.split(",")]
 
 
-def _auto_split(m: int) -> int:
-    """The split the dense rule picks for ``M × K × N`` at the launcher's default tiles."""
+def _geometry(m: int, bits: int, codebook: str, planned: bool) -> dict:
+    """Kernel geometry and split of the variants at ``M``: the one ``plan_dense`` picks (what
+    ``run_dense`` launches; ``planned``) or the launcher's defaults (``host.choose_tiles``, 4
+    warps) with the split-K rule's split for them."""
+    if planned:
+        plan = plan_dense(
+            m=m,
+            k=K,
+            n=N,
+            bits=bits,
+            codebook=codebook,
+            x_dtype=torch.float16,
+            device=torch.device("cuda"),
+        )
+        if plan.path != "generic":
+            raise SystemExit(f"M={m} K{bits}: the plan takes path {plan.path}, not the GEMM")
+        return dict(tiles=(plan.m_tiles, plan.n_tiles), warps=plan.warps, split=plan.split_k)
     m_tiles, n_tiles = host.choose_tiles(m, N)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return split_rule.split_k(
+    split = split_rule.split_k(
         m=m, k=K, n=N, m_tiles=m_tiles, n_tiles=n_tiles, warps=4, sm_count=sms
     )
+    return dict(tiles=(m_tiles, n_tiles), warps=4, split=split)
 
 
 def _variants(args) -> list[dict]:
@@ -78,6 +98,12 @@ def main() -> None:
     parser.add_argument("--unroll", default="1,2")
     parser.add_argument("--split-k", default="auto", help="comma list of ints and/or 'auto'")
     parser.add_argument("--codebook", default="mcg")
+    parser.add_argument(
+        "--geometry",
+        choices=("planned", "launcher"),
+        default="planned",
+        help="tiles and warps of plan_dense (default) or of the launcher's defaults",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     w_bf16 = [torch.randn(K, N, device="cuda").to(torch.bfloat16) for _ in range(2)]
@@ -96,8 +122,19 @@ def main() -> None:
             xb = x.to(torch.bfloat16)
             cublas = median_us(lambda i, xb=xb: torch.matmul(xb, w_bf16[i % 2]))
             best = None
+            geo = _geometry(m, bits, args.codebook, args.geometry == "planned")
+            print(
+                f"K{bits} M={m}: {args.geometry} geometry tiles={geo['tiles']} "
+                f"warps={geo['warps']} auto split_k={geo['split']}",
+                flush=True,
+            )
             for kw in _variants(args):
-                launch = {**kw, "split_k": kw["split_k"] or _auto_split(m)}
+                launch = {
+                    **kw,
+                    "split_k": kw["split_k"] or geo["split"],
+                    "tiles": geo["tiles"],
+                    "warps": geo["warps"],
+                }
                 us = median_us(
                     lambda i, x=x, kw=launch, ps=payloads: host.trellis_matmul(
                         x, ps[i % len(ps)], args.codebook, **kw
