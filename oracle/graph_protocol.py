@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -68,6 +69,7 @@ import torch
 __all__ = [
     "POISONS",
     "capture_graph",
+    "collector_paused",
     "restore_after_failed_capture",
     "ConsumerFixture",
     "ComposedOp",
@@ -394,17 +396,40 @@ def capture_graph(fn: Callable[[], Any], *, capture_stream: Any = None) -> Any:
     generator, or replay of a graph that draws, raises. On any failure this function therefore
     restores the caller's current stream and runs one empty capture (whose epilogue clears the
     flag) before re-raising, so a failed capture, expected or not, cannot leak into what runs
-    next."""
+    next.
+
+    The cyclic garbage collector is paused for the capture (:func:`collector_paused`)."""
     stream = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, stream=capture_stream):
+        with collector_paused(), torch.cuda.graph(graph, stream=capture_stream):
             fn()
         torch.cuda.synchronize()
     except BaseException:
         restore_after_failed_capture(stream)
         raise
     return graph
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect garbage now, then keep the cyclic garbage collector off until the block ends.
+
+    A collection that runs while a stream captures may finalise a ``torch.cuda.CUDAGraph`` an
+    earlier capture left in a reference cycle; its destructor resets the graph, which is an
+    operation not permitted while a stream is capturing, and the capture in progress is then
+    invalidated ("operation failed due to a previous error during capture" at its end), an
+    error that depends on when the collector happened to run (seen once in a GPU test run on
+    the H200, with CUDAGraph reset warnings in the test's stderr). The collector's previous
+    state is restored on every exit."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def restore_after_failed_capture(stream: Any) -> None:

@@ -375,6 +375,35 @@ def test_failed_capture_is_undone_before_it_raises(monkeypatch):
     assert len(fake.captures) == 2 and not fake.fail_next_exit
 
 
+def test_capture_runs_with_the_garbage_collector_paused(monkeypatch):
+    """The captured function runs with the cyclic collector off (a collection inside a capture
+    can finalise an old CUDA graph, whose reset invalidates the capture), and the collector's
+    state comes back after a capture that succeeds, one that fails, and when it was off."""
+    import gc
+
+    from oracle import graph_protocol
+
+    fake = _FakeCuda()
+    fake.fail_next_exit = False
+    for name in ("current_stream", "set_stream", "synchronize", "CUDAGraph", "graph"):
+        monkeypatch.setattr(graph_protocol.torch.cuda, name, getattr(fake, name))
+    seen = []
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        graph_protocol.capture_graph(lambda: seen.append(gc.isenabled()))
+        assert seen == [False] and gc.isenabled()
+        fake.fail_next_exit = True
+        with pytest.raises(RuntimeError, match="previous error during capture"):
+            graph_protocol.capture_graph(lambda: seen.append(gc.isenabled()))
+        assert seen == [False, False] and gc.isenabled()
+        gc.disable()
+        graph_protocol.capture_graph(lambda: seen.append(gc.isenabled()))
+        assert seen == [False] * 3 and not gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_failed_capture_leaves_no_rng_or_stream_state_behind():
