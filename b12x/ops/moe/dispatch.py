@@ -173,8 +173,12 @@ WAVE_FC2_MIN_ROUTES = 1025
 #: as fast); 8: 208.1 / 214.2 / 233.1, 16: 298.2 / 303.4 / 345.9, 32: 290.7 / 296.4 / 356.1,
 #: 64: 324.2 / 340.7 / 400.1, 128: 343.2 / 351.3 / 410.6, 160: 626.4 / 641.9 / 693.9, 256:
 #: 885.1 / 913.6 / 989.0, 384: 1217.8 / 1267.9 / 1362.3 (M = 1..16 with the op's torch route
-#: packer, M >= 32 with the device packer). No register spills on sm_90 for any decoder with
-#: ``wide_tile_cap`` 4, k_split 1 and 2, fp16 and bf16 (72-104 registers).
+#: packer, M >= 32 with the device packer). Re-measured with the device packer at M = 1, 4, 8:
+#: 50.7 / 48.7, 96.9 / 94.5, 146.8 / 151.9 (four tiles / default), so the threshold stays at 64
+#: routes. FC1 (K = 5120, k_split 4) loses with four tiles at every M (M = 1: 138.7 vs 69.6,
+#: 64: 775.3 vs 646.5, 256: 1532.8 vs 1358.2): the rule is FC2's only. No register spills on
+#: sm_90 for any decoder with ``wide_tile_cap`` 4, k_split 1 and 2, fp16 and bf16 (72-104
+#: registers).
 FOUR_TILE_FC2_MIN_ROUTES = 64
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
