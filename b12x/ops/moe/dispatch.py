@@ -814,15 +814,8 @@ FC2_TILE = _table(
         Boundary("fc2_four_tiles_hidden", _f4(), "hidden", 5120, 5248, "four_tiles", "default"),
         # k_split 2: a wide block cannot take the wave tile either
         Boundary("fc2_four_tiles_m_tiles", _f4(), "m_tiles", 1, 2, "four_tiles", "default"),
-        Boundary(
-            "fc2_four_tiles_without_device",
-            _f4(),
-            "sm_count",
-            132,
-            None,
-            "four_tiles",
-            "four_tiles",
-        ),  # fmt: skip
+        # a geometry: the device does not enter
+        Boundary("fc2_four_tiles_device", _f4(), "sm_count", 132, None, "four_tiles", "four_tiles"),
         # a single block past the wave tile's routes takes the four tiles first
         Boundary("fc2_tile_single_block", _ft(), "m_tiles", 2, 1, "wave_balanced", "four_tiles"),
         Boundary("fc2_tile_device", _ft(), "sm_count", 132, None, "wave_balanced", "default"),
