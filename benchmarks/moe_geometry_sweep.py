@@ -18,7 +18,9 @@ This is the evidence for the MoE geometry table's small-M rows
 benchmark of the whole step (``moe_trellis.py``).
 
 Usage: ``python benchmarks/moe_geometry_sweep.py [--m 1,8] [--phases fc1,fc2]
-[--geometries 1x4x8,2x4x8,...] [--routings 4] [--json out.json]``
+[--geometries 1x4x8,2x4x8,...] [--routings 4] [--hidden 5120] [--intermediate 1536]
+[--experts 128] [--top-k 8] [--json out.json]`` (the shape options default to the GLM-like MoE;
+e.g. ``--hidden 2048 --intermediate 768`` is a Qwen3-30B-A3B-like one, whose FC2 has no K split)
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def _geometries(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def _problem(phase: str) -> tuple[int, int]:
+def _problem(phase: str, hidden: int, intermediate: int) -> tuple[int, int]:
     """(K, N) of the phase: FC1 ``[H] -> [2I]`` (packed gate|up), FC2 ``[I] -> [H]``."""
-    return (HIDDEN, 2 * INTERMEDIATE) if phase == "fc1" else (INTERMEDIATE, HIDDEN)
+    return (hidden, 2 * intermediate) if phase == "fc1" else (intermediate, hidden)
 
 
 def _legal(spec, k: int, n: int) -> str | None:
@@ -87,20 +89,22 @@ def sweep(args) -> dict:
     print(f"HBM copy {hbm / 1e9:.0f} GB/s, {sms} SMs", flush=True)
     rows = []
     gen = torch.Generator(device="cuda")
+    experts, top_k = args.experts, args.top_k
+    print(f"H={args.hidden} I={args.intermediate} E={experts} top-{top_k} MCG K{BITS}", flush=True)
     for phase in args.phases:
-        k, n = _problem(phase)
-        payload = random_payload((EXPERTS, k // 16, n // 16, 16 * BITS))
+        k, n = _problem(phase, args.hidden, args.intermediate)
+        payload = random_payload((experts, k // 16, n // 16, 16 * BITS))
         for m in args.m:
             gen.manual_seed(7919 * m)
-            a = (0.05 * torch.randn(m * TOP_K, k, device="cuda", generator=gen)).half()
+            a = (0.05 * torch.randn(m * top_k, k, device="cuda", generator=gen)).half()
             routings = []
             for _ in range(args.routings):
-                logits = torch.randn(m, EXPERTS, device="cuda", generator=gen)
-                routings.append(logits.topk(TOP_K, dim=-1).indices.contiguous())
+                logits = torch.randn(m, experts, device="cuda", generator=gen)
+                routings.append(logits.topk(top_k, dim=-1).indices.contiguous())
             experts_read = sum(int(r.unique().numel()) for r in routings) / len(routings)
             weight_bytes = experts_read * k * n * BITS / 8
             plan = plan_moe_gemm(
-                m=m, top_k=TOP_K, k=k, n=n, codebook="mcg", bits=BITS, num_experts=EXPERTS,
+                m=m, top_k=top_k, k=k, n=n, codebook="mcg", bits=BITS, num_experts=experts,
                 compute_dtype=torch.float16, phase=phase, device=torch.device("cuda"),
             )  # fmt: skip
             reference = None
@@ -124,7 +128,7 @@ def sweep(args) -> dict:
                 if reference is None:
                     reference = out
                 same = bool(torch.equal(out, reference))
-                live_blocks = min(cell.routes.num_blocks, m * TOP_K)
+                live_blocks = min(cell.routes.num_blocks, m * top_k)
                 ctas = live_blocks * (n // (16 * spec.n_tiles * spec.warps))
                 row = {
                     "phase": phase, "m": m, "label": label or "sweep",
@@ -150,6 +154,10 @@ def main(argv=None) -> int:
     parser.add_argument("--phases", type=lambda t: t.split(","), default=("fc1", "fc2"))
     parser.add_argument("--geometries", type=_geometries, default=_geometries(DEFAULT_GEOMETRIES))
     parser.add_argument("--routings", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="H: FC1's K, FC2's N")
+    parser.add_argument("--intermediate", type=int, default=INTERMEDIATE, help="I: FC2's K")
+    parser.add_argument("--experts", type=int, default=EXPERTS)
+    parser.add_argument("--top-k", type=int, default=TOP_K)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

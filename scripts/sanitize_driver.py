@@ -18,8 +18,7 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
   here with the device's limits but capability (12, 0) (the plan API takes a device description),
   so its launches (rotation, GEMM into the fp16 output, in-place output rotation) run on this GPU.
 * ``moe_uniform_f16``: uniform MCG K3, packed FC1, fp16, planned M 12, live M 10, inactive ids.
-* ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids; 80
-  routes at one M16 block: FC2 takes the four-tile geometry.
+* ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
 * ``moe_four_tile_fc2_k_split``: uniform MCG K4, 80 routes at one M16 block, I = 1024: the
   four-tile FC2 geometry with a K split of 2.
 * ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.

@@ -58,7 +58,8 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    table's answer), in priority order:
    ``four_tiles`` → :data:`FOUR_TILE_FC2` (4, 4, 8) when the phase is unpaired, the decoder takes
    four N16 tiles per warp (``wide_tile_cap`` >= 4), the route block is one M16 block
-   (``m_tiles`` 1), ``hidden`` is a multiple of its 256 columns per CTA and the step has at least
+   (``m_tiles`` 1), K is split (``k_split`` >= 2: without a split it measured slower),
+   ``hidden`` is a multiple of its 256 columns per CTA and the step has at least
    :data:`FOUR_TILE_FC2_MIN_ROUTES` routes (fewer measured as fast on the default geometry;
    no device needed: it is a geometry, like the geometry table's);
    ``wave_balanced`` → the registry's wave-balanced tile
@@ -73,10 +74,9 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    ``cta_m_blocks = m_tiles``) on that device, the step has at least :data:`WAVE_FC2_MIN_ROUTES`
    routes (``m·top_k``; fewer measured faster on the default geometry, H200), and the default
    launch has a second wave: its live CTAs ``min(blocks, m·top_k) · hidden/default_n_group``
-   exceed ``sm_count``; single-block launches reach it only when ``four_tiles`` does not take
-   them (all measured single-block FC2s ran faster on four tiles), so it is left to wide route
-   blocks without a K split; else ``default``. Simulated devices enter through the two integer
-   fields.
+   exceed ``sm_count``; a K-split single-block FC2 meets ``four_tiles`` first, so the tile is
+   left to FC2s without a K split (one M16 block, or wide blocks); else ``default``. Simulated
+   devices enter through the two integer fields.
 
 How the compute dtype enters
 ----------------------------
@@ -162,8 +162,11 @@ PAIR_CHANNELS = 256
 #: default geometry (2, 4, 8) against the wave tile (4, 8, 2): M = 1: 99.5 vs 100.8, 2: 117.2 vs
 #: 142.4, 4: 150.3 vs 179.2, 8: 214.2 vs 233.1, 16: 303.4 vs 345.9, 32: 296.4 vs 356.1, 64: 340.7
 #: vs 400.1, 128: 351.3 vs 410.6. Up to 1024 routes the default is as fast or faster. Past them,
-#: at one M16 block, :data:`FOUR_TILE_FC2` was measured faster still (see there), so the wave
-#: tile is left only to wide route blocks without a K split (not measured there).
+#: a K-split single-block FC2 takes :data:`FOUR_TILE_FC2` (measured faster still, see there).
+#: Without a K split (Qwen3-30B-A3B-like FC2: K = 768, N = 2048, 128 experts, top-8) the wave
+#: tile against the default: M = 256 (one block) 533.0 vs 538.5 (the wave tile 1 % faster);
+#: wide blocks M = 512, 1024, 4096: 940.5 vs 933.6, 1828.1 vs 1775.4, 6827.8 vs 6633.1 (the
+#: default (4, 4, 2) 0.7-2.9 % faster: a case for retiring the tile there, not yet acted on).
 WAVE_FC2_MIN_ROUTES = 1025
 #: :data:`FOUR_TILE_FC2`, the FC2 geometry of a single-block launch with at least this many
 #: routes: four N16 tiles per warp, 4 warps per K group, 8 K16 rows in flight (256 columns per
@@ -176,9 +179,11 @@ WAVE_FC2_MIN_ROUTES = 1025
 #: packer, M >= 32 with the device packer). Re-measured with the device packer at M = 1, 4, 8:
 #: 50.7 / 48.7, 96.9 / 94.5, 146.8 / 151.9 (four tiles / default), so the threshold stays at 64
 #: routes. FC1 (K = 5120, k_split 4) loses with four tiles at every M (M = 1: 138.7 vs 69.6,
-#: 64: 775.3 vs 646.5, 256: 1532.8 vs 1358.2): the rule is FC2's only. No register spills on
-#: sm_90 for any decoder with ``wide_tile_cap`` 4, k_split 1 and 2, fp16 and bf16 (72-104
-#: registers).
+#: 64: 775.3 vs 646.5, 256: 1532.8 vs 1358.2): the rule is FC2's only. An FC2 without a K split
+#: loses with it too: Qwen3-30B-A3B-like FC2 (K = 768, so k_split 1; N = 2048; 128 experts,
+#: top-8), four tiles / default: M = 8: 58.8 / 49.6, 64: 107.0 / 80.9, 256: 544.4 / 538.5; so
+#: the rule also needs the K split (GLM's K = 1536 has 2). No register spills on sm_90 for any
+#: decoder with ``wide_tile_cap`` 4, k_split 1 and 2, fp16 and bf16 (72-104 registers).
 FOUR_TILE_FC2_MIN_ROUTES = 64
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
@@ -737,7 +742,8 @@ FC2_TILE = _table(
     (
         (
             "four_tiles",
-            "a single-block FC2 with enough routes takes FOUR_TILE_FC2 (256 columns per CTA)",
+            "a single-block, K-split FC2 with enough routes takes FOUR_TILE_FC2 (256 columns per "
+            "CTA)",
             (
                 _UNPAIRED,
                 _DECODER_TAKES_FOUR_TILES,
@@ -745,6 +751,14 @@ FC2_TILE = _table(
                     "m_tiles==1",
                     lambda c: c["m_tiles"] == 1,
                     lambda c: f"m_tiles={c['m_tiles']}: wide route blocks keep their geometry",
+                ),
+                _cond(
+                    "k_split>=2",
+                    lambda c: c["k_split"] >= 2,
+                    lambda c: (
+                        f"k_split={c['k_split']}: an FC2 without a K split measured slower with "
+                        "four tiles"
+                    ),
                 ),
                 _cond(
                     "hidden%n_group==0",
@@ -814,10 +828,19 @@ FC2_TILE = _table(
         Boundary("fc2_four_tiles_hidden", _f4(), "hidden", 5120, 5248, "four_tiles", "default"),
         # k_split 2: a wide block cannot take the wave tile either
         Boundary("fc2_four_tiles_m_tiles", _f4(), "m_tiles", 1, 2, "four_tiles", "default"),
+        Boundary("fc2_four_tiles_k_split", _f4(), "k_split", 2, 1, "four_tiles", "default"),
         # a geometry: the device does not enter
         Boundary("fc2_four_tiles_device", _f4(), "sm_count", 132, None, "four_tiles", "four_tiles"),
-        # a single block past the wave tile's routes takes the four tiles first
-        Boundary("fc2_tile_single_block", _ft(), "m_tiles", 2, 1, "wave_balanced", "four_tiles"),
+        # a single block past the wave tile's routes takes the four tiles first when K is split
+        Boundary(
+            "fc2_tile_single_block_split",
+            _ft(m_tiles=1),
+            "k_split",
+            1,
+            2,
+            "wave_balanced",
+            "four_tiles",
+        ),
         Boundary("fc2_tile_device", _ft(), "sm_count", 132, None, "wave_balanced", "default"),
         Boundary("fc2_tile_pair", _ft(), "pair", None, "P24", "wave_balanced", "default"),
         Boundary("fc2_tile_decoder", _ft(), "wide_tile_cap", 4, 2, "wave_balanced", "default"),
