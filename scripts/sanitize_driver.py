@@ -19,8 +19,6 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
   so its launches (rotation, GEMM into the fp16 output, in-place output rotation) run on this GPU.
 * ``moe_uniform_f16``: uniform MCG K3, packed FC1, fp16, planned M 12, live M 10, inactive ids.
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
-* ``moe_four_tile_fc2_k_split``: uniform MCG K4, 80 routes at one M16 block, I = 1024: the
-  four-tile FC2 geometry with a K split of 2.
 * ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.
 
 Usage: ``python3 scripts/sanitize_driver.py [--only S] [--list]`` (needs a CUDA device; the
@@ -162,12 +160,6 @@ def moe_k_split():
     return _uniform(6, 5, 4, "packed", F16, F16, seed=8, h=1024, i=512)
 
 
-def moe_four_tile_fc2_k_split():
-    """80 routes at one M16 block, I = 1024: FC2 takes the four-tile geometry with its K split
-    over 2 warp groups (shared-memory reduction, barriers)."""
-    return _uniform(20, 18, 4, "packed", F16, F16, seed=9, i=1024)
-
-
 def moe_tiered():
     h, i, top_k, m = 256, 128, 2, 16
     g = _gen(7)
@@ -204,7 +196,6 @@ CASES = {
         moe_uniform_f16,
         moe_uniform_bf16_proj,
         moe_k_split,
-        moe_four_tile_fc2_k_split,
         moe_tiered,
     )
 }

@@ -238,10 +238,8 @@ def _problems():
     )  # fmt: skip
     small = dict(glm, hidden=512, intermediate=256, num_experts=8, top_k=2)
     out = []
-    for m in (1, 8, 64, 256, 385, 4096):  # M >= 8: the four-tile FC2 (one M16 block)
+    for m in (1, 8, 64, 256, 385, 4096):  # M = 256: 2048 routes, past WAVE_FC2_MIN_ROUTES
         out.append(dict(glm, m=m))
-    # 1032 routes over 32 experts (two M16 blocks), K = 768 (no split): the wave-balanced FC2
-    out.append(dict(glm, m=129, num_experts=32, intermediate=768))
     for m, cd, layout in itertools.product((1, 200), (F16, BF16), ("packed", "proj")):
         out.append(dict(small, m=m, compute_dtype=cd, w13_layout=layout))
     for codebook, bits in (("sqg_fp16", 5), ("sqg_e4m3", 3), ("mul1", 6), ("3inst", 2)):
@@ -267,7 +265,6 @@ def test_plan_moe_takes_every_decision_from_the_tables(device):
     for problem in PROBLEMS:
         plan = _check_plan_against_tables(problem, device)
         paths |= {(d.table, d.path) for d in plan.decisions}
-    assert ("moe_fc2_tile", "four_tiles") in paths  # a geometry: no device needed
     if device is H200:  # the grid exercises the wave-balanced tile and every geometry row
         assert ("moe_fc2_tile", "wave_balanced") in paths
         reached = {p for t, p in paths if t in ("moe_gemm_geometry", "moe_pair_geometry")}
@@ -318,15 +315,9 @@ def test_legacy_helpers_answer_from_the_tables(monkeypatch):
     assert plan_mod.gemm_geometry(4, 3072, 1, wide_tile_cap=2) == (2, 4, 2)
     assert pairs.pair_geometry(phase="fc2", m_tiles=4, n=512) == (2, 4, 1, "k")
     spec = plan_moe(**dict(PROBLEMS[3], device=H200)).fc2_spec[0]  # M = 256: 2048 routes
-    assert (spec.n_tiles, spec.warps, spec.depth) == D.FOUR_TILE_FC2  # one M16 block
+    assert spec.n_group == 512  # the wave-balanced tile
     default = dataclasses.replace(spec, n_tiles=2, warps=4, depth=8)
     p = plan_moe(**PROBLEMS[3])
-    assert not plan_mod.wave_balanced_fc2(p.problem, p.routes, default, H200)
-    (wide,) = [q for q in PROBLEMS if q["m"] == 129 and q["num_experts"] == 32]
-    spec = plan_moe(**dict(wide, device=H200)).fc2_spec[0]
-    assert spec.m_tiles == 2 and spec.k_split == 1 and spec.n_group == 512  # the wave tile
-    default = dataclasses.replace(spec, n_tiles=4, warps=4, depth=2)
-    p = plan_moe(**wide)
     assert plan_mod.wave_balanced_fc2(p.problem, p.routes, default, H200)
     monkeypatch.setattr(D, "M_TILES_1_MAX_ROUTES", 8)  # the helpers read the table, live
     assert plan_mod.choose_m_tiles(9, 1, 1) == 2

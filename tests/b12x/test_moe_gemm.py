@@ -24,14 +24,7 @@ from b12x.launch import host
 from b12x.ops.moe import boundary, gemm_op
 from b12x.ops.moe import pairs as pairs_mod
 from b12x.ops.moe import run as run_mod
-from b12x.ops.moe.dispatch import (
-    FC2_TILE,
-    FOUR_TILE_FC2,
-    GEMM_GEOMETRY,
-    K_SPLIT,
-    PAIR_GEOMETRY,
-    ROUTE_BLOCK,
-)
+from b12x.ops.moe.dispatch import FC2_TILE, GEMM_GEOMETRY, K_SPLIT, PAIR_GEOMETRY, ROUTE_BLOCK
 from b12x.ops.moe.gemm_op import (
     MoeGemmOp,
     allocate_moe_gemm_buffers,
@@ -95,34 +88,19 @@ def test_paired_plans_take_the_pair_geometry(phase, pair, m_tiles):
     assert (spec.n_tiles, spec.warps, spec.depth, spec.rate_axis) == tuple(g)
 
 
-def test_the_wave_balanced_tile_needs_an_unpaired_wide_fc2_and_a_device():
-    # 1032 routes over 32 experts: two M16 blocks per route block; K = 768: no K split
-    glm = _problem(m=129, top_k=8, k=768, n=5120, num_experts=32, bits=3, phase="fc2")
+def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
+    glm = _problem(m=129, top_k=8, k=1536, n=5120, num_experts=160, bits=3, phase="fc2")
     wave = plan_moe_gemm(**glm, device=H200)
     assert wave.spec.n_group == 512 and wave.decisions[-1].path == "wave_balanced"
-    assert wave.spec.m_tiles == 2 and wave.spec.k_split == 1
     case = dict(wave.decisions[-1].case)
     assert FC2_TILE.explain(case).path == "wave_balanced" and case["hidden"] == 5120
-    assert plan_moe_gemm(**glm).spec.n_group == 256  # no device: the default (4, 4, 2)
-    assert plan_moe_gemm(**{**glm, "phase": "fc1"}, device=H200).spec.n_group == 256
+    assert plan_moe_gemm(**glm).spec.n_group == 128  # no device: the default geometry
+    assert plan_moe_gemm(**{**glm, "phase": "fc1"}, device=H200).spec.n_group == 128
     paired = plan_moe_gemm(**{**glm, "pair": "P24"}, device=H200)
     assert paired.spec.pair == "P24" and paired.spec.n_group != 512
     assert MoeGemmOp(device=H200).plan(glm).spec == wave.spec  # the op's (simulated) device
     few = plan_moe_gemm(**{**glm, "m": 128}, device=H200)  # 1024 routes: measured slower
-    assert few.spec.n_group == 256 and few.decisions[-1].path == "default"
-
-
-def test_a_single_block_fc2_with_enough_routes_takes_four_tiles():
-    """One M16 block (GLM FC2, 128 experts): from FOUR_TILE_FC2_MIN_ROUTES routes the FC2 takes
-    (4, 4, 8) with or without a device, past the wave tile's routes too; below, the default."""
-    glm = _problem(m=8, top_k=8, k=1536, n=5120, num_experts=128, bits=4, phase="fc2")
-    for m, device in ((8, None), (8, H200), (256, H200)):
-        plan = plan_moe_gemm(**{**glm, "m": m}, device=device)
-        assert plan.decisions[-1].path == "four_tiles" and plan.spec.m_tiles == 1
-        assert (plan.spec.n_tiles, plan.spec.warps, plan.spec.depth) == FOUR_TILE_FC2
-    few = plan_moe_gemm(**{**glm, "m": 7}, device=H200)  # 56 routes
-    assert few.decisions[-1].path == "default" and few.spec.n_group == 128
-    assert plan_moe_gemm(**{**glm, "phase": "fc1"}).spec.n_group == 128  # FC2 only
+    assert few.spec.n_group == 128 and few.decisions[-1].path == "default"
 
 
 @pytest.mark.parametrize(

@@ -402,9 +402,8 @@ def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
     from b12x.ops.dense import tiles
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
-    # 1032 routes over 32 experts (two M16 blocks per route block), K = 768 (no K split)
     glm = dict(
-        m=129, top_k=8, hidden=5120, intermediate=768, codebook="mcg", bits=3, num_experts=32,
+        m=129, top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=3, num_experts=160,
         w13_layout="proj", x_dtype=BF16,
     )  # fmt: skip
     plan = plan_moe(**glm, device=h200)
@@ -412,9 +411,9 @@ def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
     # 512 output columns per CTA, 256 threads: 8 warps × 4 N16 tiles (tile_k 32 = 2 K16 rows).
     assert (fc2.n_group, 32 * fc2.warps, fc2.n_tiles, fc2.depth) == (512, 256, 4, 2)
     assert fc1.n_group != 512 and fc1 == plan_moe(**glm).fc1_spec[0]  # FC1 never takes it
-    fc1_problem = tiles.TileProblem("fc1", 129, 5120, 768, 3)
+    fc1_problem = tiles.TileProblem("fc1", 129, 5120, 1536, 3)
     assert not tiles.qualify(tiles.WAVE_BALANCED_FC2, fc1_problem, h200)[0]
-    assert plan_moe(**glm).fc2_spec[0].n_group == 256  # no device: the default (4, 4, 2)
+    assert plan_moe(**glm).fc2_spec[0].n_group == 128  # no device: the default geometry
     odd = plan_moe(**{**glm, "hidden": 5120 + 128}, device=h200)  # H % 512 != 0: rejected
     assert odd.fc2_spec[0].n_group != 512
     tiny = plan_moe(**{**glm, "m": 1, "top_k": 1}, device=h200)  # one block: one wave anyway

@@ -155,14 +155,14 @@ def _extra_split_specs():
 
     h200 = tiles.DeviceLimits("H200", 132, 232448, (9, 0))
     p = plan_moe(m=129, **{**GLM, "w13_layout": "proj", "bits": 3, "num_experts": 160}, device=h200)
-    (four,) = p.fc2_spec  # the four-tile FC2 keeps the plan's k_split 2 (256 threads)
-    assert (four.n_tiles, four.warps, four.depth, four.k_split) == (4, 4, 8, 2)
-    return [four, MoeGemmSpec("mcg", 4, False, m_tiles=1, n_tiles=2, warps=1, depth=8, k_split=8)]
+    (wave,) = p.fc2_spec  # the wave-balanced FC2 keeps the plan's k_split 2 (512 threads)
+    assert (wave.n_group, wave.k_split) == (512, 2)
+    return [wave, MoeGemmSpec("mcg", 4, False, m_tiles=1, n_tiles=2, warps=1, depth=8, k_split=8)]
 
 
 #: The default CPU set: GLM's mcg K4 plans (both dtypes, m_tiles 1/2/4), the LUT decoder with the
-#: most live registers at m_tiles 4, the four-tile FC2 and a k_split 8 spec. The exhaustive set
-#: (more codebooks and rates) is marked slow.
+#: most live registers at m_tiles 4, the wave-balanced FC2 and a k_split 8 spec. The exhaustive
+#: set (more codebooks and rates) is marked slow.
 SPLIT_SPECS = list(dict.fromkeys(
     _planned_split_specs((("mcg", 4),), (torch.float16,))
     + [s for s in _planned_split_specs((("mcg", 4),), (torch.bfloat16,), ms=(4096,))
@@ -193,7 +193,7 @@ def _check(spec, arch):
 
 def test_split_spec_set_covers_the_plans():
     got = {(s.m_tiles, s.k_split, s.warps) for s in SPLIT_SPECS}
-    want = {(1, 4, 4), (1, 2, 4), (2, 4, 1), (2, 2, 2), (4, 4, 1), (4, 2, 2), (1, 8, 1)}
+    want = {(1, 4, 4), (1, 2, 4), (2, 4, 1), (2, 2, 2), (4, 4, 1), (4, 2, 2), (1, 2, 8), (1, 8, 1)}
     assert want <= got, got
 
 

@@ -65,17 +65,16 @@ def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
     specs = tiles.REGISTRY.specializations(tiles.WAVE_BALANCED_FC2)
     limits = tiles.DeviceLimits("h200", 132, 232448, (9, 0))
     taken = 0
-    # 1032 routes over 32 experts: two M16 blocks per route block; K = 768: no K split
-    cases = (("mcg", 3, torch.float16, 129), ("mul1", 4, torch.bfloat16, 129))
+    cases = (("mcg", 3, torch.float16, 129), ("mul1", 4, torch.bfloat16, 129))  # 1032 routes
     for codebook, bits, dtype, m in cases:
         decisions: list = []
         default = plan_gemm_spec(
             decisions=decisions, role="fc2", fmt=resolve_format(codebook, bits), bits=bits,
-            compute_dtype=dtype, m_tiles=2, phase="fc2", choice=None, k=768, n=5120,
+            compute_dtype=dtype, m_tiles=1, phase="fc2", choice=None, k=1536, n=5120,
         )  # fmt: skip
         spec = plan_fc2_tile(
             default, decisions=decisions, role="fc2", limits=limits, m=m, top_k=8,
-            num_experts=32, hidden=5120, intermediate=768,
+            num_experts=160, hidden=5120, intermediate=1536,
         )  # fmt: skip
         assert spec != default  # the wave rule fired
         assert spec in specs

@@ -9,8 +9,7 @@
   tables): choices, payload shapes, :func:`launch_paired_gemm`.
 * :mod:`b12x.ops.moe.dispatch` — every host decision of the MoE as a declarative table
   (:data:`TABLES`:
-  route block, K split, GEMM and pair geometry, the FC2 override: four tiles or the wave-balanced
-  tile) with ``explain``.
+  route block, K split, GEMM and pair geometry, wave-balanced FC2 tile) with ``explain``.
 * :mod:`b12x.ops.moe.gemm_op` — ``moe_gemm``: one grouped GEMM (FC1 or FC2, uniform or paired) as
   its
   own plan / bind / run op and :class:`MoeGemmOp` (one-hot decode checks).

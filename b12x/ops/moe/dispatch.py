@@ -54,17 +54,10 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    ``k_axis_2_two_tiles`` (m_tiles 2) → (2, 4, 2, k), ``k_axis_4`` → (2, 4, 1, k) (4 × 4 at depth
    2 spills, and P44's two record planes at 2 × 2 depth 2). Fields ``phase, m_tiles, n``,
    ``compute_dtype``.
-5. :data:`FC2_TILE` ``moe_fc2_tile`` — the FC2 geometry override (value None: keep the geometry
-   table's answer), in priority order:
-   ``four_tiles`` → :data:`FOUR_TILE_FC2` (4, 4, 8) when the phase is unpaired, the decoder takes
-   four N16 tiles per warp (``wide_tile_cap`` >= 4), the route block is one M16 block
-   (``m_tiles`` 1), K is split (``k_split`` >= 2: without a split it measured slower),
-   ``hidden`` is a multiple of its 256 columns per CTA and the step has at least
-   :data:`FOUR_TILE_FC2_MIN_ROUTES` routes (fewer measured as fast on the default geometry;
-   no device needed: it is a geometry, like the geometry table's);
-   ``wave_balanced`` → the registry's wave-balanced tile
-   :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8, 2))
-   when a device is known (``sm_count``, ``max_shared_mem``), the phase is
+5. :data:`FC2_TILE` ``moe_fc2_tile`` — whether an FC2 launch takes the registry's wave-balanced
+   tile :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads → (4, 8,
+   2)):
+   ``wave_balanced`` when a device is known (``sm_count``, ``max_shared_mem``), the phase is
    unpaired, the decoder takes the tile's four N16 tiles per warp (``wide_tile_cap`` >= 4: the
    D3L decoder's cap 2 spills 400-700 B in the wave tile at ``m_tiles`` 4 or ``k_split`` 4,
    sm_80/sm_90/sm_120, ``python -m oracle run --tile 32x512x256 --codebook sqg_fp16``), the CTA
@@ -74,9 +67,9 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    ``cta_m_blocks = m_tiles``) on that device, the step has at least :data:`WAVE_FC2_MIN_ROUTES`
    routes (``m·top_k``; fewer measured faster on the default geometry, H200), and the default
    launch has a second wave: its live CTAs ``min(blocks, m·top_k) · hidden/default_n_group``
-   exceed ``sm_count``; a K-split single-block FC2 meets ``four_tiles`` first, so the tile is
-   left to FC2s without a K split (one M16 block, or wide blocks); else ``default``. Simulated
-   devices enter through the two integer fields.
+   exceed ``sm_count``; else ``default``
+   (value None: keep the geometry table's answer). Simulated devices enter through the two
+   integer fields.
 
 How the compute dtype enters
 ----------------------------
@@ -161,30 +154,23 @@ PAIR_CHANNELS = 256
 #: experts, top-8, MCG K4, graphed, us per launch including the op's route packing), the table's
 #: default geometry (2, 4, 8) against the wave tile (4, 8, 2): M = 1: 99.5 vs 100.8, 2: 117.2 vs
 #: 142.4, 4: 150.3 vs 179.2, 8: 214.2 vs 233.1, 16: 303.4 vs 345.9, 32: 296.4 vs 356.1, 64: 340.7
-#: vs 400.1, 128: 351.3 vs 410.6. Up to 1024 routes the default is as fast or faster. Past them,
-#: a K-split single-block FC2 takes :data:`FOUR_TILE_FC2` (measured faster still, see there).
-#: Without a K split (Qwen3-30B-A3B-like FC2: K = 768, N = 2048, 128 experts, top-8) the wave
-#: tile against the default: M = 256 (one block) 533.0 vs 538.5 (the wave tile 1 % faster);
-#: wide blocks M = 512, 1024, 4096: 940.5 vs 933.6, 1828.1 vs 1775.4, 6827.8 vs 6633.1 (the
-#: default (4, 4, 2) 0.7-2.9 % faster: a case for retiring the tile there, not yet acted on).
+#: vs 400.1, 128: 351.3 vs 410.6. Up to 1024 routes the default is as fast or faster. Beyond
+#: them (2026-12-03, sixth session, same tool, graphed, device packer; wave / default, us):
+#: GLM one block M = 160: 693.9 / 641.9, 256: 989.0 / 913.6, 384: 1362.3 / 1267.9 (the default
+#: faster); Qwen3-30B-A3B-like FC2 (K = 768, N = 2048, 128 experts, top-8, no K split) one block
+#: M = 256: 533.0 / 538.5 (the wave tile 1 % faster), wide blocks M = 512, 1024, 4096 against
+#: the wide default (4, 4, 2): 940.5 / 933.6, 1828.1 / 1775.4, 6827.8 / 6633.1 (the default
+#: 0.7-2.9 % faster). Mixed evidence, so the threshold stays; the GLM shape is the case for
+#: retiring the tile there.
+#:
+#: Tried and not taken: four N16 tiles per warp, (4, 4, 8), for every single-block FC2 past 64
+#: routes. Against the default (2, 4, 8), us: GLM (K = 1536, k_split 2, N = 5120) M = 8: 146.8 /
+#: 151.9, 64: 322.3 / 336.0, 256: 884.2 / 909.7, 384: 1217.8 / 1267.9 (2-5 % faster; M = 1, 4
+#: slower); H = 2048, I = 1536 (k_split 2) M = 8: 86.0 / 74.2, 64: 147.6 / 151.3; Qwen3-30B-A3B-like
+#: (k_split 1) M = 8: 58.8 / 49.6, 64: 107.0 / 80.9; Qwen2-57B-A14B-like (H = 3584, I = 2560, 64
+#: experts, k_split 4) M = 8: 187.6 / 144.7, 64: 265.8 / 211.8 (16-32 % slower). It wins only on
+#: the widest N measured, so no rule was drawn from one shape.
 WAVE_FC2_MIN_ROUTES = 1025
-#: :data:`FOUR_TILE_FC2`, the FC2 geometry of a single-block launch with at least this many
-#: routes: four N16 tiles per warp, 4 warps per K group, 8 K16 rows in flight (256 columns per
-#: CTA). Measured on the H200 (``benchmarks/moe_geometry_sweep.py``, the FC2 above, us per
-#: graphed launch), (4, 4, 8) against the default (2, 4, 8) and the wave tile (4, 8, 2):
-#: M = 1: 100.6 / 99.5 / 100.8, 2: 117.5 / 117.2 / 142.4, 4: 152.1 / 150.3 / 179.2 (the default
-#: as fast); 8: 208.1 / 214.2 / 233.1, 16: 298.2 / 303.4 / 345.9, 32: 290.7 / 296.4 / 356.1,
-#: 64: 324.2 / 340.7 / 400.1, 128: 343.2 / 351.3 / 410.6, 160: 626.4 / 641.9 / 693.9, 256:
-#: 885.1 / 913.6 / 989.0, 384: 1217.8 / 1267.9 / 1362.3 (M = 1..16 with the op's torch route
-#: packer, M >= 32 with the device packer). Re-measured with the device packer at M = 1, 4, 8:
-#: 50.7 / 48.7, 96.9 / 94.5, 146.8 / 151.9 (four tiles / default), so the threshold stays at 64
-#: routes. FC1 (K = 5120, k_split 4) loses with four tiles at every M (M = 1: 138.7 vs 69.6,
-#: 64: 775.3 vs 646.5, 256: 1532.8 vs 1358.2): the rule is FC2's only. An FC2 without a K split
-#: loses with it too: Qwen3-30B-A3B-like FC2 (K = 768, so k_split 1; N = 2048; 128 experts,
-#: top-8), four tiles / default: M = 8: 58.8 / 49.6, 64: 107.0 / 80.9, 256: 544.4 / 538.5; so
-#: the rule also needs the K split (GLM's K = 1536 has 2). No register spills on sm_90 for any
-#: decoder with ``wide_tile_cap`` 4, k_split 1 and 2, fp16 and bf16 (72-104 registers).
-FOUR_TILE_FC2_MIN_ROUTES = 64
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -196,10 +182,6 @@ class GemmGeometry(NamedTuple):
     n_tiles: int
     warps: int
     depth: int
-
-
-#: The single-block FC2 geometry past :data:`FOUR_TILE_FC2_MIN_ROUTES` (measurements there).
-FOUR_TILE_FC2 = GemmGeometry(4, 4, 8)
 
 
 class PairGeometry(NamedTuple):
@@ -658,57 +640,28 @@ def _wave_geometry() -> GemmGeometry:
 
 
 def _ft(**changes: Any) -> dict:
-    """An FC2 on an H200 that takes the wave tile: M = 129, top-8 over 32 experts (1032 routes,
-    past :data:`WAVE_FC2_MIN_ROUTES`, 32.25 per expert: two M16 blocks per route block), K = 768
-    (no K split), N = 5120; the default geometry (4, 4, 2) has 256 columns per CTA, 64 live
-    blocks × 20 CTAs = 1280 > 132 SMs."""
+    """GLM-like FC2 on an H200 at M = 129 (1032 routes, past :data:`WAVE_FC2_MIN_ROUTES`): 215
+    live blocks × 40 CTAs = 8600 > 132 SMs."""
     base = {
         "sm_count": 132,
         "max_shared_mem": 232448,
         "m": 129,
         "top_k": 8,
-        "num_experts": 32,
+        "num_experts": 160,
         "hidden": 5120,
-        "intermediate": 768,
+        "intermediate": 1536,
         "bits": 3,
-        "m_tiles": 2,
-        "k_split": 1,
-        "default_n_group": 256,
+        "m_tiles": 1,
+        "k_split": 2,
+        "default_n_group": 128,
         "pair": None,
     }
     return {**base, **changes}
 
 
-def _f4(**changes: Any) -> dict:
-    """GLM-like FC2 on an H200 at M = 8 (64 routes over 128 experts: one M16 block), K = 1536
-    (K split 2), N = 5120: it takes :data:`FOUR_TILE_FC2`."""
-    return _ft(m=8, num_experts=128, intermediate=1536, bits=4, m_tiles=1, k_split=2,
-               default_n_group=128, **changes)  # fmt: skip
-
-
-_UNPAIRED = _cond(
-    "unpaired",
-    lambda c: c["pair"] is None,
-    lambda c: f"pair={c['pair']!r}: a paired FC2 keeps the pair geometry",
-)
-_DECODER_TAKES_FOUR_TILES = _cond(
-    "decoder_takes_four_tiles",
-    lambda c: dense_tiles.wave_fc2_takes_decoder(c["wide_tile_cap"]),
-    lambda c: (
-        f"wide_tile_cap={c['wide_tile_cap']}: the decoder spills at four N16 tiles per warp "
-        "(the wave tile's)"
-    ),
-)
-
-
-def _four_tile_n_group() -> int:
-    return 16 * FOUR_TILE_FC2.n_tiles * FOUR_TILE_FC2.warps
-
-
 FC2_TILE = _table(
     "moe_fc2_tile",
-    "the FC2 geometry override: four N16 tiles per warp at one M16 block, or the wave-balanced "
-    "tile (512 columns, 256 threads) by the tile predicate and the device",
+    "the wave-balanced FC2 tile (512 columns, 256 threads) by the tile predicate and the device",
     (
         Field(
             "sm_count",
@@ -741,45 +694,6 @@ FC2_TILE = _table(
     ),
     (
         (
-            "four_tiles",
-            "a single-block, K-split FC2 with enough routes takes FOUR_TILE_FC2 (256 columns per "
-            "CTA)",
-            (
-                _UNPAIRED,
-                _DECODER_TAKES_FOUR_TILES,
-                _cond(
-                    "m_tiles==1",
-                    lambda c: c["m_tiles"] == 1,
-                    lambda c: f"m_tiles={c['m_tiles']}: wide route blocks keep their geometry",
-                ),
-                _cond(
-                    "k_split>=2",
-                    lambda c: c["k_split"] >= 2,
-                    lambda c: (
-                        f"k_split={c['k_split']}: an FC2 without a K split measured slower with "
-                        "four tiles"
-                    ),
-                ),
-                _cond(
-                    "hidden%n_group==0",
-                    lambda c: c["hidden"] % _four_tile_n_group() == 0,
-                    lambda c: (
-                        f"hidden={c['hidden']} is not a multiple of the {_four_tile_n_group()} "
-                        "columns of a four-tile CTA"
-                    ),
-                ),
-                _cond(
-                    "routes_past_measured_tie",
-                    lambda c: c["m"] * c["top_k"] >= FOUR_TILE_FC2_MIN_ROUTES,
-                    lambda c: (
-                        f"M·top_k = {c['m'] * c['top_k']} < {FOUR_TILE_FC2_MIN_ROUTES}: the "
-                        "default geometry measured as fast (FOUR_TILE_FC2_MIN_ROUTES)"
-                    ),
-                ),
-            ),
-            lambda c: FOUR_TILE_FC2,
-        ),
-        (
             "wave_balanced",
             "FC2 takes WAVE_BALANCED_FC2: qualified on the device, and a second wave to balance",
             (
@@ -788,8 +702,19 @@ FC2_TILE = _table(
                     lambda c: c["sm_count"] is not None and c["max_shared_mem"] is not None,
                     lambda c: "no device (sm_count / max_shared_mem unknown)",
                 ),
-                _UNPAIRED,
-                _DECODER_TAKES_FOUR_TILES,
+                _cond(
+                    "unpaired",
+                    lambda c: c["pair"] is None,
+                    lambda c: f"pair={c['pair']!r}: a paired FC2 keeps the pair geometry",
+                ),
+                _cond(
+                    "decoder_takes_four_tiles",
+                    lambda c: dense_tiles.wave_fc2_takes_decoder(c["wide_tile_cap"]),
+                    lambda c: (
+                        f"wide_tile_cap={c['wide_tile_cap']}: the decoder spills at the wave "
+                        f"tile's {_wave_geometry().n_tiles} N16 tiles per warp"
+                    ),
+                ),
                 _cond(
                     "not_split_and_wide",
                     lambda c: dense_tiles.wave_fc2_fits(c["m_tiles"], c["k_split"]),
@@ -822,25 +747,6 @@ FC2_TILE = _table(
         ("default", "keep the geometry table's answer", (), None),
     ),
     (
-        Boundary("fc2_four_tiles_routes", _f4(), "m", 8, 7, "four_tiles", "default"),
-        Boundary("fc2_four_tiles_pair", _f4(), "pair", None, "P24", "four_tiles", "default"),
-        Boundary("fc2_four_tiles_decoder", _f4(), "wide_tile_cap", 4, 2, "four_tiles", "default"),
-        Boundary("fc2_four_tiles_hidden", _f4(), "hidden", 5120, 5248, "four_tiles", "default"),
-        # k_split 2: a wide block cannot take the wave tile either
-        Boundary("fc2_four_tiles_m_tiles", _f4(), "m_tiles", 1, 2, "four_tiles", "default"),
-        Boundary("fc2_four_tiles_k_split", _f4(), "k_split", 2, 1, "four_tiles", "default"),
-        # a geometry: the device does not enter
-        Boundary("fc2_four_tiles_device", _f4(), "sm_count", 132, None, "four_tiles", "four_tiles"),
-        # a single block past the wave tile's routes takes the four tiles first when K is split
-        Boundary(
-            "fc2_tile_single_block_split",
-            _ft(m_tiles=1),
-            "k_split",
-            1,
-            2,
-            "wave_balanced",
-            "four_tiles",
-        ),
         Boundary("fc2_tile_device", _ft(), "sm_count", 132, None, "wave_balanced", "default"),
         Boundary("fc2_tile_pair", _ft(), "pair", None, "P24", "wave_balanced", "default"),
         Boundary("fc2_tile_decoder", _ft(), "wide_tile_cap", 4, 2, "wave_balanced", "default"),
@@ -849,19 +755,19 @@ FC2_TILE = _table(
             "fc2_tile_shared_memory",
             _ft(),
             "max_shared_mem",
-            47104,
-            47103,
+            41728,
+            41727,
             "wave_balanced",
             "default",
         ),
         Boundary(
-            "fc2_tile_second_wave_sms", _ft(), "sm_count", 1279, 1280, "wave_balanced", "default"
+            "fc2_tile_second_wave_sms", _ft(), "sm_count", 8599, 8600, "wave_balanced", "default"
         ),
-        # top-1 over 2048 experts: every route its own block, 1026 vs 1025 live blocks × 20 CTAs
-        # against 20500 SMs (both past the measured routes)
+        # top-1 over 2048 experts: every route its own block, 1026 vs 1025 live blocks × 40 CTAs
+        # against 41000 SMs (both past the measured routes)
         Boundary(
             "fc2_tile_second_wave_blocks",
-            _ft(top_k=1, num_experts=2048, sm_count=20500),
+            _ft(top_k=1, num_experts=2048, sm_count=41000),
             "m",
             1026,
             1025,
@@ -869,7 +775,16 @@ FC2_TILE = _table(
             "default",
         ),
         Boundary("fc2_tile_measured_routes", _ft(), "m", 129, 128, "wave_balanced", "default"),
-        Boundary("fc2_tile_split_wide", _ft(), "k_split", 1, 2, "wave_balanced", "default"),
+        Boundary(
+            "fc2_tile_split_wide_k_split",
+            _ft(m_tiles=2),
+            "k_split",
+            1,
+            2,
+            "wave_balanced",
+            "default",
+        ),
+        Boundary("fc2_tile_split_wide_m_tiles", _ft(), "m_tiles", 1, 2, "wave_balanced", "default"),
     ),
 )
 

@@ -226,9 +226,8 @@ def plan_moe_gemm(
     device: Any = None,
 ) -> MoeGemmPlan:
     """Plan one grouped GEMM of ``m`` tokens × ``top_k`` routes (module docstring). Every argument
-    is validated here; route block, K split, geometry (unpaired or pair) and, for an unpaired FC2,
-    the four-tile or (with a ``device``) the wave-balanced tile come from
-    :mod:`b12x.ops.moe.dispatch`."""
+    is validated here; route block, K split, geometry (unpaired or pair) and, for an unpaired FC2
+    with a ``device``, the wave-balanced tile come from :mod:`b12x.ops.moe.dispatch`."""
     for name, value in (
         ("m", m),
         ("top_k", top_k),

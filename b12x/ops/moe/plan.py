@@ -298,8 +298,7 @@ def plan_fc2_tile(
     spec: MoeGemmSpec, *, decisions: list[Decision], role: str, limits: Any, m: int, top_k: int,
     num_experts: int, hidden: int, intermediate: int,
 ) -> MoeGemmSpec:  # fmt: skip
-    """``spec`` with the FC2 geometry the :data:`FC2_TILE` table overrides it with (four tiles or
-    the wave-balanced tile), else ``spec``."""
+    """``spec`` with the wave-balanced FC2 geometry when the :data:`FC2_TILE` table says so."""
     case = fc2_tile_case(
         spec, limits=limits, m=m, top_k=top_k, num_experts=num_experts, hidden=hidden,
         intermediate=intermediate,
@@ -574,8 +573,7 @@ def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: An
     :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
     (a CUDA device or a simulated one)? The :data:`~b12x.ops.moe.dispatch.FC2_TILE` table's answer:
     THE tile predicate (:func:`b12x.ops.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
-    FC2 (K = I, N = H), the table's four-tile row (a single-block FC2) does not take it first,
-    the launch is unpaired and not both split and wide, the step has at
+    FC2 (K = I, N = H), the launch is unpaired and not both split and wide, the step has at
     least :data:`~b12x.ops.moe.dispatch.WAVE_FC2_MIN_ROUTES` routes (below, the default geometry
     measured faster on the H200), and the default launch has more live CTAs than the device has
     SMs (at most ``min(blocks, M·top_k)`` live route blocks: a second wave that 4× wider CTAs
