@@ -413,7 +413,9 @@ def capture_graph(fn: Callable[[], Any], *, capture_stream: Any = None) -> Any:
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Collect garbage now, then keep the cyclic garbage collector off until the block ends.
+    """Keep the cyclic garbage collector off until the block ends (garbage found later waits for
+    the next collection after it; no full collection is forced here, as torch's own capture no
+    longer forces one: it is expensive with many objects alive).
 
     A collection that runs while a stream captures may finalise a ``torch.cuda.CUDAGraph`` an
     earlier capture left in a reference cycle; its destructor resets the graph, which is an
@@ -422,7 +424,6 @@ def collector_paused() -> Iterator[None]:
     error that depends on when the collector happened to run (seen once in a GPU test run on
     the H200, with CUDAGraph reset warnings in the test's stderr). The collector's previous
     state is restored on every exit."""
-    gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:

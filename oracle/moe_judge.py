@@ -198,10 +198,9 @@ def judge_moe(
             terms[f].index_copy_(0, index, getattr(term, f))
         fc2_sys.index_copy_(0, index, y_raw_sys)
         route_svh.index_copy_(0, index, svh.to(torch.float64))
-        for (weights_fp16, rotations, shared_input), own in zip(
-            batch.decoded, batch.route_index, strict=True
-        ):
-            own_rows = x.index_select(0, own // top_k)
+        for (weights_fp16, rotations, shared_input), own, own_rows in zip(
+            batch.decoded, batch.route_index, rows, strict=True
+        ):  # rows[i]: expert i's routes, gathered above
             for precision, out in references.items():
                 out.index_copy_(0, own, ref_moe.expert_route_term(
                     own_rows, weights_fp16, rotations, shared_input=shared_input,
@@ -251,8 +250,9 @@ def judge_moe(
     return summarise(reports, coarse, extra)
 
 
-#: Float64 elements one expert batch may widen at once (``G·K·N`` over its largest weight): the
-#: envelope's operand copies stay near 1 GB however many small experts share a route count.
+#: Weights one expert batch may stack (``G·K·N`` over its largest weight matrix): each float64
+#: copy the envelope makes of the stacked operand is at most 32 MiB, however many small experts
+#: share a route count.
 BATCH_WEIGHT_ELEMENTS = 1 << 22
 
 
