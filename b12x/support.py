@@ -251,6 +251,7 @@ def _build_ops() -> tuple[OpContract, ...]:
     import b12x.ops.dense.custom_op  # noqa: F401 - registers b12x::trellis_dense_linear
     from b12x.ops.decode import plan as decode
     from b12x.ops.dense import dispatch as dense_dispatch
+    from b12x.ops.dense import mainloop as dense_mainloop
     from b12x.ops.dense import plan as dense
     from b12x.ops.dense import split_k as dense_split_k
     from b12x.ops.dense import tiles as dense_tiles
@@ -283,7 +284,7 @@ def _build_ops() -> tuple[OpContract, ...]:
         graph_op=dense.DenseOp,
         custom_op=b12x.ops.dense.custom_op.OP_NAME,
         variants=_dense_variants(),
-        dispatch=(dense_dispatch.TABLE, dense_split_k.TABLE),
+        dispatch=(dense_dispatch.TABLE, dense_split_k.TABLE, dense_mainloop.TABLE),
         tiles=dense_tiles.REGISTRY,
         observables=frozen({"rotated_f16": "rotated", "gemm_output": "gemm"}),
     )

@@ -38,6 +38,24 @@ Layout
   S = 3 is the best ring and lands within 0-4 % of the register path (K4 M=1 90.6 us, M=16
   96.9 us; K6 M=1 99.1 us, M=16 111.3 us), so the mainloop is bound by decode instruction issue,
   not by load latency, and the default stays S = 0 (the ring has no sanitizer run yet).
+* **Shared decode** (opt-in, ``m_warps`` >= 1; for M tiles of 16·m_tiles·m_warps rows). The
+  per-warp mainloops above decode a weight once per warp, so every M tile of a CTA grid
+  decodes it again; here the CTA decodes it once and all its warps multiply it. A CTA still
+  covers ``cta_tiles = n_tiles·warps`` N16 tiles, but ``16·m_tiles·m_warps`` rows. Per step of
+  ``shared_rows`` K16 rows: ``smem_stages`` cp.async slots (:mod:`b12x.kernels.shared_layout`) bring
+  the CTA's payload run and its activation rows (all threads copy; rows >= M and rows past the
+  split's end are zero-filled without a read) ``smem_stages - 1`` steps ahead; after
+  ``wait_group`` + barrier, warp w decodes its ``n_tiles`` N16 tiles (ring words read from the
+  slot) and stores each lane's four B registers as 16 B at ``16·lane`` of the tile's 512-byte
+  fragment block (so a reader lane gets exactly its own B fragment back, conflict-free); after a
+  second barrier, warp ``w = wm·(warps/m_warps) + wn`` multiplies its ``m_tiles`` M16 blocks
+  (rows ``wm·16·m_tiles ..``, A fragments from the slot with the ring's bank swizzle) by the
+  ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of the fragment buffer. The first
+  barrier of the next step also frees the fragment buffer and the slot to refill, so one
+  fragment buffer suffices. Each output element sees the same ``mma.sync`` operands in the same
+  K order as in the per-warp mainloops, so the two give **bit-identical** results (checked on
+  the H200 by ``benchmarks/dense_shared_decode_sweep.py``). A warp whose M blocks all lie past
+  M skips its MMAs (warp-uniform; barriers stay outside the branch).
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
   ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
   their C rows are don't-care values).
@@ -70,6 +88,14 @@ from b12x.kernels.mainloop import (
     ring_word_pointers,
     zero_accumulators,
 )
+from b12x.kernels.shared_layout import (
+    A_BLOCK_BYTES,
+    FRAG_TILE_BYTES,
+    SHARED_ROWS,
+    SMEM_LIMIT,
+    check_shared_decode,
+    shared_decode_layout,
+)
 from b12x.kernels.trellis_decode import (
     decode_states_to_half2x4,
     lane_ring_start,
@@ -84,17 +110,15 @@ __all__ = [
     "SMEM_STAGES",
     "SMEM_LIMIT",
     "ring_smem_bytes",
+    "FRAG_TILE_BYTES",
+    "SHARED_ROWS",
+    "check_shared_decode",
+    "shared_decode_layout",
 ]
 
 #: Legal ``smem_stages``: 0 = the register path, else the slots of the shared-memory ring (a
 #: one-slot ring could not overlap a copy with a decode).
 SMEM_STAGES = (0, 2, 3, 4)
-#: Shared memory per CTA the ring may use: the 48 KB a launch gets without the opt-in attribute
-#: (an sm_90 SM has 228 KB, sm_120 100 KB). The headline tile needs 12-16 KB, so the ring never
-#: limits occupancy before registers do (8 CTAs of 4 warps at 64 registers).
-SMEM_LIMIT = 48 * 1024
-#: Bytes of one M16 block's A rows in one ring slot: 16 rows x one K16 row (32 B) each.
-A_BLOCK_BYTES = 16 * 32
 
 
 def ring_smem_bytes(bits: int, *, m_tiles: int, n_tiles: int, warps: int, stages: int) -> int:
@@ -160,10 +184,13 @@ class DenseTrellisGemmKernel:
         unroll: int = 1,
         depth: int = 1,
         smem_stages: int = 0,
+        m_warps: int = 0,
+        shared_rows: int = 2,
     ):
         fmt.check_bits(bits)
         if smem_stages not in SMEM_STAGES:
             raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
+        check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
@@ -174,9 +201,17 @@ class DenseTrellisGemmKernel:
         self.unroll = unroll
         self.depth = depth
         self.smem_stages = smem_stages
-        self.smem_bytes = ring_smem_bytes(
-            bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
-        )
+        self.m_warps = m_warps
+        self.shared_rows = shared_rows
+        if m_warps:
+            self.smem_bytes = shared_decode_layout(
+                bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
+                rows=shared_rows, stages=smem_stages,
+            ).total  # fmt: skip
+        else:
+            self.smem_bytes = ring_smem_bytes(
+                bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
+            )
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(
                 f"smem_stages: {smem_stages} stages need {self.smem_bytes} B of shared memory "
@@ -198,7 +233,8 @@ class DenseTrellisGemmKernel:
         m = a.shape[0]
         n16 = payload.shape[1]
         grid_x = n16 // (self.n_tiles * self.warps)
-        grid_y = (m + 16 * self.m_tiles - 1) // (16 * self.m_tiles)
+        cta_m = 16 * self.m_tiles * max(1, self.m_warps)
+        grid_y = (m + cta_m - 1) // cta_m
         self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
             grid=(grid_x, grid_y, splits),
             block=(32 * self.warps, 1, 1),
@@ -314,6 +350,14 @@ class DenseTrellisGemmKernel:
         lut_addr: Int64,
         k_rows_per_split: Int32,
     ):
+        if cutlass.const_expr(self.m_warps > 0):
+            self._shared_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
+        else:
+            self._warp_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
+
+    @cute.jit
+    def _warp_decode_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
+        """Each warp decodes the weights it multiplies (register stages or the ring)."""
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
@@ -346,7 +390,188 @@ class DenseTrellisGemmKernel:
                 k_begin=k_begin, k_end=k_end, ring=ring, row_bytes=row_bytes,
                 lut_addr=lut_addr, off=off, acc=acc,
             )  # fmt: skip
-        self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g, r=r)
+        self._epilogue(
+            out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g, r=r,
+            n_tiles=self.n_tiles,
+        )  # fmt: skip
+
+    @cute.jit
+    def _shared_decode_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
+        """The CTA decodes each K16 row's weights once into shared memory; every warp then
+        multiplies its M blocks by its share of them (module docstring, "Shared decode")."""
+        tid = cute.arch.thread_idx()[0]
+        bx, by, bz = cute.arch.block_idx()
+        lane, warp, r, g = lane_coords(tid)
+        lay = shared_decode_layout(
+            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
+            m_warps=self.m_warps, rows=self.shared_rows, stages=self.smem_stages,
+        )  # fmt: skip
+        m = a.shape[0]
+        k_rows = payload.shape[0]
+        n_warps = self.warps // self.m_warps
+        wn = warp % n_warps
+        wm = warp // n_warps
+        cta_row0 = by * lay.cta_m
+        row_base = cta_row0 + wm * (16 * self.m_tiles)
+        k_begin = bz * k_rows_per_split
+        k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
+        acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
+        first, off = lane_ring_start(lane, self.bits)
+        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
+        allocator = cutlass.memory.SmemAllocator()
+        smem = Uint32(allocator.allocate(self.smem_bytes, byte_alignment=16).toint())
+        fill = self._shared_fill_pointers(
+            tid=tid, smem=smem, lay=lay, m=m, cta_row0=cta_row0, a=a,
+            pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
+        )  # fmt: skip
+        word_rd = self._shared_word_pointers(smem, warp, first)
+        swap = ((g // 4) % 2) * 16
+        a_row0 = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES) + g * 32 + r * 4)
+        a_rd = (a_row0 + Uint32(swap), a_row0 + Uint32(16 - swap))
+        frag = smem + Uint32(lay.frag_offset + lane * 16)
+        frag_st = frag + Uint32(warp * (self.n_tiles * FRAG_TILE_BYTES))
+        frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
+        live_rows = row_base < m  # warp-uniform: a warp whose M blocks are all past M idles
+        stages = self.smem_stages
+        rows = self.shared_rows
+        for d in cutlass.range_constexpr(stages - 1):
+            self._shared_fill(d, k_begin + d * rows, k_end, row_bytes, fill, lay)
+            ptx.cp_async_commit()
+        first_landed = stages - 2  # pending groups once step 0 has landed
+        ptx.cp_async_wait(first_landed)
+        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(rows):
+            if k_begin + i < k_end:
+                self._decode_to_shared(0, 0, i, word_rd, lut_addr, off, frag_st, lay)
+        period = lay.period
+        for k0 in cutlass.range(k_begin, k_end, period * rows, unroll=1):
+            for s in cutlass.range_constexpr(period):
+                step = k0 + s * rows
+                # step + 1 has landed; every warp is done with step - 1 (its slot and buffer)
+                ptx.cp_async_wait(stages - 3)
+                cute.arch.sync_threads()
+                refill = (s + stages - 1) % stages
+                self._shared_fill(refill, step + (stages - 1) * rows, k_end, row_bytes, fill, lay)
+                ptx.cp_async_commit()
+                nxt = step + rows
+                for i in cutlass.range_constexpr(rows):
+                    if nxt + i < k_end:
+                        self._decode_to_shared(
+                            (s + 1) % stages, (s + 1) % 2, i, word_rd, lut_addr, off, frag_st, lay
+                        )
+                if live_rows:
+                    for i in cutlass.range_constexpr(rows):
+                        if step + i < k_end:
+                            self._multiply_shared(s % stages, s % 2, i, a_rd, frag_rd, acc, lay)
+        # No copy may still be writing shared memory when the CTA exits.
+        ptx.cp_async_wait(0)
+        self._epilogue(
+            out=out, acc=acc, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
+            bz=bz, g=g, r=r, n_tiles=lay.mma_tiles,
+        )  # fmt: skip
+
+    def _shared_word_pointers(self, smem, warp, first) -> list:
+        """Shared addresses of the lane's ring words ``first, first+1, ...`` (mod ``8·bits``)
+        of the warp's first N16 tile in a slot's payload run (row 0 of slot 0)."""
+        ring = 8 * self.bits
+        ptrs = []
+        for i in range(ring_words_per_lane(self.bits)):
+            idx = first + i
+            idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
+            ptrs.append(smem + Uint32(warp * (self.n_tiles * 32 * self.bits) + idx * 4))
+        return ptrs
+
+    def _shared_fill_pointers(self, *, tid, smem, lay, m, cta_row0, a, pay_cta):
+        """``(payload, a_chunks)`` copy plan of thread ``tid`` for one K16 row.
+
+        Payload: the CTA's ``cta_tiles`` tiles of a K16 row are ``cta_tiles·32b`` contiguous
+        bytes, copied as 16-byte chunks, chunk ``tid + j·threads`` by this thread (``j`` <
+        :attr:`_SharedDecodeLayout.pay_rounds`; a chunk past the run is predicated off).
+        A: chunk ``c = tid + j·threads`` is half ``c % 2`` of tile row ``c // 2`` (16 B at
+        ``k·32 + 16·half`` of activation row ``cta_row0 + c // 2``), stored at
+        ``(c // 2)·32 + 16·(half ^ (c // 8) % 2)`` in the row's A region (the halves of rows 4..7
+        mod 8 swapped, so fragment reads hit 32 banks); a row past M is zero-filled unread.
+        """
+        threads = 32 * self.warps
+        pay = []
+        for j in range(lay.pay_rounds):
+            c = tid + j * threads
+            live = None if (j + 1) * threads <= lay.pay_chunks else c < lay.pay_chunks
+            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c * 16), live))
+        a_base = a.iterator.toint()
+        a_row_bytes = Int64(a.shape[1]) * 4
+        chunks = []
+        for j in range(lay.a_rounds):
+            c = tid + j * threads
+            row = cta_row0 + c // 2
+            dst = smem + Uint32(lay.a_offset + (c // 2) * 32 + ((c % 2) ^ ((c // 8) % 2)) * 16)
+            src = a_base + Int64(cutlass.min(row, m - 1)) * a_row_bytes + (c % 2) * 16
+            size = Uint32(cutlass.select_(row < m, Uint32(16), Uint32(0)))
+            live = None if (j + 1) * threads <= lay.a_chunks else c < lay.a_chunks
+            chunks.append((dst, src, size, live))
+        return pay, chunks
+
+    def _shared_fill(self, slot: int, k0, k_end, row_bytes, fill, lay) -> None:
+        """Issue the copies of K16 rows ``k0 .. k0 + shared_rows - 1`` into ``slot`` (no
+        commit). A row past the split's end copies zero bytes from a clamped address: it reads
+        no global memory and is never decoded."""
+        pay, chunks = fill
+        for i in range(self.shared_rows):
+            kt = k0 + i
+            live = kt < k_end
+            k_row = cutlass.min(kt, k_end - 1)
+            size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
+            pay_off = slot * lay.slot_bytes + i * lay.row_pay
+            for dst, src, enable in pay:
+                en = None if enable is None else Uint32(cutlass.select_(enable, 1, 0))
+                src_k = src + Int64(k_row) * row_bytes
+                ptx.cp_async_16(dst, src_k, size, dst_offset=pay_off, enable=en)
+            a_off = slot * lay.slot_bytes + i * lay.row_a
+            for dst, src, a_size, enable in chunks:
+                en = None if enable is None else Uint32(cutlass.select_(enable, 1, 0))
+                a_live = Uint32(cutlass.select_(live, a_size, Uint32(0)))
+                ptx.cp_async_16(
+                    dst, src + Int64(k_row) * 32, a_live, dst_offset=a_off, cache_global=False,
+                    enable=en,
+                )  # fmt: skip
+
+    def _decode_to_shared(
+        self, slot: int, buf: int, row: int, word_rd, lut_addr, off, frag_st, lay
+    ):
+        """Decode the warp's N16 tiles of K16 row ``row`` of ``slot`` (ring words read from
+        shared memory) and store each lane's four B registers (16 B, lane l at 16·l) in
+        fragment buffer ``buf``."""
+        nw = ring_words_per_lane(self.bits)
+        for nt in range(self.n_tiles):
+            base = slot * lay.slot_bytes + row * lay.row_pay + nt * 32 * self.bits
+            words = [ptx.ld_shared_u32_imm(word_rd[i], base) for i in range(nw)]
+            states = lane_windows(words, off, self.bits)
+            regs = decode_states_to_half2x4(
+                self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
+            )
+            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
+            ptx.st_shared_v4(frag_st, regs, offset=frag_off)
+
+    def _multiply_shared(self, slot: int, buf: int, row: int, a_rd, frag_rd, acc, lay) -> None:
+        """Accumulate the warp's M blocks (A fragments from the slot's A region) against its
+        ``n_tiles·m_warps`` decoded N16 tiles of K16 row ``row`` (the lane reads its own B
+        fragment from the fragment buffer)."""
+        a_frags = []
+        for mt in range(self.m_tiles):
+            base = slot * lay.slot_bytes + row * lay.row_a + lay.a_offset + mt * A_BLOCK_BYTES
+            a_frags.append(
+                [ptx.ld_shared_u32_imm(a_rd[q // 2], base + 256 * (q % 2)) for q in range(4)]
+            )
+        for j in range(lay.mma_tiles):
+            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + j) * FRAG_TILE_BYTES
+            b = ptx.ld_shared_v4(frag_rd, offset=frag_off)
+            for mt in range(self.m_tiles):
+                for nb in range(2):
+                    base = j * self.m_tiles * 8 + mt * 8 + nb * 4
+                    c = [acc[base + i] for i in range(4)]
+                    d = ptx.mma_m16n8k16(a_frags[mt], (b[2 * nb], b[2 * nb + 1]), c, bf16=self.bf16)
+                    for i in range(4):
+                        acc[base + i] = d[i]
 
     @cute.jit
     def _register_mainloop(
@@ -446,14 +671,14 @@ class DenseTrellisGemmKernel:
         ptx.cp_async_wait(0)
 
     @cute.jit
-    def _epilogue(self, *, out, acc, m, row_base, tile0, bz, g, r):
+    def _epilogue(self, *, out, acc, m, row_base, tile0, bz, g, r, n_tiles: cutlass.Constexpr):
         """Lane holds C rows g, g+8 and columns 2r, 2r+1 of each n-block; rows >= M are never
         stored (fp32 partials ``[bz, row, col]`` under split-K, else the compute dtype)."""
         for mt in cutlass.range_constexpr(self.m_tiles):
             for half in cutlass.range_constexpr(2):
                 row = row_base + mt * 16 + half * 8 + g
                 if row < m:
-                    for nt in cutlass.range_constexpr(self.n_tiles):
+                    for nt in cutlass.range_constexpr(n_tiles):
                         for nb in cutlass.range_constexpr(2):
                             base = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
                             col = (tile0 + nt) * 16 + nb * 8 + 2 * r

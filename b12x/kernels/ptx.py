@@ -54,6 +54,7 @@ __all__ = [
     "st_shared_u16",
     "st_shared_u32",
     "ld_shared_v4",
+    "st_shared_v4",
     "st_global_v4",
     "cp_async_16",
     "cp_async_commit",
@@ -364,13 +365,14 @@ def st_shared_u32(addr, value, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def ld_shared_v4(addr, loc=None, ip=None) -> tuple:
-    """Four u32 from 16-byte-aligned shared address ``addr``."""
+def ld_shared_v4(addr, offset: int = 0, loc=None, ip=None) -> tuple:
+    """Four u32 from 16-byte-aligned shared address ``addr + offset`` (``offset`` a constant
+    byte immediate)."""
     struct = llvm.StructType.get_literal([T.i32()] * 4)
     res = llvm.inline_asm(
         struct,
         _u32_values([addr], loc, ip),
-        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+        f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];",
         "=r,=r,=r,=r,r,~{memory}",
         has_side_effects=True,
         is_align_stack=False,
@@ -379,6 +381,15 @@ def ld_shared_v4(addr, loc=None, ip=None) -> tuple:
         ip=ip,
     )
     return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def st_shared_v4(addr, values, offset: int = 0, loc=None, ip=None) -> None:
+    """Store four u32 at 16-byte-aligned shared address ``addr + offset`` (``offset`` a
+    constant byte immediate)."""
+    ops = _u32_values([addr] + list(values), loc, ip)
+    text = f"st.shared.v4.u32 [$0+{offset}], {{$1, $2, $3, $4}};"
+    _asm_void(ops, text, "r,r,r,r,r,~{memory}", loc, ip)
 
 
 @dsl_user_op

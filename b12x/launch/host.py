@@ -181,13 +181,21 @@ def trellis_matmul(
     unroll: int = 1,
     depth: int = 1,
     smem_stages: int = 0,
+    m_warps: int = 0,
+    shared_rows: int = 2,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
     ``split_k`` K slices (default 1; :func:`b12x.ops.dense.split_k.split_k` is the rule that
     picks one). ``smem_stages`` (opt-in, default 0 = register stages of ``depth`` rows) selects the
     cp.async shared-memory ring with that many slots (2..4); ``depth`` is then unused.
+    ``m_warps`` >= 1 selects the shared-decode mainloop (the CTA decodes each K16 row once into
+    shared memory and multiplies it as ``m_warps`` x ``warps / m_warps`` warps, ``shared_rows``
+    rows per barrier; :mod:`b12x.kernels.dense_gemm`); 0 keeps the per-warp decode.
     """
+    from b12x.kernels.shared_layout import check_shared_decode  # pure Python, no cutlass
+
+    check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
     if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
         raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
@@ -229,6 +237,8 @@ def trellis_matmul(
         unroll=unroll,
         depth=depth,
         smem_stages=smem_stages,
+        m_warps=m_warps,
+        shared_rows=shared_rows,
     )
     if splits == 1:
         whole = GemmLaunch(

@@ -71,10 +71,24 @@ class KernelSpec:
     #: gemm only: 0 = register stages (``depth``), 2..4 = slots of the cp.async shared-memory
     #: ring (``depth`` is then unused); see :mod:`b12x.kernels.dense_gemm`.
     smem_stages: int = 0
+    #: gemm only: 0 = each warp decodes the weights it multiplies; >= 1 = the shared-decode
+    #: mainloop (the CTA copies each K16 row into ``smem_stages`` cp.async slots, decodes it
+    #: once into shared memory, then its warps multiply as an ``m_warps x (warps / m_warps)``
+    #: grid), ``shared_rows`` K16 rows per slot.
+    m_warps: int = 0
+    shared_rows: int = 2
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
+        from b12x.kernels.shared_layout import check_shared_decode  # pure Python, no cutlass
+
+        check_shared_decode(
+            warps=self.warps,
+            m_warps=self.m_warps,
+            rows=self.shared_rows,
+            smem_stages=self.smem_stages,
+        )
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 
@@ -142,6 +156,8 @@ def build_kernel(spec: KernelSpec):
             unroll=spec.unroll,
             depth=spec.depth,
             smem_stages=spec.smem_stages,
+            m_warps=spec.m_warps,
+            shared_rows=spec.shared_rows,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

@@ -47,7 +47,11 @@ MUTATIONS = {
     "unroll": 2,
     "depth": 2,
     "smem_stages": 3,
+    "m_warps": 2,
+    "shared_rows": 1,
 }
+#: Fields whose mutation is only legal next to another change: the base they are mutated from.
+MUTATION_BASES = {"m_warps": {"smem_stages": 3}}  # the shared-decode mainloop needs its slots
 
 
 @pytest.fixture(autouse=True)
@@ -62,8 +66,9 @@ def test_every_kernelspec_field_has_a_mutation():
 
 @pytest.mark.parametrize("field", sorted(MUTATIONS))
 def test_each_codegen_field_changes_the_key(field):
-    mutated = dataclasses.replace(BASE, **{field: MUTATIONS[field]})
-    assert kinds.launch_key(mutated, "sm_90") != kinds.launch_key(BASE, "sm_90")
+    base = dataclasses.replace(BASE, **MUTATION_BASES.get(field, {}))
+    mutated = dataclasses.replace(base, **{field: MUTATIONS[field]})
+    assert kinds.launch_key(mutated, "sm_90") != kinds.launch_key(base, "sm_90")
 
 
 def test_equal_specs_give_equal_keys_and_hashes():
@@ -268,7 +273,11 @@ def test_disk_path_is_versioned_and_changes_with_every_key_part(disk, tmp_path, 
     assert path.parent == disk.root / f"v{cc.DISK_FORMAT}" / "gemm" and path.suffix == ".kobj"
     assert path.parent.parent.name == "v1"
     others = [
-        store.path_for(kinds.launch_key(dataclasses.replace(BASE, **{f: v}), "sm_90"))
+        store.path_for(
+            kinds.launch_key(
+                dataclasses.replace(BASE, **{**MUTATION_BASES.get(f, {}), f: v}), "sm_90"
+            )
+        )
         for f, v in MUTATIONS.items()
     ]
     others.append(store.path_for(kinds.launch_key(BASE, "sm_120")))

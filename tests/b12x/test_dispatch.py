@@ -1,9 +1,11 @@
 """The dense dispatch table (R2): both sides of every boundary, reachability, explain reasons.
 
 Every expected path below is written from spec §5.5 (PR #136 gate) and §4.2 of the regression
-classes, not read back from the table. The decode_matmul threshold (M >= 64) is the H200
-crossover measured on 2026-12-02 (fused ~1.0x cuBLAS at M <= 16, decode+cuBLAS 2.0-2.8x faster
-at M = 64..256): M = 63 stays fused, M = 64 decodes first, and the K6 row stays ahead of it.
+classes, not read back from the table. The decode_matmul threshold (M >= 129) is the H200
+crossover measured on 2026-12-03: the generic GEMM's shared-decode mainloop beats decode +
+cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us; 128: 300 vs 407) and loses from two
+(M = 256: 588 vs 402). M = 128 stays fused, M = 129 decodes first; the K6 row (M <= 128) and
+decode_matmul no longer overlap.
 """
 
 from __future__ import annotations
@@ -83,21 +85,21 @@ def test_oracle_generic_checks_pass():
 def test_k6_boundary_both_sides(field, inside, outside, reason):
     assert D.explain({**BASE, field: inside}).path == K6
     got = D.explain({**BASE, field: outside})
-    fallback = "decode_matmul" if field == "m" else "generic"  # M = 129 >= 64; the rest M = 32
+    fallback = "decode_matmul" if field == "m" else "generic"  # M = 129 >= 129; the rest M = 32
     assert got.path == fallback
     assert got.reasons[0].startswith(f"{K6}: ") and reason in got.reasons[0]
     assert got.reasons[-1] == f"{fallback}: selected"
 
 
-def test_k6_reaches_m_1_and_m_from_64_takes_decode_matmul():
+def test_k6_reaches_m_1_and_m_from_129_takes_decode_matmul():
     assert D.explain({**BASE, "m": 1}).path == K6
-    assert D.explain({**BASE, "m": 128}).path == K6  # K6 is ahead of decode_matmul
+    assert D.explain({**BASE, "m": 128}).path == K6
     assert D.explain({**BASE, "m": 129}).path == "decode_matmul"
     not_k6 = {**BASE, "bits": 4}
-    assert D.explain({**not_k6, "m": 63}).path == "generic"
-    below = D.explain({**not_k6, "m": 63}).reasons
-    assert below[1] == "decode_matmul: m=63 < 64"
-    assert D.explain({**not_k6, "m": 64}).path == "decode_matmul"
+    assert D.explain({**not_k6, "m": 128}).path == "generic"
+    below = D.explain({**not_k6, "m": 128}).reasons
+    assert below[1] == "decode_matmul: m=128 < 129"
+    assert D.explain({**not_k6, "m": 129}).path == "decode_matmul"
     assert D.explain({**not_k6, "m": 4096, "capability": (9, 0)}).path == "decode_matmul"
     pinned = D.explain({**BASE, "m": 4096, "explicit_tile": (64, 128, 128)})
     assert pinned.path == "generic"
@@ -106,16 +108,17 @@ def test_k6_reaches_m_1_and_m_from_64_takes_decode_matmul():
 @pytest.mark.parametrize("cap", [(12, 0), (12, 1), (9, 0), (8, 0)])
 @pytest.mark.parametrize("m", [1, 16, 32, 48, 63, 64, 65, 128, 129, 256, 1024, 4096])
 def test_decode_matmul_threshold_is_the_measured_crossover(cap, m):
-    """Off the K6 gate (K4), M >= 64 decodes first on every sm_80+ part; below, fused generic."""
+    """Off the K6 gate (K4), M >= 129 decodes first on every sm_80+ part (two shared-decode M
+    tiles lose to decode + cuBLAS, H200 2026-12-03); below, the fused generic GEMM."""
     got = D.explain({**BASE, "capability": cap, "bits": 4, "m": m}).path
-    assert got == ("decode_matmul" if m >= 64 else "generic")
+    assert got == ("decode_matmul" if m >= 129 else "generic")
 
 
 def test_decode_matmul_min_m_is_the_one_threshold():
     import re
     from pathlib import Path
 
-    assert D.DECODE_MATMUL_MIN_M == 64
+    assert D.DECODE_MATMUL_MIN_M == 129
     package = Path(D.__file__).resolve().parents[1]
     sources = {p: p.read_text() for p in package.rglob("*.py")}
     defines = [
@@ -125,7 +128,7 @@ def test_decode_matmul_min_m_is_the_one_threshold():
     # one front door: no second dense linear beside plan / bind / run (b12x.dense_linear is gone)
     assert not [p for p, text in sources.items() if "def trellis_linear" in text]
     sides = {(b.below, b.above) for b in D.BOUNDARIES if b.expect_above == "decode_matmul"}
-    assert (63, 64) in sides and (128, 129) in sides
+    assert (128, 129) in sides
 
 
 def test_fail_closed_for_paired_and_pre_sm80():
@@ -168,8 +171,10 @@ def _plan(device, **overrides):
         ((12, 0), {"m": 128}, K6),
         ((12, 0), {"m": 64}, K6),
         ((12, 0), {"m": 129}, "decode_matmul"),
-        ((12, 0), {"m": 64, "bits": 5}, "decode_matmul"),
-        ((12, 0), {"m": 64, "compute_dtype": torch.bfloat16}, "decode_matmul"),
+        ((12, 0), {"m": 64, "bits": 5}, "generic"),
+        ((12, 0), {"m": 129, "bits": 5}, "decode_matmul"),
+        ((12, 0), {"m": 64, "compute_dtype": torch.bfloat16}, "generic"),
+        ((12, 0), {"m": 129, "compute_dtype": torch.bfloat16}, "decode_matmul"),
         ((12, 0), {"x_dtype": torch.bfloat16}, K6),  # bf16 x is fine: fp16 compute, input copy
         ((12, 0), {"compute_dtype": torch.bfloat16}, "generic"),
         ((12, 0), {"bits": 5}, "generic"),
@@ -179,10 +184,11 @@ def _plan(device, **overrides):
         ((12, 1), {}, "generic"),
         ((9, 0), {}, "generic"),
         ((8, 0), {}, "generic"),
-        ((9, 0), {"m": 63}, "generic"),
-        ((9, 0), {"m": 64}, "decode_matmul"),
+        ((9, 0), {"m": 64}, "generic"),
+        ((9, 0), {"m": 128}, "generic"),
+        ((9, 0), {"m": 129}, "decode_matmul"),
         ((9, 0), {"m": 1025}, "decode_matmul"),
-        ((9, 0), {"m": 64, "tile": [64, 256, 256]}, "generic"),
+        ((9, 0), {"m": 129, "tile": [64, 256, 256]}, "generic"),
     ],
 )
 def test_public_plan_entry_follows_the_table(device_cap, overrides, path):
@@ -207,15 +213,17 @@ def test_every_path_is_reachable_from_plan_dense():
 @pytest.mark.parametrize(
     ("cap", "m", "bits", "compute_dtype", "external", "path"),
     [
-        ((9, 0), 63, 4, torch.float16, False, "generic"),
-        ((9, 0), 64, 4, torch.float16, False, "decode_matmul"),
-        ((9, 0), 64, 6, torch.bfloat16, True, "decode_matmul"),
+        ((9, 0), 128, 4, torch.float16, False, "generic"),
+        ((9, 0), 129, 4, torch.float16, False, "decode_matmul"),
+        ((9, 0), 129, 6, torch.bfloat16, True, "decode_matmul"),
         ((8, 0), 4096, 2, torch.float16, False, "decode_matmul"),
         ((12, 0), 64, 6, torch.float16, False, K6),  # K6 row first
         ((12, 0), 128, 6, torch.float16, False, K6),
         ((12, 0), 129, 6, torch.float16, False, "decode_matmul"),
-        ((12, 0), 64, 6, torch.float16, True, "decode_matmul"),  # external H128: not K6
-        ((12, 1), 64, 6, torch.float16, False, "decode_matmul"),
+        ((12, 0), 64, 6, torch.float16, True, "generic"),  # external H128: not K6
+        ((12, 0), 129, 6, torch.float16, True, "decode_matmul"),
+        ((12, 1), 64, 6, torch.float16, False, "generic"),
+        ((12, 1), 129, 6, torch.float16, False, "decode_matmul"),
         ((12, 0), 16, 4, torch.float16, False, "generic"),
     ],
 )
@@ -226,7 +234,7 @@ def test_plan_path_follows_the_table(cap, m, bits, compute_dtype, external, path
     assert plan.path == path
 
 
-@pytest.mark.parametrize(("m", "launched"), [(63, "fused"), (64, "decode")])
+@pytest.mark.parametrize(("m", "launched"), [(128, "fused"), (129, "decode")])
 def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
     """The custom op's real implementation on CPU stand-ins: plan → bind → run picks the
     table's path (the device is replaced by a simulated H200; everything else is the op's)."""
@@ -241,7 +249,7 @@ def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
         assert kw.pop("device") == torch.device("cpu")
         return plan_dense(device=h200, **kw)
 
-    def fused(a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps):
+    def fused(a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps, **mainloop):
         seen.append("fused")
         out.zero_()
 
@@ -265,7 +273,7 @@ def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
     assert seen == [launched] and y.shape == (m, n)
 
 
-# --- the decode_matmul path at the new threshold: planned scratch, capture-safe run (CPU) --------
+# --- the decode_matmul path at its threshold: planned scratch, capture-safe run (CPU) ------------
 
 
 class _InPlaceKernels:
@@ -303,7 +311,7 @@ def _decode_inputs(m, k, n, bits, seed):
 
 
 @pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
-def test_decode_matmul_at_m_64_is_planned_and_capture_safe(monkeypatch, compute_dtype):
+def test_decode_matmul_at_m_129_is_planned_and_capture_safe(monkeypatch, compute_dtype):
     from b12x.ops.dense import plan as plan_mod
     from b12x.ops.dense.plan import DenseOp, allocate_dense_buffers
     from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
@@ -314,7 +322,7 @@ def test_decode_matmul_at_m_64_is_planned_and_capture_safe(monkeypatch, compute_
     backend = SimulatedBackend()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: backend.capturing)
     h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
-    m, k, n, bits = 64, 256, 384, 4
+    m, k, n, bits = 129, 256, 384, 4
     problem = dict(
         m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16, compute_dtype=compute_dtype
     )

@@ -142,6 +142,8 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "unroll": 1,
         "depth": 1,
         "smem_stages": 0,
+        "m_warps": 0,
+        "shared_rows": 2,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import b12x.ops.dense.custom_op as dense_ops
 import b12x.ops.moe.custom_op as moe_ops
 from b12x.ops.decode import allocate_decode_buffers, bind_decode, plan_decode, run_decode
-from b12x.ops.dense import dispatch, split_k
+from b12x.ops.dense import dispatch, mainloop, split_k
 from b12x.ops.dense import tiles as T
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.ops.moe.plan import ALL_BUFFER_NAMES, allocate_moe_buffers, bind_moe, plan_moe
@@ -490,8 +490,20 @@ def _split_valid(arg, key, v, base):
         return True
     if arg == "path":
         return v in dispatch.PATH_NAMES
-    if arg == "requested":
+    if arg in ("requested", "planned"):
         return v is None or _pos(v)
+    return _pos(v)
+
+
+def _mainloop_valid(arg, key, v, base):
+    if v is MISSING:
+        return True  # every field has a default
+    if arg == "path":
+        return v in dispatch.PATH_NAMES
+    if arg == "bits":
+        return _isint(v) and 1 <= v <= 8
+    if arg == "pinned":
+        return isinstance(v, bool)
     return _pos(v)
 
 
@@ -628,6 +640,11 @@ ENTRIES: dict[str, Entry] = {
         lambda a: split_k.explain({k: v for k, v in a.items() if v is not MISSING}),
         lambda: dict(split_k.DEFAULT_CASE), ("case",) + tuple(split_k.DEFAULT_CASE),
         _split_valid,
+    ),
+    "mainloop_explain": Entry(
+        lambda a: mainloop.explain({k: v for k, v in a.items() if v is not MISSING}),
+        lambda: dict(mainloop.DEFAULT_CASE), ("case",) + tuple(mainloop.DEFAULT_CASE),
+        _mainloop_valid,
     ),
     "tiles_qualify": Entry(
         lambda a: T.qualify(a["tile"], a["problem"], a["device"]),

@@ -135,6 +135,7 @@ def test_plan_dense_asks_the_table(monkeypatch):
         {
             "path": "generic",
             "requested": None,
+            "planned": None,  # M = 16: the per-warp decode (b12x.ops.dense.mainloop)
             "m": 16,
             "k": 8192,
             "n": 28672,

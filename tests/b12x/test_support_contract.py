@@ -18,6 +18,7 @@ import torch
 import b12x.support as support
 from b12x.ops.decode import plan as decode_plan
 from b12x.ops.dense import dispatch as dense_dispatch
+from b12x.ops.dense import mainloop as dense_mainloop
 from b12x.ops.dense import plan as dense_plan
 from b12x.ops.dense import split_k as dense_split_k
 from b12x.ops.dense import tiles as dense_tiles
@@ -89,7 +90,7 @@ def test_entry_points_are_the_front_doors():
         dense_plan.DenseOp,
     )
     assert dense.custom_op == "b12x::trellis_dense_linear"
-    assert dense.dispatch == (dense_dispatch.TABLE, dense_split_k.TABLE)
+    assert dense.dispatch == (dense_dispatch.TABLE, dense_split_k.TABLE, dense_mainloop.TABLE)
     assert dense.tiles is dense_tiles.REGISTRY
     moe = support.op_contract("moe")
     assert (moe.plan, moe.bind, moe.run, moe.allocate, moe.graph_op) == (

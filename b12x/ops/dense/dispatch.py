@@ -16,8 +16,8 @@ Layout
      capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
      explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
   2. ``decode_matmul`` — decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM:
-     M ≥ :data:`DECODE_MATMUL_MIN_M` (64), sm_80+, unpaired, no explicit tile. Below the K6 row,
-     so on (12, 0) a K6/MCG case with M ≤ 128 keeps the K6 path.
+     M ≥ :data:`DECODE_MATMUL_MIN_M` (129), sm_80+, unpaired, no explicit tile. (Its M range
+     and the K6 row's, M ≤ 128, are disjoint.)
   3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
   Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
   every row's reason (fail closed).
@@ -26,13 +26,19 @@ Layout
   ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
 * :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
   K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
-  explicit pin, M 63/64 for decode_matmul, K6 ahead of decode_matmul at M 64..128). :data:`TABLE`
+  explicit pin, M 128/129 for decode_matmul off the K6 row). :data:`TABLE`
   (a :class:`~b12x.ops.tables.DecisionTable`) bundles ``name``, ``paths``, ``boundaries`` and
   ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields);
   it reads :data:`ROWS` at every call.
 
 Evidence for the decode_matmul threshold
 ----------------------------------------
+H200 run 2026-12-03 (``benchmarks/dense_shared_decode_sweep.py``, table in
+:mod:`b12x.ops.dense.mainloop`): the generic GEMM's **shared-decode** mainloop beats decode +
+cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us whole linear; M = 128: 300 vs 407) and
+loses from two (M = 256: 588 vs 402), so the threshold moved from 64 to 129, where the second M
+tile starts. The evidence for the old threshold (64, the per-warp decode only) follows.
+
 H200 run 2026-12-02, ``benchmarks/dense_trellis.py``, K × N = 8192 × 28672, MCG: the fused trellis
 GEMM is about 1.0× the cuBLAS time at M ≤ 16 and wins there; decode-then-cuBLAS is 2.0–2.8×
 faster than the fused GEMM at M = 64..256, 1.3–1.4× at M = 1024 and 1.1× at M = 4096. The
@@ -84,7 +90,7 @@ K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); 
 K6_MAX_M = 128
 #: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM (module docstring); the one
 #: threshold of the decode_matmul row (the oracle's sharding imports it from here).
-DECODE_MATMUL_MIN_M = 64
+DECODE_MATMUL_MIN_M = 129
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
 COMPUTE_DTYPE_NAMES = ("float16", "bfloat16")
@@ -220,12 +226,12 @@ K6_ROW = Row(
 
 DECODE_MATMUL_ROW = Row(
     "decode_matmul",
-    "M >= 64: decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM",
+    "M >= 129: decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM",
     SCHEMA,
     (
         _SM80,
         _cond(
-            "m>=64",
+            "m>=129",
             lambda c: c["m"] >= DECODE_MATMUL_MIN_M,
             lambda c: f"m={c['m']} < {DECODE_MATMUL_MIN_M}",
         ),
@@ -251,16 +257,14 @@ def explain(case: Mapping[str, Any]) -> Explanation:
 
 
 def _k6(**changes: Any) -> dict:
-    """A K6 case at M = 32: every K6 gate alone falls back to ``generic`` (M < 64)."""
+    """A K6 case at M = 32: every K6 gate alone falls back to ``generic`` (M < 129)."""
     return {**DEFAULT_CASE, "m": 32, **changes}
 
 
 BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("k6_small_m_M", _k6(), "m", 128, 129, "k6_mcg_small_m", "decode_matmul"),
-    # K6 is ahead of decode_matmul: at M = 64 only the K6 gates decide between them
-    Boundary(
-        "k6_ahead_of_decode_matmul", _k6(m=64), "bits", 6, 5, "k6_mcg_small_m", "decode_matmul"
-    ),
+    # at M = 128 the K6 gates decide K6 vs generic (decode_matmul starts at 129)
+    Boundary("k6_largest_m_bits", _k6(m=128), "bits", 6, 5, "k6_mcg_small_m", "generic"),
     Boundary("k6_bits", _k6(), "bits", 6, 5, "k6_mcg_small_m", "generic"),
     Boundary("k6_codebook", _k6(), "codebook", "mcg", "sqg_fp16", "k6_mcg_small_m", "generic"),
     Boundary("k6_codebook_3inst", _k6(), "codebook", "mcg", "3inst", "k6_mcg_small_m", "generic"),
@@ -273,15 +277,15 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "k6_mcg_small_m",
         "generic",
     ),
-    # the compute dtype decides K6 vs decode_matmul at M = 64 too (not only K6 vs generic)
+    # the compute dtype decides K6 vs generic at the K6 row's largest M too
     Boundary(
-        "k6_compute_dtype_at_decode_matmul_m",
-        _k6(m=64),
+        "k6_compute_dtype_at_largest_m",
+        _k6(m=128),
         "compute_dtype",
         "float16",
         "bfloat16",
         "k6_mcg_small_m",
-        "decode_matmul",
+        "generic",
     ),
     Boundary(
         "k6_external_h128", _k6(), "external_rotation", False, True, "k6_mcg_small_m", "generic"
@@ -303,12 +307,12 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "decode_matmul_min_M",
         _k6(capability=(9, 0), bits=4),
         "m",
-        63,
-        64,
+        128,
+        129,
         "generic",
         "decode_matmul",
     ),
-    Boundary("decode_matmul_min_M_sm120", _k6(bits=5), "m", 63, 64, "generic", "decode_matmul"),
+    Boundary("decode_matmul_min_M_sm120", _k6(bits=5), "m", 128, 129, "generic", "decode_matmul"),
     Boundary(
         "decode_matmul_explicit_tile",
         _k6(m=2048),

@@ -11,7 +11,9 @@ Layout
   validators above).
 * :func:`plan_dense` (host only, may allocate nothing on the device) validates the problem, asks
   the dispatch table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile
-  through the ONE tile predicate (:mod:`b12x.ops.dense.tiles`), asks the split-K table
+  through the ONE tile predicate (:mod:`b12x.ops.dense.tiles`), asks the mainloop table
+  (:mod:`b12x.ops.dense.mainloop`: per-warp decode, or the shared decode's geometry, which then
+  replaces the tile's warps and N16 tiles), asks the split-K table
   (:mod:`b12x.ops.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
   launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``) and lists the buffers of
   that path as :class:`~b12x.runtime.scratch.BufferSpec` s. It returns a frozen :class:`DensePlan`.
@@ -70,6 +72,7 @@ from b12x.launch import host as launchers
 from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import dispatch as dense_dispatch
+from b12x.ops.dense import mainloop as mainloop_table
 from b12x.ops.dense import split_k as split_table
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.runtime import compile_cache
@@ -151,6 +154,12 @@ class DensePlan(PlannedBuffers):
     split_k: int
     buffers: tuple[BufferSpec, ...]
     split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.ops.dense.split_k)
+    #: The GEMM's mainloop (b12x.ops.dense.mainloop): 0 = per-warp decode; else the shared
+    #: decode's M warps, K16 rows per slot and cp.async slots.
+    m_warps: int = 0
+    shared_rows: int = 2
+    smem_stages: int = 0
+    mainloop_reasons: tuple[str, ...] = ()
 
     @property
     def buffer_owner(self) -> str:
@@ -177,6 +186,9 @@ class DensePlan(PlannedBuffers):
                     n_tiles=self.n_tiles,
                     warps=self.warps,
                     write_partials=self.split_k > 1,
+                    m_warps=self.m_warps,
+                    shared_rows=self.shared_rows,
+                    smem_stages=self.smem_stages,
                 )
             )
             if self.split_k > 1:
@@ -436,14 +448,23 @@ def plan_dense(
         else:
             chosen_tile = dense_tiles.auto_select(tile_problem, limits)
         warps, n_tiles = dense_tiles.kernel_geometry(chosen_tile)
+    loop = mainloop_table.explain(
+        {"path": choice.path, "m": m, "n": n, "bits": bits, "pinned": pinned is not None}
+    )
+    shared = loop.value  # a SharedDecode, or None: the per-warp decode
+    cta_m_blocks = m_tiles
+    if shared is not None:
+        m_tiles, n_tiles, warps = shared.m_tiles, shared.n_tiles, shared.warps
+        cta_m_blocks = shared.m_tiles * shared.m_warps
     split = split_table.explain(
         {
             "path": choice.path,
             "requested": split_k,
+            "planned": None if shared is None else shared.split_k,
             "m": m,
             "k": k,
             "n": n,
-            "m_tiles": m_tiles,
+            "m_tiles": cta_m_blocks,
             "n_tiles": n_tiles,
             "warps": warps,
             "sm_count": limits.sm_count,
@@ -462,6 +483,10 @@ def plan_dense(
         split_k=splits,
         buffers=_buffers(problem, choice.path, splits, limits.sm_count),
         split_reasons=split.reasons,
+        m_warps=0 if shared is None else shared.m_warps,
+        shared_rows=2 if shared is None else shared.shared_rows,
+        smem_stages=0 if shared is None else shared.smem_stages,
+        mainloop_reasons=loop.reasons,
     )
 
 
@@ -573,6 +598,9 @@ def run_dense(
                 scratch=buf["c_tmp"] if plan.split_k > 1 else None,
                 tiles=(plan.m_tiles, plan.n_tiles),
                 warps=plan.warps,
+                m_warps=plan.m_warps,
+                shared_rows=plan.shared_rows,
+                smem_stages=plan.smem_stages,
             )
         gemm16 = gemm
         if p.compute_dtype == torch.bfloat16:

@@ -8,8 +8,10 @@ conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the ru
 Layout
 ------
 * A *case* is a plain mapping: ``path`` (the dense dispatch row the plan took), ``requested``
-  (an explicit ``split_k`` or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
-  ``m_tiles`` (M16 blocks per warp), ``n_tiles`` (N16 tiles per warp), ``warps`` (per CTA) and
+  (an explicit ``split_k`` or ``None``), ``planned`` (the split the mainloop table's shared
+  geometry was measured at, or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
+  ``m_tiles`` (M16 blocks of one CTA: per warp in the per-warp decode, ``m_tiles·m_warps`` in
+  the shared decode), ``n_tiles`` (N16 tiles per warp), ``warps`` (per CTA) and
   the device's ``sm_count``. Missing fields take :data:`DEFAULT_CASE`'s values (the defaults
   of :data:`SCHEMA`, which validates every field).
 * Derived quantities (each one function, used by the rows):
@@ -24,6 +26,8 @@ Layout
 
   1. ``off_generic_path`` — K6 and decode_matmul never split K: 1.
   2. ``explicit`` — a requested ``split_k``: that request.
+  2b. ``mainloop`` — the shared-decode geometry's measured split (``planned``, from
+     :mod:`b12x.ops.dense.mainloop`), capped at ``k_cap`` (at least 1).
   3. ``short_k`` — ``k_cap < 2`` (K < 512): nothing to split, 1.
   4. ``deep_grid`` — ``wanted == 1``: one slice already fills the device, 1.
   5. ``max_splits`` — ``wanted > 64`` and ``k_cap ≥ 64``: :data:`MAX_SPLITS` (64).
@@ -93,10 +97,16 @@ SCHEMA = tables.Schema(
     (
         tables.Field("path", _path, "generic", "the dense dispatch row the plan took"),
         tables.Field("requested", tables.optional(check_positive_int), None, "an explicit split_k"),
+        tables.Field(
+            "planned",
+            tables.optional(check_positive_int),
+            None,
+            "the split the mainloop table measured its shared geometry at",
+        ),
         tables.Field("m", check_positive_int, 16),
         tables.Field("k", check_positive_int, 8192),
         tables.Field("n", check_positive_int, 28672),
-        tables.Field("m_tiles", check_positive_int, 1, "M16 blocks per warp"),
+        tables.Field("m_tiles", check_positive_int, 1, "M16 blocks per CTA"),
         tables.Field("n_tiles", check_positive_int, 4, "N16 tiles per warp"),
         tables.Field("warps", check_positive_int, 4, "warps per CTA"),
         tables.Field("sm_count", check_positive_int, 132, "the device's SMs"),
@@ -180,6 +190,20 @@ ROWS: tuple[Row, ...] = (
             ),
         ),
         lambda c: c["requested"],
+    ),
+    _row(
+        "mainloop",
+        "the shared-decode geometry's measured split (b12x.ops.dense.mainloop)",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "planned",
+                lambda c: c["planned"] is not None,
+                lambda c: "the mainloop planned no split",
+            ),
+        ),
+        lambda c: min(c["planned"], max(1, k_cap(c))),
     ),
     _row(
         "short_k",
@@ -289,6 +313,9 @@ BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("generic_path_k6", _case(), "path", "generic", "k6_mcg_small_m", "fill_small_m",
              "off_generic_path"),
     Boundary("explicit_request", _case(), "requested", None, 4, "fill_small_m", "explicit"),
+    Boundary("mainloop_split", _case(), "planned", None, 4, "fill_small_m", "mainloop"),
+    Boundary("explicit_over_mainloop", _case(planned=4), "requested", None, 2, "mainloop",
+             "explicit"),
     Boundary("short_k", _case(), "k", 384, 512, "short_k", "k_capped"),
     # M 16 -> 17 with one M16 block per warp: 224 CTAs, depth 4 -> wanted 3
     Boundary("small_m_depth", _case(), "m", 16, 17, "fill_small_m", "fill"),

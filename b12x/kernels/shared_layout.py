@@ -1,0 +1,112 @@
+"""Shared-memory layout of the dense GEMM's shared-decode mainloop (pure Python, no cutlass).
+
+The kernel (:mod:`b12x.kernels.dense_gemm`, "Shared decode"), the launch spec
+(:mod:`b12x.launch.specs`) and the plan (:mod:`b12x.ops.dense.mainloop`) all read the geometry
+rules and byte counts from here, so that a geometry the kernel would refuse is refused by the
+spec and never planned. Importing this module loads only the standard library.
+
+Layout (bytes, per CTA)
+-----------------------
+``smem_stages`` cp.async slots, each ``shared_rows`` K16 rows: first every row's payload run
+(``row_pay = cta_tiles·32·bits``: the CTA's ``cta_tiles = n_tiles·warps`` N16 tiles of the row,
+contiguous in global memory), then every row's activation region (``row_a = cta_m/16`` blocks
+of :data:`A_BLOCK_BYTES`, ``cta_m = 16·m_tiles·m_warps`` rows); after the slots, two fragment
+buffers of ``shared_rows·cta_tiles`` decoded tiles (:data:`FRAG_TILE_BYTES` each: 32 lanes x
+four B registers). The whole must fit :data:`SMEM_LIMIT`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+__all__ = [
+    "A_BLOCK_BYTES",
+    "FRAG_TILE_BYTES",
+    "SHARED_ROWS",
+    "SMEM_LIMIT",
+    "SharedDecodeLayout",
+    "check_shared_decode",
+    "shared_decode_layout",
+]
+
+#: Shared memory per CTA the ring may use: the 48 KB a launch gets without the opt-in attribute
+#: (an sm_90 SM has 228 KB, sm_120 100 KB). The headline tile needs 12-16 KB, so the ring never
+#: limits occupancy before registers do (8 CTAs of 4 warps at 64 registers).
+SMEM_LIMIT = 48 * 1024
+#: Bytes of one M16 block's A rows in one K16 row: 16 rows x 32 B.
+A_BLOCK_BYTES = 16 * 32
+#: Bytes of one decoded N16 x K16 tile in shared memory: 32 lanes x four B registers.
+FRAG_TILE_BYTES = 32 * 16
+#: Legal ``shared_rows`` (K16 rows decoded per barrier) of the shared-decode mainloop.
+SHARED_ROWS = (1, 2, 4)
+
+
+def check_shared_decode(*, warps: int, m_warps: int, rows: int, smem_stages: int) -> None:
+    """Validate the shared-decode geometry: ``m_warps`` 0 (off) or a divisor of ``warps``;
+    ``rows`` one of :data:`SHARED_ROWS`; with ``m_warps`` on, ``smem_stages`` (its cp.async
+    slots) 3..4. Raises ``ValueError`` naming the field."""
+    if isinstance(m_warps, bool) or not isinstance(m_warps, int) or m_warps < 0:
+        raise ValueError(f"m_warps: expected an int >= 0, got {m_warps!r}")
+    if m_warps and warps % m_warps:
+        raise ValueError(f"m_warps: {m_warps} does not divide warps={warps}")
+    if isinstance(rows, bool) or rows not in SHARED_ROWS:
+        raise ValueError(f"shared_rows: expected one of {SHARED_ROWS}, got {rows!r}")
+    if m_warps and smem_stages < 3:
+        raise ValueError(
+            f"smem_stages: the shared-decode mainloop needs 3..4 cp.async slots, got {smem_stages}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedDecodeLayout:
+    """Byte layout of the shared-decode mainloop's shared memory (module docstring).
+
+    ``smem_stages`` slots, each ``shared_rows`` K16 rows: first every row's payload run
+    (``row_pay = cta_tiles·32b`` B), then every row's A region (``row_a = cta_m/16`` blocks of
+    :data:`A_BLOCK_BYTES`); then two fragment buffers of ``frag_bytes`` (``shared_rows·cta_tiles``
+    decoded tiles of :data:`FRAG_TILE_BYTES`) at ``frag_offset``. ``a_offset`` is the A regions'
+    offset inside a slot; ``period = lcm(smem_stages, 2)`` steps make one unrolled loop body
+    (slot and buffer indices are immediates); ``*_chunks`` / ``*_rounds`` are a K16 row's 16-byte
+    copies and the copy rounds of ``32·warps`` threads they take.
+    """
+
+    cta_tiles: int
+    mma_tiles: int
+    cta_m: int
+    row_pay: int
+    row_a: int
+    a_offset: int
+    slot_bytes: int
+    frag_offset: int
+    frag_bytes: int
+    period: int
+    total: int
+    pay_chunks: int
+    pay_rounds: int
+    a_chunks: int
+    a_rounds: int
+
+
+def shared_decode_layout(
+    *, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int, rows: int, stages: int
+) -> SharedDecodeLayout:
+    """The :class:`SharedDecodeLayout` of one shared-decode geometry."""
+    threads = 32 * warps
+    cta_tiles = n_tiles * warps
+    cta_m = 16 * m_tiles * m_warps
+    row_pay = cta_tiles * 32 * bits
+    row_a = (cta_m // 16) * A_BLOCK_BYTES
+    slot = rows * (row_pay + row_a)
+    frag_offset = stages * slot
+    frag_bytes = rows * cta_tiles * FRAG_TILE_BYTES
+    pay_chunks = row_pay // 16
+    a_chunks = 2 * cta_m
+    return SharedDecodeLayout(
+        cta_tiles=cta_tiles, mma_tiles=n_tiles * m_warps, cta_m=cta_m, row_pay=row_pay,
+        row_a=row_a, a_offset=rows * row_pay, slot_bytes=slot, frag_offset=frag_offset,
+        frag_bytes=frag_bytes, period=math.lcm(stages, 2), total=frag_offset + 2 * frag_bytes,
+        pay_chunks=pay_chunks,
+        pay_rounds=-(-pay_chunks // threads), a_chunks=a_chunks,
+        a_rounds=-(-a_chunks // threads),
+    )  # fmt: skip

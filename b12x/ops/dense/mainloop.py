@@ -1,0 +1,239 @@
+"""Which mainloop the dense generic GEMM runs, as a declarative table (issue 14; design §4).
+
+The generic path's GEMM kernel (:mod:`b12x.kernels.dense_gemm`) has two mainloops: the
+**per-warp decode** (each warp decodes the weights it multiplies; the tile registry's geometry)
+and the **shared decode** (``m_warps`` >= 1: the CTA decodes each K16 row once into shared
+memory and ``m_warps`` x ``warps / m_warps`` warps multiply it, so a weight is decoded once per
+M tile of up to 128 rows instead of once per warp and M16 block). This table picks one, and for
+the shared decode its geometry and the split-K it was measured at.
+
+Layout
+------
+* A *case*: ``path`` (the dense dispatch row), ``m``, ``n``, ``bits``, ``pinned`` (an explicit
+  tile was given). :data:`SCHEMA` validates every field.
+* :data:`ROWS`, in priority order (the value is a :class:`SharedDecode` or ``None`` = per-warp):
+
+  1. ``off_generic_path`` — K6 and decode_matmul run no generic GEMM: ``None``.
+  2. ``pinned_tile`` — a pinned tile fixes the per-warp kernel's geometry (§5.4): ``None``.
+  3. ``small_m`` — M <= :data:`SHARED_MIN_M` - 1 (16): one M16 block, nothing to share;
+     the per-warp decode is faster (H200: 92.7 vs 99.4 us GEMM at M = 16): ``None``.
+  4. ``n_not_128`` — N % 128 != 0: both shared geometries cover 128 columns per CTA: ``None``.
+  5. ``shared_thin`` — M <= :data:`THIN_MAX_M` (32): :data:`THIN` (4 warps, 32 rows, 128
+     columns per CTA), split 4.
+  6. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
+
+  The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
+  :data:`SLOT_CHOICES` whose layout fits :data:`~b12x.kernels.shared_layout.SMEM_LIMIT` at the
+  case's bits (2 x 3 up to K5, 1 x 4 from K6): :func:`slots_for`.
+* :data:`BOUNDARIES` put both sides of every threshold (M 16/17 and 32/33, N 128-multiple,
+  pinned, path) as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
+
+Evidence (H200, 2026-12-03, ``benchmarks/dense_shared_decode_sweep.py``, 8192 x 28672 MCG K4,
+bf16, GEMM alone, graphed, payloads rotated past the L2; us):
+
+====  ===========  =================  =================  ===========  =======================
+M     cuBLAS bf16  per-warp (auto S)  shared best        geometry     whole linear today
+====  ===========  =================  =================  ===========  =======================
+16    110.9        92.7               99.4 (S 4)         thin         114.6 (generic)
+32    114.1        170.0              123.8 (S 4)        thin         212.9 (generic)
+64    115.8        354.1              207.3 (S 1)        wide         315.6 (decode_matmul)
+128   202.2        566.5              300.3 (S 1)        wide         407.0 (decode_matmul)
+256   176.1        1102.1             587.5 (S 2)        wide         401.9 (decode_matmul)
+====  ===========  =================  =================  ===========  =======================
+
+So the shared decode takes 17 <= M <= 128 (one wide M tile), and the dispatch table's
+``decode_matmul`` row starts at M = 129 (:data:`b12x.ops.dense.dispatch.DECODE_MATMUL_MIN_M`):
+two M tiles cost twice the decode and lose to decode + cuBLAS.
+
+Invariants
+----------
+* ``explain`` is a pure function of the case; every field is validated before any row runs.
+* A geometry this table returns is one the kernel accepts (:func:`slots_for` checks the layout
+  against the shared-memory limit; ``tests/b12x/test_dense_mainloop_table.py`` compiles them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from b12x.kernels.shared_layout import SMEM_LIMIT, shared_decode_layout
+from b12x.ops import tables
+from b12x.ops.dense.dispatch import PATH_NAMES
+from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
+from b12x.runtime.validate import check_bool, check_choice, check_positive_int
+
+__all__ = [
+    "BOUNDARIES",
+    "DEFAULT_CASE",
+    "ROWS",
+    "SCHEMA",
+    "SHARED_MIN_M",
+    "SLOT_CHOICES",
+    "TABLE",
+    "THIN",
+    "THIN_MAX_M",
+    "WIDE",
+    "SharedDecode",
+    "explain",
+    "slots_for",
+]
+
+#: Smallest M the shared decode takes (M <= 16 is one M16 block: the per-warp decode wins).
+SHARED_MIN_M = 17
+#: Largest M of the thin geometry.
+THIN_MAX_M = 32
+#: ``(shared_rows, smem_stages)`` in order of preference (measured: 2 x 3 is 2-6 % faster).
+SLOT_CHOICES = ((2, 3), (1, 4))
+#: Columns one CTA of either shared geometry covers.
+CTA_N = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedDecode:
+    """A shared-decode launch: the kernel geometry, its slots and the split it was measured at."""
+
+    m_tiles: int
+    n_tiles: int
+    warps: int
+    m_warps: int
+    split_k: int
+    shared_rows: int = 2
+    smem_stages: int = 3
+
+    @property
+    def cta_m(self) -> int:
+        return 16 * self.m_tiles * self.m_warps
+
+
+#: 4 warps as 2 (M) x 2 (N): 32 rows x 128 columns per CTA, 4 N16 tiles per MMA warp.
+THIN = SharedDecode(m_tiles=1, n_tiles=2, warps=4, m_warps=2, split_k=4)
+#: 8 warps as 4 (M) x 2 (N): 128 rows x 128 columns per CTA, 2 M16 blocks x 4 N16 tiles per
+#: MMA warp (120 registers: two CTAs per SM).
+WIDE = SharedDecode(m_tiles=2, n_tiles=1, warps=8, m_warps=4, split_k=1)
+
+
+def slots_for(bits: int, geometry: SharedDecode) -> SharedDecode:
+    """``geometry`` with the first slot shape of :data:`SLOT_CHOICES` that fits at ``bits``."""
+    for rows, stages in SLOT_CHOICES:
+        need = shared_decode_layout(
+            bits=bits, m_tiles=geometry.m_tiles, n_tiles=geometry.n_tiles, warps=geometry.warps,
+            m_warps=geometry.m_warps, rows=rows, stages=stages,
+        ).total  # fmt: skip
+        if need <= SMEM_LIMIT:
+            return dataclasses.replace(geometry, shared_rows=rows, smem_stages=stages)
+    raise ValueError(f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} for {geometry}")
+
+
+SCHEMA = tables.Schema(
+    "dense_mainloop",
+    (
+        tables.Field(
+            "path",
+            lambda name, v: check_choice(name, v, PATH_NAMES),
+            "generic",
+            "the dense dispatch row",
+        ),
+        tables.Field("m", check_positive_int, 64),
+        tables.Field("n", check_positive_int, 28672),
+        tables.Field("bits", tables.int_choice(tuple(range(1, 9))), 4),
+        tables.Field("pinned", check_bool, False, "an explicit tile was given"),
+    ),
+    unknown=tables.UNKNOWN_SORTED,
+)
+DEFAULT_CASE: Mapping[str, Any] = SCHEMA.defaults()
+
+_GENERIC = Condition(
+    "path==generic", lambda c: c["path"] == "generic", lambda c: f"path={c['path']}"
+)
+_NOT_PINNED = Condition("not_pinned", lambda c: not c["pinned"], lambda c: "a tile is pinned")
+_SHARED_M = Condition(
+    "m>=17", lambda c: c["m"] >= SHARED_MIN_M, lambda c: f"m={c['m']} < {SHARED_MIN_M}"
+)
+_N_128 = Condition(
+    "n%128==0", lambda c: c["n"] % CTA_N == 0, lambda c: f"n={c['n']} is not a multiple of 128"
+)
+
+
+def _row(name: str, description: str, conditions: tuple[Condition, ...], value: Any) -> Row:
+    return Row(name, description, SCHEMA, conditions, value)
+
+
+ROWS: tuple[Row, ...] = (
+    _row(
+        "off_generic_path",
+        "K6 and decode_matmul run no generic GEMM",
+        (Condition("path!=generic", lambda c: c["path"] != "generic", lambda c: "path=generic"),),
+        None,
+    ),
+    _row(
+        "pinned_tile",
+        "a pinned tile fixes the per-warp kernel's geometry",
+        (Condition("pinned", lambda c: c["pinned"], lambda c: "no tile is pinned"),),
+        None,
+    ),
+    _row(
+        "small_m",
+        "M <= 16: one M16 block, the per-warp decode is faster",
+        (Condition("m<=16", lambda c: c["m"] < SHARED_MIN_M, lambda c: f"m={c['m']} > 16"),),
+        None,
+    ),
+    _row(
+        "n_not_128",
+        "the shared geometries cover 128 columns per CTA",
+        (Condition("n%128!=0", lambda c: c["n"] % CTA_N != 0, lambda c: "n is a multiple of 128"),),
+        None,
+    ),
+    _row(
+        "shared_thin",
+        "M <= 32: 4 warps, 32 x 128 per CTA, split 4",
+        (
+            _GENERIC,
+            _NOT_PINNED,
+            _SHARED_M,
+            _N_128,
+            Condition(
+                "m<=32", lambda c: c["m"] <= THIN_MAX_M, lambda c: f"m={c['m']} > {THIN_MAX_M}"
+            ),
+        ),
+        lambda c: slots_for(c["bits"], THIN),
+    ),
+    _row(
+        "shared_wide",
+        "8 warps, 128 x 128 per CTA, split 1",
+        (_GENERIC, _NOT_PINNED, _SHARED_M, _N_128),
+        lambda c: slots_for(c["bits"], WIDE),
+    ),
+)
+
+
+def explain(case: Mapping[str, Any]) -> Explanation:
+    """The row that decides, one reason per row considered, and its :class:`SharedDecode` (or
+    ``None`` for the per-warp decode)."""
+    return TABLE.explain(case)
+
+
+def _case(**changes: Any) -> dict:
+    return {**DEFAULT_CASE, **changes}
+
+
+BOUNDARIES: tuple[Boundary, ...] = (
+    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "shared_wide",
+             "off_generic_path"),
+    Boundary("pinned", _case(), "pinned", False, True, "shared_wide", "pinned_tile"),
+    Boundary("shared_min_m", _case(), "m", 16, 17, "small_m", "shared_thin"),
+    Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "shared_wide"),
+    Boundary("n_128", _case(), "n", 28672, 28736, "shared_wide", "n_not_128"),
+)  # fmt: skip
+
+
+TABLE = DecisionTable(
+    "dense_mainloop",
+    "the dense generic GEMM's mainloop: per-warp decode, or shared decode and its geometry",
+    SCHEMA,
+    ROWS,
+    BOUNDARIES,
+    refusal="no mainloop row matches",
+    current_rows=lambda: ROWS,  # explain reads ROWS at every call (a test may replace it)
+)
