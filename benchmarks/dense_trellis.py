@@ -592,9 +592,25 @@ def auto_split(m: int, k: int, n: int, tiles: tuple[int, int] | None = None) -> 
     )
 
 
+def fused_launch(m: int, k: int, n: int, bits: int) -> dict:
+    """The generic path's GEMM launch at ``M`` (whatever the path table picks): the mainloop
+    table's shared-decode geometry and split, else the per-warp decode at the auto split."""
+    from b12x.ops.dense import mainloop
+
+    shared = mainloop.explain({"path": "generic", "m": m, "n": n, "bits": bits}).value
+    if shared is None:
+        return {"split_k": auto_split(m, k, n)}
+    return {
+        "split_k": shared.split_k, "tiles": (shared.m_tiles, shared.n_tiles),
+        "warps": shared.warps, "m_warps": shared.m_warps, "shared_rows": shared.shared_rows,
+        "smem_stages": shared.smem_stages,
+    }  # fmt: skip
+
+
 def dispatch_check(bench: CudaDenseBench, args, deadline: Deadline, log) -> list[dict]:
-    """Per (bits, M): the fused trellis GEMM and decode + cuBLAS (eager, fp16 x, GEMM only)
-    against the dispatch table's pick, to check ``DECODE_MATMUL_MIN_M`` on this device."""
+    """Per (bits, M): the fused trellis GEMM (the mainloop the plan would run on the generic
+    path: :func:`fused_launch`) and decode + cuBLAS (eager, fp16 x, GEMM only) against the
+    dispatch table's pick, to check ``DECODE_MATMUL_MIN_M`` on this device."""
     from b12x.launch import host
     from b12x.ops.dense import dispatch
 
@@ -605,10 +621,10 @@ def dispatch_check(bench: CudaDenseBench, args, deadline: Deadline, log) -> list
         ps = bench.payloads(bits)
         for m in args.m:
             x = torch.randn(m, bench.k, device="cuda").to(torch.float16)
-            split = auto_split(m, bench.k, bench.n)
+            launch = fused_launch(m, bench.k, bench.n, bits)
 
-            def fused(i, x=x, ps=ps, s=split):
-                return host.trellis_matmul(x, ps[i % len(ps)], CODEBOOK, split_k=s)
+            def fused(i, x=x, ps=ps, kw=launch):
+                return host.trellis_matmul(x, ps[i % len(ps)], CODEBOOK, **kw)
 
             def decode_matmul(i, x=x, ps=ps):
                 return torch.matmul(x, host.decode_weight(ps[i % len(ps)], CODEBOOK))

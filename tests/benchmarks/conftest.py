@@ -49,3 +49,8 @@ def fake_clock():
         return clock
 
     return make
+
+
+@pytest.fixture
+def shared_sweep(monkeypatch):
+    return load_script(monkeypatch, "dense_shared_decode_sweep")

@@ -1,0 +1,29 @@
+"""CPU checks of ``benchmarks/dense_shared_decode_shared_sweep.py``: its geometry arguments and its
+refusal without a GPU (the sweep itself is a GPU measurement)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+
+def test_geometry_argument(shared_sweep):
+    assert shared_sweep.geometry("2x1x8x4") == (2, 1, 8, 4)
+    for bad in ("2x1x8", "2x1x8x4x1", "axbxcxd"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            shared_sweep.geometry(bad)
+
+
+def test_default_geometries_are_legal(shared_sweep):
+    from b12x.launch.specs import KernelSpec
+
+    for text in shared_sweep.DEFAULT_GEOMETRIES:
+        mt, nt, w, mw = shared_sweep.geometry(text)
+        KernelSpec("gemm", "mcg", 4, m_tiles=mt, n_tiles=nt, warps=w, m_warps=mw, smem_stages=3)
+
+
+def test_refuses_without_cuda(shared_sweep, monkeypatch, capsys):
+    monkeypatch.setattr(shared_sweep.torch.cuda, "is_available", lambda: False)
+    assert shared_sweep.main([]) == 1
+    assert "needs a CUDA device" in capsys.readouterr().err
