@@ -144,13 +144,40 @@ def test_dense_linear_dtypes_and_splits(x_dtype, compute_dtype, m, split_k):
 
 
 def test_decode_matmul_path_matches_references():
-    k, n, m = 256, 256, 64
+    k, n, m = 256, 256, 129  # decode_matmul starts at M = 129 (b12x.ops.dense.dispatch)
     payload, suh, svh = _layer(k, n, 3, seed=9)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.float16)
     y = trellis_linear(
         x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg", path="decode_matmul"
     )
     _check(y, x, payload, suh, svh, "mcg", torch.float16)
+
+
+@pytest.mark.parametrize(
+    ("m", "bits", "compute_dtype"),
+    [
+        (17, 4, torch.float16),
+        (32, 6, torch.bfloat16),
+        (100, 4, torch.bfloat16),
+        (128, 6, torch.float16),
+    ],
+)
+def test_shared_decode_plans_match_references(m, bits, compute_dtype):
+    """The front door at 17 <= M <= 128 runs the shared-decode mainloop (thin to M = 32, wide
+    above; K6 takes the 1 x 4 slots): the whole linear against the reference."""
+    k, n = 512, 384
+    payload, suh, svh = _layer(k, n, bits, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.float16)
+    plan = plan_dense(
+        m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16,
+        compute_dtype=compute_dtype, device=torch.device("cuda"),
+    )  # fmt: skip
+    assert plan.path == "generic" and plan.m_warps > 0, plan.mainloop_reasons
+    y = trellis_linear(
+        x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg",
+        compute_dtype=compute_dtype,
+    )  # fmt: skip
+    _check(y, x, payload, suh, svh, "mcg", compute_dtype)
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
