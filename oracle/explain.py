@@ -11,7 +11,10 @@ What it shows
     first
     failed condition, or ``not reached`` (a row below the taken one, with what it would have
     said);
-  - the tile (generic path only) and the kernel geometry (``m_tiles``, ``n_tiles``, ``warps``);
+  - the tile (generic path only), every row of the mainloop table
+    (:data:`b12x.ops.dense.mainloop.TABLE`: per-warp or shared decode) and the kernel geometry
+    (``m_tiles``, ``n_tiles``, ``warps``, and the shared decode's ``m_warps``, ``shared_rows``,
+    ``smem_stages``);
   - every row of the split-K table (:data:`b12x.ops.dense.split_k.TABLE`), the row that decided, the
     requested split and the split the launcher makes of it;
   - the plan's buffers (:class:`~b12x.runtime.scratch.BufferSpec`: name, shape, dtype, role,
@@ -130,6 +133,8 @@ class DenseExplanation:
     split_rows: tuple[TableRow, ...]
     buffers: tuple[BufferRow, ...]
     kernels: tuple[str, ...]
+    mainloop_row: str = ""
+    mainloop_rows: tuple[TableRow, ...] = ()
     op: str = "dense"
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +280,7 @@ def explain_dense(
     """The dense plan b12x makes for this problem on a simulated part (module docstring).
     ``compute_dtype`` defaults to ``x_dtype``. Raises :class:`PlanRefused` with the plan
     validator's message for an invalid problem or argument."""
-    from b12x.ops.dense import dispatch, split_k
+    from b12x.ops.dense import dispatch, mainloop, split_k
     from b12x.ops.dense.plan import plan_dense
 
     part = simulated_device(arch, device)
@@ -308,14 +313,24 @@ def explain_dense(
         }
     )
     rows = _table_rows(dispatch.TABLE.paths, case)
+    loop_case = mainloop.TABLE.schema.normalize(
+        {"path": plan.path, "m": p.m, "n": p.n, "bits": p.bits, "pinned": False}
+    )
+    loop = mainloop.TABLE.explain(loop_case)
+    shared = loop.value
+    if (0 if shared is None else shared.m_warps) != plan.m_warps:  # the plan must agree too
+        raise RuntimeError(
+            f"mainloop table says {loop.path}, plan_dense has m_warps={plan.m_warps}"
+        )
     split_case = split_k.normalize_case(
         {
             "path": plan.path,
             "requested": None,
+            "planned": None if shared is None else shared.split_k,
             "m": p.m,
             "k": p.k,
             "n": p.n,
-            "m_tiles": plan.m_tiles,
+            "m_tiles": plan.m_tiles * max(1, plan.m_warps),  # M16 blocks per CTA
             "n_tiles": plan.n_tiles,
             "warps": plan.warps,
             "sm_count": plan.device.sm_count,
@@ -336,7 +351,13 @@ def explain_dense(
         path=plan.path,
         rows=rows,
         tile=None if tile is None else f"{tile.tile_k}x{tile.tile_n}x{tile.cta_threads}",
-        geometry={"m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps},
+        geometry={
+            "m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps,
+            "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
+            "smem_stages": plan.smem_stages,
+        },
+        mainloop_row=loop.path,
+        mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),
         split_row=split.path,
         split_requested=split.split_k,
         split_k=plan.split_k,
@@ -440,7 +461,15 @@ def format_dense(e: DenseExplanation) -> str:
         f"path: {e.path}",
         "dispatch rows (priority order):",
         *_rows_text(e.rows),
-        f"tile: {e.tile or f'none (the {e.path} path launches no generic-GEMM tile)'}",
+        f"tile: {e.tile or f'none (the {e.path} path launches no generic-GEMM tile)'}"
+        + (
+            " (qualified; the shared decode's geometry below replaces its warps and N tiles)"
+            if e.geometry.get("m_warps")
+            else ""
+        ),  # fmt: skip
+        f"mainloop: row {e.mainloop_row} (m_warps=0: per-warp decode; >0: shared decode)",
+        "mainloop rows (priority order):",
+        *_rows_text(e.mainloop_rows),
         "kernel geometry: " + ", ".join(f"{k}={v}" for k, v in e.geometry.items()),
         f"split-K: row {e.split_row}, requested {e.split_requested}, launched {e.split_k}",
         "split-K rows (priority order):",

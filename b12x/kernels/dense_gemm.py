@@ -38,24 +38,28 @@ Layout
   S = 3 is the best ring and lands within 0-4 % of the register path (K4 M=1 90.6 us, M=16
   96.9 us; K6 M=1 99.1 us, M=16 111.3 us), so the mainloop is bound by decode instruction issue,
   not by load latency, and the default stays S = 0 (the ring has no sanitizer run yet).
-* **Shared decode** (opt-in, ``m_warps`` >= 1; for M tiles of 16·m_tiles·m_warps rows). The
-  per-warp mainloops above decode a weight once per warp, so every M tile of a CTA grid
-  decodes it again; here the CTA decodes it once and all its warps multiply it. A CTA still
-  covers ``cta_tiles = n_tiles·warps`` N16 tiles, but ``16·m_tiles·m_warps`` rows. Per step of
-  ``shared_rows`` K16 rows: ``smem_stages`` cp.async slots (:mod:`b12x.kernels.shared_layout`) bring
-  the CTA's payload run and its activation rows (all threads copy; rows >= M and rows past the
-  split's end are zero-filled without a read) ``smem_stages - 1`` steps ahead; after
-  ``wait_group`` + barrier, warp w decodes its ``n_tiles`` N16 tiles (ring words read from the
-  slot) and stores each lane's four B registers as 16 B at ``16·lane`` of the tile's 512-byte
-  fragment block (so a reader lane gets exactly its own B fragment back, conflict-free); after a
-  second barrier, warp ``w = wm·(warps/m_warps) + wn`` multiplies its ``m_tiles`` M16 blocks
-  (rows ``wm·16·m_tiles ..``, A fragments from the slot with the ring's bank swizzle) by the
-  ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of the fragment buffer. The first
-  barrier of the next step also frees the fragment buffer and the slot to refill, so one
-  fragment buffer suffices. Each output element sees the same ``mma.sync`` operands in the same
-  K order as in the per-warp mainloops, so the two give **bit-identical** results (checked on
-  the H200 by ``benchmarks/dense_shared_decode_sweep.py``). A warp whose M blocks all lie past
-  M skips its MMAs (warp-uniform; barriers stay outside the branch).
+* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows). The
+  per-warp mainloops above decode a weight once per warp, so every M16 block of the grid
+  decodes it again; here the CTA decodes it once and all its warps multiply it. A CTA covers
+  ``cta_tiles = n_tiles·warps`` N16 tiles and ``16·m_tiles·m_warps`` rows. A step is
+  ``shared_rows`` K16 rows; ``smem_stages`` (3..4) cp.async slots
+  (:mod:`b12x.kernels.shared_layout`) bring the CTA's payload run and activation rows (all
+  threads copy; rows >= M and rows past the split's end are zero-filled without a read)
+  ``smem_stages - 1`` steps ahead. Software-pipelined, one barrier per step: after
+  ``wait_group`` (step + 1 has landed) and the barrier, each warp (a) decodes its ``n_tiles``
+  N16 tiles of step + 1 (ring words read from the slot) into fragment buffer ``(s+1) % 2``,
+  each lane storing its four B registers as 16 B at ``16·lane`` of the tile's 512-byte block
+  (a reader lane gets exactly its own B fragment back, conflict-free), and (b) multiplies step
+  s: warp ``w = wm·(warps/m_warps) + wn`` takes its ``m_tiles`` M16 blocks (rows
+  ``wm·16·m_tiles ..``, A fragments from the slot with the ring's bank swizzle) times the
+  ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of buffer ``s % 2`` (decoded in the
+  previous step; the prologue decodes step 0). The barrier also proves every warp is done with
+  step - 1, whose slot is refilled and whose buffer is overwritten after it. The loop body
+  unrolls ``lcm(smem_stages, 2)`` steps, so slot and buffer offsets are immediates. Each output
+  element sees the same ``mma.sync`` operands in the same K order as in the per-warp
+  mainloops, so the two give **bit-identical** results (checked on the H200 by
+  ``tests/b12x/test_dense_shared_decode_gpu.py``). A warp whose M blocks all lie past M skips
+  its MMAs (warp-uniform; barriers stay outside the branch).
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
   ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
   their C rows are don't-care values).

@@ -81,6 +81,32 @@ def test_k6_row_rejected_on_sm90_with_its_reason(capsys):
     assert "split-K: row" in out and "c_tmp" in out
 
 
+@pytest.mark.parametrize(
+    ("m", "row", "m_warps", "split_row"),
+    [(16, "small_m", 0, "fill_small_m"), (32, "shared_thin", 2, "mainloop"),
+     (64, "shared_wide", 4, "mainloop")],
+)  # fmt: skip
+def test_mainloop_rows_and_the_split_they_plan(capsys, m, row, m_warps, split_row):
+    """The mainloop table's row, its geometry and the split it plans (values from
+    b12x.ops.dense.mainloop: thin split 4, wide split 1) agree with what plan_dense launches."""
+    from b12x.ops.dense.plan import plan_dense
+    from oracle.tiles import DEVICES
+
+    e = explain_mod.explain_dense(m=m, k=8192, n=28672, codebook="mcg", bits=4, arch="sm_90")
+    assert e.path == "generic" and e.mainloop_row == row
+    assert [r.status for r in e.mainloop_rows].count("taken") == 1
+    assert e.geometry["m_warps"] == m_warps and e.split_row == split_row
+    plan = plan_dense(
+        m=m, k=8192, n=28672, bits=4, codebook="mcg", x_dtype=torch.float16,
+        device=next(d for d in DEVICES if d.capability == (9, 0)),
+    )  # fmt: skip
+    assert e.split_requested == e.split_k == plan.split_k
+    assert (plan.split_k, plan.m_warps) == ({16: 15, 32: 4, 64: 1}[m], m_warps)
+    assert explain_mod.main(["--m", str(m), "--k", "8192", "--n", "28672", "--codebook", "mcg",
+                             "--bits", "4", "--arch", "sm_90"]) == 0  # fmt: skip
+    assert f"mainloop: row {row}" in capsys.readouterr().out
+
+
 def test_k6_gate_reasons_on_sm120(capsys):
     bf16 = explain_mod.explain_dense(
         m=32, k=4096, n=4096, codebook="mcg", bits=6, arch="sm_120", x_dtype="bf16"
