@@ -191,7 +191,9 @@ def trellis_matmul(
     cp.async shared-memory ring with that many slots (2..4); ``depth`` is then unused.
     ``m_warps`` >= 1 selects the shared-decode mainloop (the CTA decodes each K16 row once into
     shared memory and multiplies it as ``m_warps`` x ``warps / m_warps`` warps, ``shared_rows``
-    rows per barrier; :mod:`b12x.kernels.dense_gemm`); 0 keeps the per-warp decode.
+    K16 rows per step, ``smem_stages`` 3..4 cp.async slots; :mod:`b12x.kernels.dense_gemm`);
+    0 keeps the per-warp decode. A geometry the kernel would refuse raises ``ValueError``
+    naming the field before anything else is checked.
     """
     from b12x.kernels.shared_layout import check_shared_decode  # pure Python, no cutlass
 
