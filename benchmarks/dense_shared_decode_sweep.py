@@ -1,4 +1,4 @@
-"""Sweep (issue 14): the shared-decode dense GEMM against the per-warp decode and decode + cuBLAS.
+"""Sweep (issue 14): the shared-decode dense GEMM against the per-warp decode and the front door.
 
 What it answers: at which M, and with which geometry, the shared-decode mainloop of
 :mod:`b12x.kernels.dense_gemm` (the CTA decodes each K16 row once into shared memory, then
@@ -13,13 +13,14 @@ Everything is the GEMM alone (activations already rotated; no H128), bf16, on on
   (both issue the same ``mma.sync`` sequence per output element, in K order), and the split-K
   output must equal a float32 reference ``x @ decode(W)`` within bf16 rounding. A mismatch is
   printed as ``CHECK FAIL`` and the geometry is not timed.
-* **time**: every geometry x split, the per-warp decode at the split the dense plan picks, the
-  decode + cuBLAS pair (decode kernel into a bf16 weight, then ``torch.mm``), and cuBLAS alone
-  on a bf16 weight (the anchor). Each is captured in CUDA graphs over enough payload copies to
+* **time**: every geometry x split, the per-warp decode at the split the split-K table picks
+  for it (``dense_trellis.auto_split``), the whole linear as the plan runs it (the front door:
+  decode + cuBLAS from the dispatch threshold on), and cuBLAS alone on a bf16 weight (the
+  anchor). Each is captured in CUDA graphs over enough payload copies to
   rotate past the L2 (``dense_trellis.copies_for``); median of event-timed replays.
 
 Output: one line per cell (``us`` and ``/cuBLAS``), then per M the best shared-decode cell
-against the two existing paths. ``--json F`` writes every cell.
+against the per-warp decode and the front door. ``--json F`` writes every cell.
 
 Usage: ``python benchmarks/dense_shared_decode_sweep.py [--m 16,64,256] [--bits 4]
 [--geometries 1x1x8x8,...] [--splits 1,2,4] [--slots 1x4,2x3] [--json out.json]``; a
@@ -36,7 +37,7 @@ from functools import partial
 import torch
 from bench_cli import int_list
 from bench_timing import capture_graph, median_us
-from dense_trellis import copies_for
+from dense_trellis import auto_split, copies_for
 
 CODEBOOK = "mcg"
 DEFAULT_GEOMETRIES = ("1x1x8x8", "2x1x8x4", "1x2x8x4", "2x2x8x4", "1x1x4x4")
@@ -49,18 +50,9 @@ def geometry(text: str) -> tuple[int, int, int, int]:
     return parts
 
 
-def decode_then_mm(x, payload, w16, wb16, out) -> None:
-    """decode + cuBLAS as the ``decode_matmul`` path runs it: decode kernel into an fp16
-    weight, cast to the compute dtype, ``torch.mm``."""
-    from b12x.launch import host
-
-    host.decode_weight(payload, CODEBOOK, out=w16)
-    wb16.copy_(w16)
-    torch.mm(x, wb16, out=out)
-
-
 def front_door(m, k, n, bits, payloads, graphed) -> tuple[float, str]:
-    """The whole linear as the plan runs it today (bf16 x, fp16 compute, both H128s)."""
+    """The whole linear as the plan runs it (bf16 x, fp16 compute, both H128s): the dispatch
+    table's path, decode + cuBLAS included from its threshold on."""
     from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 
     plan = plan_dense(
@@ -168,15 +160,9 @@ def main(argv=None) -> int:
                     torch.randn(k, n, device="cuda").to(torch.bfloat16)
                     for _ in range(copies_for(2 * k * n))
                 ]
-            wbuf = torch.empty(k, n, device="cuda", dtype=torch.float16)
-            wb16 = torch.empty(k, n, device="cuda", dtype=torch.bfloat16)
             cublas = graphed([partial(torch.mm, x, w, out=out) for w in weights])
-            decode_mm = graphed([partial(decode_then_mm, x, p, wbuf, wb16, out) for p in ps])
             mt, nt = host.choose_tiles(m, n)
-            from b12x.ops.dense import split_k as split_rule
-
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            auto = split_rule.split_k(m=m, k=k, n=n, m_tiles=mt, n_tiles=nt, warps=4, sm_count=sms)
+            auto = auto_split(m, k, n)
             most = max(auto, *args.splits)
             scratch = torch.empty(most * m * n, device="cuda", dtype=torch.float32)
             per_warp = graphed(
@@ -196,14 +182,9 @@ def main(argv=None) -> int:
             )
             front, path = front_door(m, k, n, bits, ps, graphed)
             print(
-                f"K{bits} M={m}: front door today ({path}, fp16 compute, whole linear) "
-                f"{front:.1f} us ({front / cublas:.2f})",
-                flush=True,
-            )
-            print(
-                f"K{bits} M={m}: cuBLAS {cublas:.1f} us; decode+cuBLAS {decode_mm:.1f} "
-                f"({decode_mm / cublas:.2f}); per-warp split {auto} {per_warp:.1f} "
-                f"({per_warp / cublas:.2f})",
+                f"K{bits} M={m}: cuBLAS {cublas:.1f} us; front door ({path}, fp16 compute, "
+                f"whole linear) {front:.1f} ({front / cublas:.2f}); per-warp split {auto} "
+                f"{per_warp:.1f} ({per_warp / cublas:.2f})",
                 flush=True,
             )
             best = None
@@ -233,7 +214,7 @@ def main(argv=None) -> int:
                 print(
                     f"BEST K{bits} M={m}: shared {best['geo']} rows={best['rows']} "
                     f"split={best['split']} {best['us']:.1f} us = {best['us'] / cublas:.2f} "
-                    f"x cuBLAS; decode+cuBLAS {decode_mm / cublas:.2f}; per-warp "
+                    f"x cuBLAS; front door ({path}) {front / cublas:.2f}; per-warp "
                     f"{per_warp / cublas:.2f}",
                     flush=True,
                 )
@@ -242,7 +223,6 @@ def main(argv=None) -> int:
                     "bits": bits,
                     "m": m,
                     "cublas_us": cublas,
-                    "decode_matmul_us": decode_mm,
                     "front_door_us": front,
                     "front_door_path": path,
                     "per_warp_us": per_warp,

@@ -87,8 +87,12 @@ from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
 from b12x.kernels import ptx
 from b12x.kernels.mainloop import (
+    a_chunk_offset,
+    a_fragment_offsets,
     clamped_a_pointers,
     lane_coords,
+    mma_accumulate,
+    ring_word_indices,
     ring_word_pointers,
     zero_accumulators,
 )
@@ -163,13 +167,7 @@ def decode_and_accumulate(
     regs = decode_states_to_half2x4(
         fmt, bits, states, lut_addr, lut_in_smem=lut_in_smem, to_bf16=bf16
     )
-    for mt in range(m_tiles):
-        for nb in range(2):
-            base = acc_base + mt * 8 + nb * 4
-            c = [acc[base + i] for i in range(4)]
-            d = ptx.mma_m16n8k16(a_frags[mt], (regs[2 * nb], regs[2 * nb + 1]), c, bf16=bf16)
-            for i in range(4):
-                acc[base + i] = d[i]
+    mma_accumulate(a_frags, regs, acc, acc_base, m_tiles, bf16)
 
 
 class DenseTrellisGemmKernel:
@@ -207,11 +205,14 @@ class DenseTrellisGemmKernel:
         self.smem_stages = smem_stages
         self.m_warps = m_warps
         self.shared_rows = shared_rows
+        #: The shared decode's byte layout (None for the per-warp mainloops).
+        self.layout = None
         if m_warps:
-            self.smem_bytes = shared_decode_layout(
+            self.layout = shared_decode_layout(
                 bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
                 rows=shared_rows, stages=smem_stages,
-            ).total  # fmt: skip
+            )  # fmt: skip
+            self.smem_bytes = self.layout.total
         else:
             self.smem_bytes = ring_smem_bytes(
                 bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
@@ -406,10 +407,7 @@ class DenseTrellisGemmKernel:
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
-        lay = shared_decode_layout(
-            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
-            m_warps=self.m_warps, rows=self.shared_rows, stages=self.smem_stages,
-        )  # fmt: skip
+        lay = self.layout
         m = a.shape[0]
         k_rows = payload.shape[0]
         n_warps = self.warps // self.m_warps
@@ -428,10 +426,10 @@ class DenseTrellisGemmKernel:
             tid=tid, smem=smem, lay=lay, m=m, cta_row0=cta_row0, a=a,
             pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
         )  # fmt: skip
-        word_rd = self._shared_word_pointers(smem, warp, first)
-        swap = ((g // 4) % 2) * 16
-        a_row0 = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES) + g * 32 + r * 4)
-        a_rd = (a_row0 + Uint32(swap), a_row0 + Uint32(16 - swap))
+        warp_run = smem + Uint32(warp * (self.n_tiles * 32 * self.bits))  # its tiles in a row
+        word_rd = [warp_run + Uint32(idx * 4) for idx in ring_word_indices(first, self.bits)]
+        warp_a = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES))  # its M blocks in a row
+        a_rd = tuple(warp_a + Uint32(o) for o in a_fragment_offsets(g, r))
         frag = smem + Uint32(lay.frag_offset + lane * 16)
         frag_st = frag + Uint32(warp * (self.n_tiles * FRAG_TILE_BYTES))
         frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
@@ -474,23 +472,13 @@ class DenseTrellisGemmKernel:
             bz=bz, g=g, r=r, n_tiles=lay.mma_tiles,
         )  # fmt: skip
 
-    def _shared_word_pointers(self, smem, warp, first) -> list:
-        """Shared addresses of the lane's ring words ``first, first+1, ...`` (mod ``8·bits``)
-        of the warp's first N16 tile in a slot's payload run (row 0 of slot 0)."""
-        ring = 8 * self.bits
-        ptrs = []
-        for i in range(ring_words_per_lane(self.bits)):
-            idx = first + i
-            idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
-            ptrs.append(smem + Uint32(warp * (self.n_tiles * 32 * self.bits) + idx * 4))
-        return ptrs
-
     def _shared_fill_pointers(self, *, tid, smem, lay, m, cta_row0, a, pay_cta):
         """``(payload, a_chunks)`` copy plan of thread ``tid`` for one K16 row.
 
         Payload: the CTA's ``cta_tiles`` tiles of a K16 row are ``cta_tiles·32b`` contiguous
         bytes, copied as 16-byte chunks, chunk ``tid + j·threads`` by this thread (``j`` <
-        :attr:`_SharedDecodeLayout.pay_rounds`; a chunk past the run is predicated off).
+        :attr:`~b12x.kernels.shared_layout.SharedDecodeLayout.pay_rounds`; in a partial round the
+        chunks past the run are predicated off, the predicate built here once).
         A: chunk ``c = tid + j·threads`` is half ``c % 2`` of tile row ``c // 2`` (16 B at
         ``k·32 + 16·half`` of activation row ``cta_row0 + c // 2``), stored at
         ``(c // 2)·32 + 16·(half ^ (c // 8) % 2)`` in the row's A region (the halves of rows 4..7
@@ -500,19 +488,23 @@ class DenseTrellisGemmKernel:
         pay = []
         for j in range(lay.pay_rounds):
             c = tid + j * threads
-            live = None if (j + 1) * threads <= lay.pay_chunks else c < lay.pay_chunks
-            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c * 16), live))
+            en = None  # a full round: every thread copies
+            if (j + 1) * threads > lay.pay_chunks:
+                en = Uint32(cutlass.select_(c < lay.pay_chunks, 1, 0))
+            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c * 16), en))
         a_base = a.iterator.toint()
         a_row_bytes = Int64(a.shape[1]) * 4
         chunks = []
         for j in range(lay.a_rounds):
             c = tid + j * threads
             row = cta_row0 + c // 2
-            dst = smem + Uint32(lay.a_offset + (c // 2) * 32 + ((c % 2) ^ ((c // 8) % 2)) * 16)
+            dst = smem + Uint32(lay.a_offset + a_chunk_offset(c))
             src = a_base + Int64(cutlass.min(row, m - 1)) * a_row_bytes + (c % 2) * 16
             size = Uint32(cutlass.select_(row < m, Uint32(16), Uint32(0)))
-            live = None if (j + 1) * threads <= lay.a_chunks else c < lay.a_chunks
-            chunks.append((dst, src, size, live))
+            en = None
+            if (j + 1) * threads > lay.a_chunks:
+                en = Uint32(cutlass.select_(c < lay.a_chunks, 1, 0))
+            chunks.append((dst, src, size, en))
         return pay, chunks
 
     def _shared_fill(self, slot: int, k0, k_end, row_bytes, fill, lay) -> None:
@@ -526,13 +518,11 @@ class DenseTrellisGemmKernel:
             k_row = cutlass.min(kt, k_end - 1)
             size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
             pay_off = slot * lay.slot_bytes + i * lay.row_pay
-            for dst, src, enable in pay:
-                en = None if enable is None else Uint32(cutlass.select_(enable, 1, 0))
+            for dst, src, en in pay:
                 src_k = src + Int64(k_row) * row_bytes
                 ptx.cp_async_16(dst, src_k, size, dst_offset=pay_off, enable=en)
             a_off = slot * lay.slot_bytes + i * lay.row_a
-            for dst, src, a_size, enable in chunks:
-                en = None if enable is None else Uint32(cutlass.select_(enable, 1, 0))
+            for dst, src, a_size, en in chunks:
                 a_live = Uint32(cutlass.select_(live, a_size, Uint32(0)))
                 ptx.cp_async_16(
                     dst, src + Int64(k_row) * 32, a_live, dst_offset=a_off, cache_global=False,
@@ -569,13 +559,7 @@ class DenseTrellisGemmKernel:
         for j in range(lay.mma_tiles):
             frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + j) * FRAG_TILE_BYTES
             b = ptx.ld_shared_v4(frag_rd, offset=frag_off)
-            for mt in range(self.m_tiles):
-                for nb in range(2):
-                    base = j * self.m_tiles * 8 + mt * 8 + nb * 4
-                    c = [acc[base + i] for i in range(4)]
-                    d = ptx.mma_m16n8k16(a_frags[mt], (b[2 * nb], b[2 * nb + 1]), c, bf16=self.bf16)
-                    for i in range(4):
-                        acc[base + i] = d[i]
+            mma_accumulate(a_frags, b, acc, j * self.m_tiles * 8, self.m_tiles, self.bf16)
 
     @cute.jit
     def _register_mainloop(
@@ -621,7 +605,7 @@ class DenseTrellisGemmKernel:
             warp_base + Uint32(lane * 16),
             ring.pay_base + Int64(ring.tile0 * (8 * self.bits)) * 4 + lane * 16,
         )
-        a_dst = warp_base + Uint32((lane // 2) * 32 + ((lane % 2) ^ ((lane // 8) % 2)) * 16)
+        a_dst = warp_base + Uint32(a_chunk_offset(lane))
         a_fill = []
         for mt in range(self.m_tiles):
             a_row = ring.row_base + mt * 16 + lane // 2
@@ -632,17 +616,8 @@ class DenseTrellisGemmKernel:
             )
             a_size = Uint32(cutlass.select_(a_row < ring.m, Uint32(16), Uint32(0)))
             a_fill.append((a_dst, a_src, a_size))
-        ring_words = 8 * self.bits
-        word_rd = []
-        for i in range(ring_words_per_lane(self.bits)):
-            idx = ring.first + i
-            idx = Int32(cutlass.select_(idx >= ring_words, idx - ring_words, idx))
-            word_rd.append(warp_base + Uint32(idx * 4))
-        swap = ((g // 4) % 2) * 16
-        a_rd = (
-            warp_base + Uint32(g * 32 + r * 4 + swap),
-            warp_base + Uint32(g * 32 + r * 4 + (16 - swap)),
-        )
+        word_rd = [warp_base + Uint32(idx * 4) for idx in ring_word_indices(ring.first, self.bits)]
+        a_rd = tuple(warp_base + Uint32(o) for o in a_fragment_offsets(g, r))
         return fill, a_fill, word_rd, a_rd
 
     @cute.jit

@@ -9,7 +9,12 @@ The dense (:mod:`b12x.kernels.dense_gemm`), grouped (:mod:`b12x.kernels.moe_gemm
 * **A pointers**: :func:`clamped_a_pointers` (dense: rows past M read row M-1) and
   :func:`routed_a_pointers` (MoE: slot rows gathered through ``route_rows``; a padding slot reads
   row 0 and is never stored).
-* **Payload pointers** (:func:`ring_word_pointers`): the lane's 2–3 ring word byte pointers.
+* **Payload pointers** (:func:`ring_word_indices`, :func:`ring_word_pointers`): the lane's 2–3
+  ring words of a tile, as indices or as byte pointers.
+* **Shared A blocks** (:func:`a_chunk_offset`, :func:`a_fragment_offsets`): where a 16-byte
+  copy of activation rows lands in a shared A block, and where a lane reads its fragment back
+  (one bank swizzle, used by the ring and the shared decode alike).
+* **MMA** (:func:`mma_accumulate`): one N16 tile's B registers against every M16 block.
 * **Staged loads** (:func:`load_tile_words`, :func:`load_a_frags`, :func:`stage_rows`): every
   load of ``depth`` K16 rows is issued before the first decode.
 * **Decode and accumulate** (:func:`accumulate_staged`): the staged rows through the shared body
@@ -38,7 +43,11 @@ __all__ = [
     "lane_coords",
     "load_a_frags",
     "load_tile_words",
+    "ring_word_indices",
     "ring_word_pointers",
+    "a_chunk_offset",
+    "a_fragment_offsets",
+    "mma_accumulate",
     "routed_a_pointers",
     "routed_epilogue",
     "stage_rows",
@@ -96,18 +105,54 @@ def routed_a_pointers(a, route_rows, row_base, m_tiles: int, g, r):
     return a_ptrs, rows, n_rows
 
 
+def ring_word_indices(first, bits: int):
+    """Yield the lane's ring word indices ``first, first+1, ...`` (mod ``8·bits``) within a
+    tile: its 2–3 words, wherever the tile lives (global memory or a shared-memory slot). A
+    generator, so a caller that turns each index into a pointer emits its ops word by word."""
+    ring = 8 * bits
+    for i in range(ring_words_per_lane(bits)):
+        idx = first + i
+        yield Int32(cutlass.select_(idx >= ring, idx - ring, idx))
+
+
 def ring_word_pointers(base, first, bits: int, tile0=None) -> list:
     """Byte pointers of the lane's ring words ``first, first+1, ...`` (mod ``8·bits``) of a
     tile: the tile's ring starts at byte address ``base`` (Int64), or, with ``tile0``, at
     ``base + tile0·32·bits``."""
     ring = 8 * bits
     ptrs = []
-    for i in range(ring_words_per_lane(bits)):
-        idx = first + i
-        idx = Int32(cutlass.select_(idx >= ring, idx - ring, idx))
+    for idx in ring_word_indices(first, bits):
         word = idx if tile0 is None else tile0 * ring + idx
         ptrs.append(base + Int64(word) * 4)
     return ptrs
+
+
+def a_chunk_offset(c):
+    """Byte offset, in shared A blocks of 16 rows x 32 B, of 16-byte chunk ``c``: half ``c % 2``
+    of tile row ``c // 2``, with the halves of rows 4..7 mod 8 swapped so that the fragment
+    reads of :func:`a_fragment_offsets` hit 32 distinct banks. (Chunks of later M16 blocks
+    continue the rows: block ``c // 32`` starts ``512`` B further.)"""
+    return (c // 2) * 32 + ((c % 2) ^ ((c // 8) % 2)) * 16
+
+
+def a_fragment_offsets(g, r) -> tuple:
+    """``(lo, hi)``: byte offsets of the lane's A words (row ``g``, k-half 0 and 1, column pair
+    ``r``) in an A block written by :func:`a_chunk_offset`; row ``g + 8`` is 256 B further."""
+    swap = ((g // 4) % 2) * 16
+    return g * 32 + r * 4 + swap, g * 32 + r * 4 + (16 - swap)
+
+
+def mma_accumulate(a_frags: list, b_regs, acc, acc_base: int, m_tiles: int, bf16: bool) -> None:
+    """Accumulate one N16 tile: ``b_regs`` are its four packed B registers (n-block 0 =
+    ``b_regs[0:2]``, n-block 1 = ``b_regs[2:4]``), ``a_frags[mt]`` the A fragment of M16 block
+    ``mt``; two ``mma.sync.m16n8k16`` per block into ``acc[acc_base + mt·8 + nb·4 + c]``."""
+    for mt in range(m_tiles):
+        for nb in range(2):
+            base = acc_base + mt * 8 + nb * 4
+            c = [acc[base + i] for i in range(4)]
+            d = ptx.mma_m16n8k16(a_frags[mt], (b_regs[2 * nb], b_regs[2 * nb + 1]), c, bf16=bf16)
+            for i in range(4):
+                acc[base + i] = d[i]
 
 
 def load_tile_words(ptrs: list, row_off, tile: int, bits: int) -> list:

@@ -4,20 +4,25 @@ Expected rows are written from the table's measured evidence (its module docstri
 decode from M = 17, thin up to M = 32, wide to the decode_matmul threshold; slots 2 x 3 up to
 K5, 1 x 4 from K6 by the 48 KB shared-memory budget), not read back from the table. The
 oracle's generic dispatch checks (boundaries, reachability, determinism, consistency) run on it
-like on the path table, and every geometry it can return compiles spill-free on the CPU.
+like on the path table, every geometry it can return compiles spill-free on the CPU, and the
+planned geometry, slots and split reach the launch unchanged (CPU stand-in launchers).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
+import torch
 
 from b12x import support
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import mainloop as L
+from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from oracle import dispatch as O
+from oracle.tiles import SimulatedDevice
+
+H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 
 GRID = [
     {"path": path, "m": m, "n": n, "bits": bits, "pinned": pinned}
@@ -31,16 +36,8 @@ GRID = [
 ]
 
 
-class OracleView:
-    def __init__(self, table=L.TABLE):
-        self.name = table.name
-        self.paths = table.paths
-        self.boundaries = [O.Boundary(**dataclasses.asdict(b)) for b in table.boundaries]
-        self.explain = table.explain
-
-
 def test_oracle_generic_checks_pass():
-    outcomes = O.check_table(OracleView(), GRID)
+    outcomes = O.check_table(L.TABLE, GRID)  # oracle.dispatch reads b12x's Boundary records
     assert [o.failures for o in outcomes] == [(), (), (), ()]
     hits = outcomes[1].metrics["hits"]
     assert all(hits[row.name] > 0 for row in L.ROWS)
@@ -89,3 +86,28 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits):
     assert report.spill_bytes == 0, (spec, report.spill_bytes)
     # two CTAs of 256 threads (wide) / four of 128 (thin) per SM need <= 128 registers
     assert report.registers is not None and report.registers <= 128, report.registers
+
+
+@pytest.mark.parametrize(
+    ("m", "mainloop", "tiles", "warps", "split"),
+    [
+        (16, dict(m_warps=0, shared_rows=2, smem_stages=0), None, None, None),  # per-warp
+        (32, dict(m_warps=2, shared_rows=2, smem_stages=3), (1, 2), 4, 4),  # thin
+        (100, dict(m_warps=4, shared_rows=2, smem_stages=3), (2, 1), 8, 1),  # wide
+    ],
+)
+def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
+    """R15 for the mainloop table: the plan's geometry, slots and split reach the launch
+    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE rows at K4)."""
+    f16 = torch.float16
+    plan = plan_dense(device=H200, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
+    assert plan.path == "generic"
+    bound = bind_dense(plan, **allocate_dense_buffers(plan, "cpu"))
+    x = torch.randn(m, 8192, generator=torch.Generator().manual_seed(m)).to(f16)
+    trellis = torch.zeros(512, 64, 64, dtype=torch.int16)
+    run_dense(bound, x, trellis, torch.ones(8192, dtype=f16), torch.ones(1024, dtype=f16))
+    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
+    assert fake_kernels.mainloops == [mainloop]
+    assert (gemm[5], gemm[6], gemm[4]) == ((plan.m_tiles, plan.n_tiles), plan.warps, plan.split_k)
+    if tiles is not None:
+        assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)

@@ -2,8 +2,9 @@
 allocation in run, and the CUDA-graph protocol (design §7) on CPU and (marked) on the GPU.
 
 Buffer tables are written by hand from spec §3.3 (generic) and §5.5 (K6/MCG small-M). On CPU the
-kernels of ``b12x.launch.host`` are replaced by in-place stand-ins that record their arguments,
-so the orchestration (which buffer each launch reads and writes) is checked without a GPU.
+kernels of ``b12x.launch.host`` are replaced by in-place stand-ins that record their arguments
+(the ``fake_kernels`` fixture of ``tests/b12x/conftest.py``), so the orchestration (which buffer
+each launch reads and writes) is checked without a GPU.
 """
 
 from __future__ import annotations
@@ -303,45 +304,6 @@ def test_bind_rejects_unknown_names():
 # ------------------------------------------------------------------ run (CPU stand-in kernels)
 
 
-class FakeKernels:
-    """In-place CPU stand-ins for ``b12x.launch.host`` that record what each launch touched."""
-
-    def __init__(self):
-        self.calls = []
-        self.mainloops = []  # the mainloop keywords of each trellis_matmul launch
-
-    def rotate_input(self, x, suh, *, out_dtype, out):
-        self.calls.append(("rotate_input", x, out))
-        out.copy_(x)
-        out.mul_(suh)
-
-    def trellis_matmul(
-        self, a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps, **mainloop
-    ):
-        self.calls.append(("trellis_matmul", a, out, scratch, split_k, tiles, warps))
-        self.mainloops.append(mainloop)
-        out.copy_(a[:, : out.shape[1]])
-        if scratch is not None:
-            scratch.fill_(0.5)
-
-    def rotate_output(self, y, svh, *, out_dtype, out):
-        self.calls.append(("rotate_output", y, out))
-        out.copy_(y)
-        out.mul_(svh)
-
-    def decode_weight(self, trellis, codebook, *, out):
-        self.calls.append(("decode_weight", trellis, out))
-        out.fill_(0.25)
-
-
-@pytest.fixture
-def fake_kernels(monkeypatch):
-    fake = FakeKernels()
-    for name in ("rotate_input", "trellis_matmul", "rotate_output", "decode_weight"):
-        monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
-    return fake
-
-
 SMALL = dict(m=8, k=256, n=256, bits=6, codebook="mcg")
 
 
@@ -403,39 +365,6 @@ def test_generic_run_uses_c_tmp_and_compute_copies(fake_kernels):
     rot_out = fake_kernels.calls[-1]
     assert rot_out[1].data_ptr() == buffers["gemm_output_f16"].data_ptr()
     assert rot_out[2].data_ptr() == buffers["output_f16"].data_ptr()
-
-
-@pytest.mark.parametrize(
-    ("m", "mainloop", "tiles", "warps", "split"),
-    [
-        (16, dict(m_warps=0, shared_rows=2, smem_stages=0), None, None, None),  # per-warp
-        (32, dict(m_warps=2, shared_rows=2, smem_stages=3), (1, 2), 4, 4),  # thin
-        (100, dict(m_warps=4, shared_rows=2, smem_stages=3), (2, 1), 8, 1),  # wide
-    ],
-)
-def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
-    """R15 for the mainloop table: the plan's geometry, slots and split reach the launch
-    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE rows at K4)."""
-    plan = plan_dense(
-        device=H200, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=F16
-    )  # fmt: skip
-    assert plan.path == "generic"
-    bound = bind_dense(plan, **allocate_dense_buffers(plan, "cpu"))
-    g = torch.Generator().manual_seed(m)
-    _run(
-        bound,
-        {
-            "x": torch.randn(m, 8192, generator=g).to(F16),
-            "trellis": torch.zeros(512, 64, 64, dtype=torch.int16),
-            "suh": torch.ones(8192, dtype=F16),
-            "svh": torch.ones(1024, dtype=F16),
-        },
-    )
-    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
-    assert fake_kernels.mainloops == [mainloop]
-    assert (gemm[5], gemm[6], gemm[4]) == ((plan.m_tiles, plan.n_tiles), plan.warps, plan.split_k)
-    if tiles is not None:
-        assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)
 
 
 def test_external_h128_callback_gets_the_contract_arguments(fake_kernels):
