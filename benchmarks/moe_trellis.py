@@ -78,6 +78,8 @@ GOALS = {1: 2.5, 8: 3.5, 64: 4.0, 512: 2.0, 4096: 1.1}
 TIER_BITS = (3, 4)
 PAIR_BASE_BITS = 3
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
+#: The MoE mainloop pins (b12x.ops.moe.dispatch.SHARED_PINS; tests check they agree).
+SHARED_PINS = ("off", "wide")
 TIMING = {"warmup": 3, "reps": 15, "inner": 3, "max_s": 1.0}
 QUICK_TIMING = {"warmup": 2, "reps": 5, "inner": 2, "max_s": 0.3}
 BASELINE, GRAPH, EAGER = "bf16 graph", "trellis graph", "trellis eager"
@@ -106,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pair", action="store_true", help="skip the pair extra")
     parser.add_argument("--routings", type=positive_int, default=2, help="routings cycled")
     parser.add_argument("--quick", action="store_true", help="M = 1,64,4096, fewer samples")
+    parser.add_argument(
+        "--shared-decode",
+        choices=SHARED_PINS,
+        default=None,
+        help="pin the grouped GEMMs' mainloop (default: the moe_mainloop table decides)",
+    )
     parser.add_argument("--budget-s", type=float, default=130.0, help="0 = no budget")
     parser.add_argument("--json", default=None, help="write the report here")
     return parser
@@ -337,6 +345,7 @@ def new_report(args: argparse.Namespace, timing: dict) -> dict:
             if args.no_tiers
             else {"bits": list(TIER_BITS), "experts": [half, args.experts - half]},
             "pair_kind": None if args.no_pair else args.pair_kind,
+            "shared_decode": args.shared_decode,
         },
         "settings": {
             "quick": args.quick,
@@ -584,7 +593,7 @@ class CudaMoeBench:
                 m=m, top_k=a.top_k, hidden=a.hidden, intermediate=a.intermediate,
                 codebook=a.codebook, bits=a.bits, num_experts=a.experts, w13_layout=a.layout,
                 x_dtype=torch.bfloat16, compute_dtype=torch.float16,
-                device=torch.device("cuda"),
+                device=torch.device("cuda"), shared_decode=a.shared_decode,
             )  # fmt: skip
             bound = bind_moe(plan, **allocate_moe_buffers(plan, "cuda"))
             x, routes = self.batch(m)
@@ -670,6 +679,7 @@ class CudaMoeBench:
             codebook=a.codebook, tier0_bits=TIER_BITS[0], tier1_bits=TIER_BITS[1],
             tier0_experts=e0, tier1_experts=a.experts - e0, num_global_experts=a.experts,
             w13_layout=a.layout, x_dtype=torch.bfloat16, compute_dtype=torch.float16,
+            shared_decode=a.shared_decode,
         )  # fmt: skip
         fields = {"global_to_combined": g2c.cuda(), "descriptor_map": descriptors.cuda()}
         return plan, fields, f"{e0} K{TIER_BITS[0]} + {a.experts - e0} K{TIER_BITS[1]} experts"

@@ -8,7 +8,7 @@ device time, largest first, plus the step's sum. This is a diagnostic for the la
 profiler overhead and are never quoted as ratios.
 
 Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]
-[--stacks uniform,tiers,pair]``
+[--stacks uniform,tiers,pair] [--shared-decode off|wide]``
 
 ``--stacks`` picks the MoE stacks tabled: ``uniform`` (MCG K4), ``tiers`` (K3/K4 tiers over a
 seeded half/half split) and ``pair`` (P33 on FC1 and FC2 over the K3 base): the same plans and
@@ -73,7 +73,8 @@ def _moe(cli) -> None:
         plan = plan_moe(
             m=m, top_k=8, hidden=args.hidden, intermediate=args.intermediate, codebook="mcg",
             bits=4, num_experts=args.experts, w13_layout="packed", x_dtype=torch.bfloat16,
-            compute_dtype=torch.float16,
+            compute_dtype=torch.float16, device=torch.device("cuda"),
+            shared_decode=cli.shared_decode,
         )  # fmt: skip
         bound = bind_moe(plan, **allocate_moe_buffers(plan, "cuda"))
         inputs = MoeInputs(
@@ -85,7 +86,9 @@ def _moe(cli) -> None:
             _table(f"run_moe M={m}", run, cli.top, plain=cli.plain)
         for stack, extra in (("tiers", "tiers K3/K4"), ("pair", "pair P33")):
             if stack in cli.stacks:
-                bench_args = types.SimpleNamespace(**vars(args), pair_kind="P33", routings=1)
+                bench_args = types.SimpleNamespace(
+                    **vars(args), pair_kind="P33", routings=1, shared_decode=cli.shared_decode
+                )
                 step, extra_inputs, detail = CudaMoeBench(bench_args, {}).extra_step(extra, m)
                 run = functools.partial(run_moe, step, extra_inputs[0])
                 _table(f"run_moe M={m} {extra} ({detail})", run, cli.top, plain=cli.plain)
@@ -123,6 +126,12 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
     parser.add_argument(
         "--stacks", type=_stacks, default=("uniform",), help="MoE stacks: uniform,tiers,pair"
+    )
+    parser.add_argument(
+        "--shared-decode",
+        choices=("off", "wide"),
+        default=None,
+        help="pin the MoE grouped GEMMs' mainloop (default: the moe_mainloop table)",
     )
     cli = parser.parse_args()
     torch.manual_seed(0)

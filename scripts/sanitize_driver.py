@@ -10,8 +10,9 @@ and without a look-up table, inactive route ids (−1, E, 2^40) and unmapped tie
 Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 
 * ``dense_generic_f16_splitk``: generic path, fp16, split-K 2 (c_tmp + reduce), planned M 48,
-  live M 33.
-* ``dense_generic_bf16``: generic path, bf16 input and compute, sqg_e4m3 K3 (LUT), M 17.
+  live M 33: the shared decode's wide geometry (128-row CTA, 15 of 16 row blocks past M).
+* ``dense_generic_bf16``: generic path, bf16 input and compute, sqg_e4m3 K3 (LUT), M 17: the
+  shared decode's thin geometry.
 * ``decode_kernel``: the decode kernel for mcg K4, sqg_e4m3 K3 and sqg_fp16 K5.
 * ``dense_decode_matmul``: M 1040 > 1024 takes the decode-then-GEMM path.
 * ``dense_k6_small_m``: the K6/MCG small-M row is gated to capability (12, 0); it is planned
@@ -19,6 +20,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
   so its launches (rotation, GEMM into the fp16 output, in-place output rotation) run on this GPU.
 * ``moe_uniform_f16``: uniform MCG K3, packed FC1, fp16, planned M 12, live M 10, inactive ids.
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
+* ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
+  fold), planned M 300, live M 290, bf16 compute, inactive ids.
 * ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.
 
 Usage: ``python3 scripts/sanitize_driver.py [--only S] [--list]`` (needs a CUDA device; the
@@ -130,13 +133,13 @@ def _routes(g, m, top_k, e, x_dtype, h):
     return x.to(DEV), w.to(DEV), ids.to(DEV)
 
 
-def _uniform(m_plan, m_live, bits, layout, x_dtype, compute_dtype, seed, h=256, i=128):
+def _uniform(m_plan, m_live, bits, layout, x_dtype, compute_dtype, seed, h=256, i=128, **kw):
     e, top_k = 8, 4
     g = _gen(seed)
     ex = _experts(g, e, h, i, bits, layout)
     plan = plan_moe(
         m=m_plan, top_k=top_k, hidden=h, intermediate=i, codebook="mcg", bits=bits,
-        num_experts=e, w13_layout=layout, x_dtype=x_dtype, compute_dtype=compute_dtype,
+        num_experts=e, w13_layout=layout, x_dtype=x_dtype, compute_dtype=compute_dtype, **kw,
     )  # fmt: skip
     bound = bind_moe(plan, **allocate_moe_buffers(plan, DEV))
     x, w, ids = _routes(g, m_live, top_k, e, x_dtype, h)
@@ -158,6 +161,12 @@ def moe_uniform_bf16_proj():
 def moe_k_split():
     """H = 1024, I = 512: the plan splits FC1's K over 2 warp groups (smem reduction, barriers)."""
     return _uniform(6, 5, 4, "packed", F16, F16, seed=8, h=1024, i=512)
+
+
+def moe_shared_decode():
+    """H = 1024, I = 512, the shared decode pinned: 128-slot blocks (FC1 folds 2 K slices),
+    planned M 300, live M 290 (blocks with padding slots and dead warps), inactive ids."""
+    return _uniform(300, 290, 4, "packed", F16, BF16, seed=9, h=1024, i=512, shared_decode="wide")
 
 
 def moe_tiered():
@@ -196,6 +205,7 @@ CASES = {
         moe_uniform_f16,
         moe_uniform_bf16_proj,
         moe_k_split,
+        moe_shared_decode,
         moe_tiered,
     )
 }

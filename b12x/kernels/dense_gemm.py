@@ -38,7 +38,9 @@ Layout
   S = 3 is the best ring and lands within 0-4 % of the register path (K4 M=1 90.6 us, M=16
   96.9 us; K6 M=1 99.1 us, M=16 111.3 us), so the mainloop is bound by decode instruction issue,
   not by load latency, and the default stays S = 0 (the ring has no sanitizer run yet).
-* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows). The
+* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows; the
+  mainloop is :class:`b12x.kernels.shared_decode.SharedDecodeMainloop`, which the grouped MoE
+  GEMM runs too: this kernel supplies its rows, payload run and epilogue). The
   per-warp mainloops above decode a weight once per warp, so every M16 block of the grid
   decodes it again; here the CTA decodes it once and all its warps multiply it. A CTA covers
   ``cta_tiles = n_tiles·warps`` N16 tiles and ``16·m_tiles·m_warps`` rows. A step is
@@ -96,6 +98,7 @@ from b12x.kernels.mainloop import (
     ring_word_pointers,
     zero_accumulators,
 )
+from b12x.kernels.shared_decode import SharedDecodeMainloop
 from b12x.kernels.shared_layout import (
     A_BLOCK_BYTES,
     FRAG_TILE_BYTES,
@@ -205,13 +208,15 @@ class DenseTrellisGemmKernel:
         self.smem_stages = smem_stages
         self.m_warps = m_warps
         self.shared_rows = shared_rows
-        #: The shared decode's byte layout (None for the per-warp mainloops).
+        #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
+        self.shared = None
         self.layout = None
         if m_warps:
-            self.layout = shared_decode_layout(
-                bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
-                rows=shared_rows, stages=smem_stages,
+            self.shared = SharedDecodeMainloop(
+                fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+                m_warps=m_warps, rows=shared_rows, stages=smem_stages,
             )  # fmt: skip
+            self.layout = self.shared.layout
             self.smem_bytes = self.layout.total
         else:
             self.smem_bytes = ring_smem_bytes(
@@ -403,163 +408,35 @@ class DenseTrellisGemmKernel:
     @cute.jit
     def _shared_decode_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
         """The CTA decodes each K16 row's weights once into shared memory; every warp then
-        multiplies its M blocks by its share of them (module docstring, "Shared decode")."""
+        multiplies its M blocks by its share of them (:mod:`b12x.kernels.shared_decode`)."""
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
         lay = self.layout
         m = a.shape[0]
         k_rows = payload.shape[0]
-        n_warps = self.warps // self.m_warps
-        wn = warp % n_warps
-        wm = warp // n_warps
+        wm, wn = self.shared.warp_coords(warp)
         cta_row0 = by * lay.cta_m
         row_base = cta_row0 + wm * (16 * self.m_tiles)
         k_begin = bz * k_rows_per_split
         k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
-        acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
         first, off = lane_ring_start(lane, self.bits)
         row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
-        allocator = cutlass.memory.SmemAllocator()
-        smem = Uint32(allocator.allocate(self.smem_bytes, byte_alignment=16).toint())
-        fill = self._shared_fill_pointers(
-            tid=tid, smem=smem, lay=lay, m=m, cta_row0=cta_row0, a=a,
+        lanes = self.shared.setup(
+            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a,
             pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
+            a_row_source=lambda local: (
+                cutlass.min(cta_row0 + local, m - 1), cta_row0 + local < m
+            ),
         )  # fmt: skip
-        warp_run = smem + Uint32(warp * (self.n_tiles * 32 * self.bits))  # its tiles in a row
-        word_rd = [warp_run + Uint32(idx * 4) for idx in ring_word_indices(first, self.bits)]
-        warp_a = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES))  # its M blocks in a row
-        a_rd = tuple(warp_a + Uint32(o) for o in a_fragment_offsets(g, r))
-        frag = smem + Uint32(lay.frag_offset + lane * 16)
-        frag_st = frag + Uint32(warp * (self.n_tiles * FRAG_TILE_BYTES))
-        frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
-        live_rows = row_base < m  # warp-uniform: a warp whose M blocks are all past M idles
-        stages = self.smem_stages
-        rows = self.shared_rows
-        for d in cutlass.range_constexpr(stages - 1):
-            self._shared_fill(d, k_begin + d * rows, k_end, row_bytes, fill, lay)
-            ptx.cp_async_commit()
-        first_landed = stages - 2  # pending groups once step 0 has landed
-        ptx.cp_async_wait(first_landed)
-        cute.arch.sync_threads()
-        for i in cutlass.range_constexpr(rows):
-            if k_begin + i < k_end:
-                self._decode_to_shared(0, 0, i, word_rd, lut_addr, off, frag_st, lay)
-        period = lay.period
-        for k0 in cutlass.range(k_begin, k_end, period * rows, unroll=1):
-            for s in cutlass.range_constexpr(period):
-                step = k0 + s * rows
-                # step + 1 has landed; every warp is done with step - 1 (its slot and buffer)
-                ptx.cp_async_wait(stages - 3)
-                cute.arch.sync_threads()
-                refill = (s + stages - 1) % stages
-                self._shared_fill(refill, step + (stages - 1) * rows, k_end, row_bytes, fill, lay)
-                ptx.cp_async_commit()
-                nxt = step + rows
-                for i in cutlass.range_constexpr(rows):
-                    if nxt + i < k_end:
-                        self._decode_to_shared(
-                            (s + 1) % stages, (s + 1) % 2, i, word_rd, lut_addr, off, frag_st, lay
-                        )
-                if live_rows:
-                    for i in cutlass.range_constexpr(rows):
-                        if step + i < k_end:
-                            self._multiply_shared(s % stages, s % 2, i, a_rd, frag_rd, acc, lay)
-        # No copy may still be writing shared memory when the CTA exits.
-        ptx.cp_async_wait(0)
+        acc = self.shared.run(
+            lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
+            off=off, live_rows=row_base < m,  # warp-uniform: a warp past M idles
+        )  # fmt: skip
         self._epilogue(
             out=out, acc=acc, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
             bz=bz, g=g, r=r, n_tiles=lay.mma_tiles,
         )  # fmt: skip
-
-    def _shared_fill_pointers(self, *, tid, smem, lay, m, cta_row0, a, pay_cta):
-        """``(payload, a_chunks)`` copy plan of thread ``tid`` for one K16 row.
-
-        Payload: the CTA's ``cta_tiles`` tiles of a K16 row are ``cta_tiles·32b`` contiguous
-        bytes, copied as 16-byte chunks, chunk ``tid + j·threads`` by this thread (``j`` <
-        :attr:`~b12x.kernels.shared_layout.SharedDecodeLayout.pay_rounds`; in a partial round the
-        chunks past the run are predicated off, the predicate built here once).
-        A: chunk ``c = tid + j·threads`` is half ``c % 2`` of tile row ``c // 2`` (16 B at
-        ``k·32 + 16·half`` of activation row ``cta_row0 + c // 2``), stored at
-        ``(c // 2)·32 + 16·(half ^ (c // 8) % 2)`` in the row's A region (the halves of rows 4..7
-        mod 8 swapped, so fragment reads hit 32 banks); a row past M is zero-filled unread.
-        """
-        threads = 32 * self.warps
-        pay = []
-        for j in range(lay.pay_rounds):
-            c = tid + j * threads
-            en = None  # a full round: every thread copies
-            if (j + 1) * threads > lay.pay_chunks:
-                en = Uint32(cutlass.select_(c < lay.pay_chunks, 1, 0))
-            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c * 16), en))
-        a_base = a.iterator.toint()
-        a_row_bytes = Int64(a.shape[1]) * 4
-        chunks = []
-        for j in range(lay.a_rounds):
-            c = tid + j * threads
-            row = cta_row0 + c // 2
-            dst = smem + Uint32(lay.a_offset + a_chunk_offset(c))
-            src = a_base + Int64(cutlass.min(row, m - 1)) * a_row_bytes + (c % 2) * 16
-            size = Uint32(cutlass.select_(row < m, Uint32(16), Uint32(0)))
-            en = None
-            if (j + 1) * threads > lay.a_chunks:
-                en = Uint32(cutlass.select_(c < lay.a_chunks, 1, 0))
-            chunks.append((dst, src, size, en))
-        return pay, chunks
-
-    def _shared_fill(self, slot: int, k0, k_end, row_bytes, fill, lay) -> None:
-        """Issue the copies of K16 rows ``k0 .. k0 + shared_rows - 1`` into ``slot`` (no
-        commit). A row past the split's end copies zero bytes from a clamped address: it reads
-        no global memory and is never decoded."""
-        pay, chunks = fill
-        for i in range(self.shared_rows):
-            kt = k0 + i
-            live = kt < k_end
-            k_row = cutlass.min(kt, k_end - 1)
-            size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
-            pay_off = slot * lay.slot_bytes + i * lay.row_pay
-            for dst, src, en in pay:
-                src_k = src + Int64(k_row) * row_bytes
-                ptx.cp_async_16(dst, src_k, size, dst_offset=pay_off, enable=en)
-            a_off = slot * lay.slot_bytes + i * lay.row_a
-            for dst, src, a_size, en in chunks:
-                a_live = Uint32(cutlass.select_(live, a_size, Uint32(0)))
-                ptx.cp_async_16(
-                    dst, src + Int64(k_row) * 32, a_live, dst_offset=a_off, cache_global=False,
-                    enable=en,
-                )  # fmt: skip
-
-    def _decode_to_shared(
-        self, slot: int, buf: int, row: int, word_rd, lut_addr, off, frag_st, lay
-    ):
-        """Decode the warp's N16 tiles of K16 row ``row`` of ``slot`` (ring words read from
-        shared memory) and store each lane's four B registers (16 B, lane l at 16·l) in
-        fragment buffer ``buf``."""
-        nw = ring_words_per_lane(self.bits)
-        for nt in range(self.n_tiles):
-            base = slot * lay.slot_bytes + row * lay.row_pay + nt * 32 * self.bits
-            words = [ptx.ld_shared_u32_imm(word_rd[i], base) for i in range(nw)]
-            states = lane_windows(words, off, self.bits)
-            regs = decode_states_to_half2x4(
-                self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
-            )
-            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
-            ptx.st_shared_v4(frag_st, regs, offset=frag_off)
-
-    def _multiply_shared(self, slot: int, buf: int, row: int, a_rd, frag_rd, acc, lay) -> None:
-        """Accumulate the warp's M blocks (A fragments from the slot's A region) against its
-        ``n_tiles·m_warps`` decoded N16 tiles of K16 row ``row`` (the lane reads its own B
-        fragment from the fragment buffer)."""
-        a_frags = []
-        for mt in range(self.m_tiles):
-            base = slot * lay.slot_bytes + row * lay.row_a + lay.a_offset + mt * A_BLOCK_BYTES
-            a_frags.append(
-                [ptx.ld_shared_u32_imm(a_rd[q // 2], base + 256 * (q % 2)) for q in range(4)]
-            )
-        for j in range(lay.mma_tiles):
-            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + j) * FRAG_TILE_BYTES
-            b = ptx.ld_shared_v4(frag_rd, offset=frag_off)
-            mma_accumulate(a_frags, b, acc, j * self.m_tiles * 8, self.m_tiles, self.bf16)
 
     @cute.jit
     def _register_mainloop(

@@ -50,6 +50,7 @@ __all__ = [
     "mma_accumulate",
     "routed_a_pointers",
     "routed_epilogue",
+    "routed_rows",
     "stage_rows",
     "tile_row_words",
     "store_pair",
@@ -87,21 +88,28 @@ def clamped_a_pointers(a, row_base, m, m_tiles: int, g, r):
     return a_base, a_row_bytes, a_ptrs
 
 
+def routed_rows(route_rows, row_base, m_tiles: int, g):
+    """Yield the routes of the lane's C rows: slot ``row_base + 16·mt + 8·half + g`` for every
+    M16 block ``mt`` and ``half`` (rows g, g+8), in that order. A generator, so a caller that
+    turns each route into a pointer emits its ops route by route."""
+    for mt in range(m_tiles):
+        for half in range(2):
+            yield route_rows[row_base + mt * 16 + half * 8 + g]
+
+
 def routed_a_pointers(a, route_rows, row_base, m_tiles: int, g, r):
     """``(a_ptrs, rows, n_rows)`` of a route block: slot ``row_base + 16·mt + 8·half + g``
-    computes route ``rows[2·mt + half]``; a route ``>= n_rows`` is a padding slot (the
-    sentinel), whose pointer reads row 0 and whose result is never stored."""
+    computes route ``rows[2·mt + half]`` (:func:`routed_rows`); a route ``>= n_rows`` is a
+    padding slot (the sentinel), whose pointer reads row 0 and whose result is never stored."""
     a_base = a.iterator.toint()
     a_row_bytes = Int64(a.shape[1]) * 4
     n_rows = a.shape[0]
     a_ptrs = []
     rows = []
-    for mt in range(m_tiles):
-        for half in range(2):
-            route = route_rows[row_base + mt * 16 + half * 8 + g]
-            rows.append(route)  # >= n_rows: a padding slot (the sentinel), never stored
-            safe = Int32(cutlass.select_(route < n_rows, route, Int32(0)))
-            a_ptrs.append(a_base + Int64(safe) * a_row_bytes + r * 4)
+    for route in routed_rows(route_rows, row_base, m_tiles, g):
+        rows.append(route)  # >= n_rows: a padding slot (the sentinel), never stored
+        safe = Int32(cutlass.select_(route < n_rows, route, Int32(0)))
+        a_ptrs.append(a_base + Int64(safe) * a_row_bytes + r * 4)
     return a_ptrs, rows, n_rows
 
 

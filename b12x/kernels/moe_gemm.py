@@ -39,6 +39,19 @@ Layout
   :func:`accumulate_tile` calls the dense kernel's shared body
   :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by keyword**, with the codegen
   constants taken from one frozen :class:`MainloopBundle`.
+* **Shared decode** (``MoeGemmSpec.m_warps`` >= 1; unpaired only): the route block is
+  ``16·m_tiles·m_warps`` slots (128 for the planned wide geometry) and the CTA runs the mainloop
+  of :mod:`b12x.kernels.shared_decode`: its slots' A rows are gathered by ``cp.async`` through
+  ``route_rows`` (a padding slot is zero-filled, never read), each K16 row of the expert's
+  payload is decoded once per CTA into shared memory and multiplied by ``m_warps`` x
+  ``warps/m_warps`` warps; a warp whose first slot is padding skips its MMAs (padding sits at
+  the end of a block). ``k_split`` is then no warp group but the fold's slice count: the K range
+  is summed in ``k_split`` slices folded ``((s_0 + s_1) + s_2) + …`` (the partial sums in
+  shared memory), the same order as the per-warp kernel's reduction, so every route's result is
+  bit-identical on both mainloops (batch invariance across them; checked on the H200 by
+  ``tests/b12x/test_moe_shared_decode_gpu.py``). Shared memory: the slots and fragment buffers
+  (<= 48 KB) plus, with a split, the fold (64 KB for the wide geometry), so such a launch opts
+  in past 48 KB and is planned only on a device that grants it.
 * **QSRT pairs** (spec §4.2; ``MoeGemmSpec.pair`` set, ``bits`` the base 3) build
   :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel` in its own module (composition of the same
   primitives, not a subclass): FC1 with
@@ -82,9 +95,16 @@ from b12x.kernels.mainloop import (
     ring_word_pointers,
     routed_a_pointers,
     routed_epilogue,
+    routed_rows,
     stage_rows,
     tile_row_words,
     zero_accumulators,
+)
+from b12x.kernels.shared_decode import SharedDecodeMainloop
+from b12x.kernels.shared_layout import (
+    SharedDecodeLayout,
+    check_shared_decode,
+    shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import lane_ring_start
 
@@ -137,6 +157,14 @@ class MoeGemmSpec:
     pair: str | None = None
     rate_axis: str | None = None
     k_split: int = 1
+    #: ``>= 1``: the shared-decode mainloop (:mod:`b12x.kernels.shared_decode`): the CTA decodes
+    #: each K16 row once and ``m_warps`` x ``warps/m_warps`` warps multiply it; route blocks of
+    #: ``16·m_tiles·m_warps`` slots; ``k_split`` is then the fold's slice count (summation order
+    #: only, no warp groups). 0: the per-warp mainloop.
+    m_warps: int = 0
+    #: K16 rows per shared-decode step and its cp.async slots (``smem_stages`` 0 when per-warp).
+    shared_rows: int = 2
+    smem_stages: int = 0
 
     def __post_init__(self):
         resolve_format(self.codebook, self.bits)
@@ -148,7 +176,10 @@ class MoeGemmSpec:
             raise ValueError(f"depth: expected one of {DEPTHS}, got {self.depth!r}")
         if type(self.k_split) is not int or self.k_split not in K_SPLITS:
             raise ValueError(f"k_split: expected one of {K_SPLITS}, got {self.k_split!r}")
-        if self.cta_threads > MAX_CTA_THREADS or self.smem_bytes > MAX_STATIC_SMEM:
+        self._check_shared()
+        # the shared decode's fold region may go past the 48 KB (the plan checks the device)
+        fold = self.shared_layout.fold_bytes if self.m_warps else 0
+        if self.cta_threads > MAX_CTA_THREADS or self.smem_bytes - fold > MAX_STATIC_SMEM:
             raise ValueError(
                 f"warps/k_split: {self.warps} warps × k_split {self.k_split} need "
                 f"{self.cta_threads} threads and {self.smem_bytes} B of shared memory (at most "
@@ -161,6 +192,30 @@ class MoeGemmSpec:
         if self.k_split != 1:
             raise ValueError(f"k_split: the paired kernel has no K split, got {self.k_split}")
         self._check_pair()
+
+    def _check_shared(self) -> None:
+        check_shared_decode(
+            warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
+            smem_stages=self.smem_stages,
+        )  # fmt: skip
+        if not self.m_warps and self.smem_stages:
+            raise ValueError(
+                f"smem_stages: the per-warp grouped GEMM has no shared-memory ring, got "
+                f"{self.smem_stages} (set m_warps for the shared decode)"
+            )
+        if self.m_warps and self.pair is not None:
+            raise ValueError(f"m_warps: the paired kernel has no shared decode, got {self.m_warps}")
+
+    @property
+    def shared_layout(self) -> SharedDecodeLayout | None:
+        """The shared decode's byte layout (None for the per-warp mainloop)."""
+        if not self.m_warps:
+            return None
+        return shared_decode_layout(
+            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
+            m_warps=self.m_warps, rows=self.shared_rows, stages=self.smem_stages,
+            fold=self.k_split > 1,
+        )  # fmt: skip
 
     def _check_pair(self) -> None:
         if self.pair not in PAIR_CHOICES:
@@ -187,7 +242,8 @@ class MoeGemmSpec:
 
     @property
     def block_size(self) -> int:
-        return 16 * self.m_tiles
+        """Slots of one route block: the rows one CTA computes."""
+        return 16 * self.m_tiles * max(1, self.m_warps)
 
     @property
     def uses_mma(self) -> bool:
@@ -196,8 +252,9 @@ class MoeGemmSpec:
 
     @property
     def cta_threads(self) -> int:
-        """Threads of one CTA: ``k_split`` warp groups of ``warps`` warps."""
-        return 32 * self.warps * self.k_split
+        """Threads of one CTA: ``k_split`` warp groups of ``warps`` warps (the shared decode:
+        ``warps`` warps, its K split being a summation order only)."""
+        return 32 * self.warps * (1 if self.m_warps else self.k_split)
 
     @property
     def reduce_chunk(self) -> int:
@@ -208,7 +265,10 @@ class MoeGemmSpec:
     @property
     def smem_bytes(self) -> int:
         """The K reduction's staging buffer: one ``reduce_chunk`` slice per lane of every warp
-        of groups ``1 .. k_split-1`` (group 0 keeps its partial sums in registers)."""
+        of groups ``1 .. k_split-1`` (group 0 keeps its partial sums in registers); the shared
+        decode's slots and fragment buffers (:mod:`b12x.kernels.shared_layout`)."""
+        if self.m_warps:
+            return self.shared_layout.total
         return (self.k_split - 1) * self.warps * 32 * self.reduce_chunk * 4
 
     @property
@@ -295,6 +355,13 @@ class MoeGroupedGemmKernel:
         self.m_tiles = spec.m_tiles
         self.depth = spec.depth
         self.k_split = spec.k_split
+        self.shared = None
+        if spec.m_warps:
+            self.shared = SharedDecodeMainloop(
+                self.bundle.fmt, spec.bits, bf16=spec.bf16, m_tiles=spec.m_tiles,
+                n_tiles=spec.n_tiles, warps=spec.warps, m_warps=spec.m_warps,
+                rows=spec.shared_rows, stages=spec.smem_stages, k_split=spec.k_split,
+            )  # fmt: skip
 
     @abi_entry
     @cute.jit
@@ -350,24 +417,38 @@ class MoeGroupedGemmKernel:
     ):
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
-        row_base = by * (16 * self.m_tiles)
+        row_base = by * self.spec.block_size
         expert, live = block_liveness(block_expert_ids, route_count, descriptors, by, row_base)
         if live == 1:
             descriptor = descriptors[expert]
             if (descriptor >> TIER_SHIFT) == tier:
                 local = descriptor & LOCAL_MASK
-                self._block_tile(
-                    a=a,
-                    payload=payload,
-                    out=out,
-                    route_rows=route_rows,
-                    lut_addr=lut_addr,
-                    payload_expert=expert_base + local,
-                    row_base=row_base,
-                    bx=bx,
-                    tid=tid,
-                    out_col_word=out_col_word,
-                )
+                if cutlass.const_expr(self.shared is None):
+                    self._block_tile(
+                        a=a,
+                        payload=payload,
+                        out=out,
+                        route_rows=route_rows,
+                        lut_addr=lut_addr,
+                        payload_expert=expert_base + local,
+                        row_base=row_base,
+                        bx=bx,
+                        tid=tid,
+                        out_col_word=out_col_word,
+                    )
+                else:
+                    self._shared_block_tile(
+                        a=a,
+                        payload=payload,
+                        out=out,
+                        route_rows=route_rows,
+                        lut_addr=lut_addr,
+                        payload_expert=expert_base + local,
+                        row_base=row_base,
+                        bx=bx,
+                        tid=tid,
+                        out_col_word=out_col_word,
+                    )
 
     @cute.jit
     def _block_tile(
@@ -438,6 +519,64 @@ class MoeGroupedGemmKernel:
                 self.n_tiles,
                 bundle.bf16,
             )
+
+    @cute.jit
+    def _shared_block_tile(
+        self,
+        *,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        route_rows: cute.Tensor,
+        lut_addr: Int64,
+        payload_expert: Int32,
+        row_base: Int32,
+        bx: Int32,
+        tid: Int32,
+        out_col_word: Int32,
+    ):
+        """One route block through the shared decode: the CTA's ``cta_m`` slots gathered into
+        shared memory (a padding slot is zero-filled, never read), each K16 row decoded once,
+        the K slices folded in the per-warp kernel's fixed order (batch invariance), then the
+        scatter epilogue of the warp's ``m_tiles`` M16 blocks x ``mma_tiles`` N16 tiles."""
+        shared = self.shared
+        lay = shared.layout
+        bits = self.spec.bits
+        lane, warp, r, g = lane_coords(tid)
+        wm, wn = shared.warp_coords(warp)
+        k_rows = a.shape[1] // 8
+        n_rows = a.shape[0]
+        warp_row0 = row_base + wm * (16 * self.m_tiles)
+        first, off = lane_ring_start(lane, bits)
+        row_bytes = Int64(payload.shape[1]) * (4 * 8 * bits)
+        expert_bytes = Int64(payload_expert) * Int64(k_rows) * row_bytes
+        cta_run = Int64(bx * (lay.cta_tiles * 32 * bits))
+
+        def slot_row(local):
+            route = route_rows[row_base + local]
+            live = route < n_rows
+            return Int32(cutlass.select_(live, route, Int32(0))), live
+
+        lanes = shared.setup(
+            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a, a_row_source=slot_row,
+            pay_cta=payload.iterator.toint() + expert_bytes + cta_run,
+        )  # fmt: skip
+        # Padding sits at the end of a block: a warp whose first slot is padding has no route.
+        acc = shared.run(
+            lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
+            off=off, live_rows=route_rows[warp_row0] < n_rows, slice_rows=k_rows // self.k_split,
+        )  # fmt: skip
+        tile0 = bx * lay.cta_tiles + wn * lay.mma_tiles
+        routed_epilogue(
+            out,
+            acc,
+            list(routed_rows(route_rows, warp_row0, self.m_tiles, g)),
+            n_rows,
+            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
+            self.m_tiles,
+            lay.mma_tiles,
+            self.spec.bf16,
+        )
 
     @cute.jit
     def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):

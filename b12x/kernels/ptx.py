@@ -43,6 +43,7 @@ __all__ = [
     "f32x2_to_half2",
     "f32x2_to_bfloat2",
     "u32_as_f32",
+    "f32_as_u32",
     "asm_f32",
     "half2_to_f32x2",
     "shf_r_clamp",
@@ -287,6 +288,12 @@ def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
 def u32_as_f32(bits, loc=None, ip=None) -> Float32:
     """Reinterpret the bits of a u32 as fp32."""
     return Float32(llvm.bitcast(T.f32(), Uint32(bits).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def f32_as_u32(value, loc=None, ip=None) -> Uint32:
+    """The bits of an fp32 value as a u32 (a bitcast, no conversion)."""
+    return Uint32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 def shf_r_clamp(lo, hi, shift) -> Uint32:

@@ -12,7 +12,10 @@ Layout (bytes, per CTA)
 contiguous in global memory), then every row's activation region (``row_a = cta_m/16`` blocks
 of :data:`A_BLOCK_BYTES`, ``cta_m = 16·m_tiles·m_warps`` rows); after the slots, two fragment
 buffers of ``shared_rows·cta_tiles`` decoded tiles (:data:`FRAG_TILE_BYTES` each: 32 lanes x
-four B registers). The whole must fit :data:`SMEM_LIMIT`.
+four B registers). Slots and buffers must fit :data:`SMEM_LIMIT`. A grouped GEMM whose K is
+summed in slices (the MoE's fixed fold order) appends the fold region: per thread its partial
+sums, as 16-byte groups ``q`` at ``fold_offset + (q·threads + tid)·16`` (a warp's 32 lanes write
+512 contiguous bytes per group, conflict-free).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ __all__ = [
     "FRAG_TILE_BYTES",
     "SHARED_ROWS",
     "SMEM_LIMIT",
+    "SLOT_CHOICES",
     "SharedDecodeLayout",
     "check_shared_decode",
+    "fitting_slots",
+    "fold_bytes",
     "shared_decode_layout",
 ]
 
@@ -40,6 +46,9 @@ A_BLOCK_BYTES = 16 * 32
 FRAG_TILE_BYTES = 32 * 16
 #: Legal ``shared_rows`` (K16 rows decoded per barrier) of the shared-decode mainloop.
 SHARED_ROWS = (1, 2, 4)
+#: ``(shared_rows, smem_stages)`` in order of preference (dense sweep, H200: 2 x 3 is 2-6 %
+#: faster than 1 x 4 where both fit).
+SLOT_CHOICES = ((2, 3), (1, 4))
 
 
 def check_shared_decode(*, warps: int, m_warps: int, rows: int, smem_stages: int) -> None:
@@ -86,12 +95,23 @@ class SharedDecodeLayout:
     pay_rounds: int
     a_chunks: int
     a_rounds: int
+    fold_offset: int = 0
+    fold_bytes: int = 0
 
 
 def shared_decode_layout(
-    *, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int, rows: int, stages: int
+    *,
+    bits: int,
+    m_tiles: int,
+    n_tiles: int,
+    warps: int,
+    m_warps: int,
+    rows: int,
+    stages: int,
+    fold: bool = False,
 ) -> SharedDecodeLayout:
-    """The :class:`SharedDecodeLayout` of one shared-decode geometry."""
+    """The :class:`SharedDecodeLayout` of one shared-decode geometry (``fold``: with the K-slice
+    fold's partial sums, :func:`fold_bytes`, after the fragment buffers)."""
     threads = 32 * warps
     cta_tiles = n_tiles * warps
     cta_m = 16 * m_tiles * m_warps
@@ -102,11 +122,39 @@ def shared_decode_layout(
     frag_bytes = rows * cta_tiles * FRAG_TILE_BYTES
     pay_chunks = row_pay // 16
     a_chunks = 2 * cta_m
+    fold_at = frag_offset + 2 * frag_bytes
+    folded = (
+        fold_bytes(m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps) if fold else 0
+    )
     return SharedDecodeLayout(
         cta_tiles=cta_tiles, mma_tiles=n_tiles * m_warps, cta_m=cta_m, row_pay=row_pay,
         row_a=row_a, a_offset=rows * row_pay, slot_bytes=slot, frag_offset=frag_offset,
-        frag_bytes=frag_bytes, period=math.lcm(stages, 2), total=frag_offset + 2 * frag_bytes,
+        frag_bytes=frag_bytes, period=math.lcm(stages, 2), total=fold_at + folded,
         pay_chunks=pay_chunks,
         pay_rounds=-(-pay_chunks // threads), a_chunks=a_chunks,
-        a_rounds=-(-a_chunks // threads),
+        a_rounds=-(-a_chunks // threads), fold_offset=fold_at, fold_bytes=folded,
     )  # fmt: skip
+
+
+def fold_bytes(*, m_tiles: int, n_tiles: int, warps: int, m_warps: int) -> int:
+    """Shared memory of the K-slice fold: every thread's ``m_tiles·mma_tiles·8`` fp32 partial
+    sums (``mma_tiles = n_tiles·m_warps``), 64 KB for the 128 x 128 CTA of 8 warps. Past the
+    48 KB a launch gets without opting in, so only a device that grants it may plan a fold."""
+    return m_tiles * n_tiles * m_warps * 8 * 4 * 32 * warps
+
+
+def fitting_slots(*, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int):
+    """``(shared_rows, smem_stages)``: the first of :data:`SLOT_CHOICES` whose layout fits
+    :data:`SMEM_LIMIT` at ``bits`` (2 x 3 up to K5, 1 x 4 from K6 for the 128 x 128 CTA);
+    ``ValueError`` when none does."""
+    for rows, stages in SLOT_CHOICES:
+        need = shared_decode_layout(
+            bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps, rows=rows,
+            stages=stages,
+        ).total  # fmt: skip
+        if need <= SMEM_LIMIT:
+            return rows, stages
+    raise ValueError(
+        f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {SMEM_LIMIT} B "
+        f"(m_tiles={m_tiles}, n_tiles={n_tiles}, warps={warps}, m_warps={m_warps})"
+    )

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from b12x.formats import resolve_format
+from b12x.kernels.shared_layout import fitting_slots
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.moe import dispatch as D
 from b12x.ops.moe import plan as plan_mod
@@ -43,6 +44,10 @@ GRIDS = {
         {"m": m, "top_k": k, "num_experts": e}
         for m, k, e in itertools.product((1, 17, 200, 4096), (1, 8), (8, 128))
     ],
+    "moe_mainloop": [
+        D._mainloop_case(m=m, num_experts=e, max_shared_mem=smem)
+        for m, e, smem in itertools.product((1, 512, 1024, 4096), (8, 128), (None, 101376, 232448))
+    ],
     "moe_k_split": [{"k": k} for k in (128, 512, 896, 1536, 3072, 5120, 7168)],
     "moe_gemm_geometry": [
         {"m_tiles": mt, "n": n, "k_split": ks, "wide_tile_cap": f}
@@ -61,8 +66,8 @@ GRIDS = {
 
 def test_tables_are_exported_in_plan_order():
     assert [t.name for t in D.TABLES] == [
-        "moe_route_block", "moe_k_split", "moe_gemm_geometry", "moe_pair_geometry",
-        "moe_fc2_tile",
+        "moe_route_block", "moe_mainloop", "moe_k_split", "moe_gemm_geometry",
+        "moe_pair_geometry", "moe_fc2_tile",
     ]  # fmt: skip
     assert dict(D.TABLES_BY_NAME) == {t.name: t for t in D.TABLES}
 
@@ -102,6 +107,8 @@ PLANTS = [
     ("moe_gemm_geometry", D, "WIDE_TILE_CAP", 2, "geometry_tile_cap"),
     ("moe_pair_geometry", D, "PAIR_CHANNELS", 128, "pair_k_axis_2_n"),
     ("moe_fc2_tile", dense_tiles, "SMEM_RESERVE", 0, "fc2_tile_shared_memory"),
+    ("moe_mainloop", D, "SHARED_MIN_ROUTES", 65, "mainloop_min_routes"),
+    ("moe_mainloop", D, "SHARED_WIDE_SMEM", 114689, "mainloop_smem"),
 ]
 
 
@@ -201,12 +208,20 @@ def _check_plan_against_tables(problem, device):
     m, top_k, h, i = problem["m"], problem["top_k"], problem["hidden"], problem["intermediate"]
     route_case = {"m": m, "top_k": top_k, "num_experts": e, "m_tiles": problem.get("m_tiles")}
     m_tiles = D.ROUTE_BLOCK.decide(route_case)
-    assert plan.routes.block_size == 16 * m_tiles
     fc1_n = 2 * i if problem["w13_layout"] == "packed" else i
+    paired = (problem.get("fc1_pair"), problem.get("fc2_pair")) != (None, None)
+    shared = D.MAINLOOP.decide({
+        **route_case, "shared_decode": problem.get("shared_decode"), "paired": paired,
+        "fc1_n": fc1_n, "fc2_n": h, "max_shared_mem": device and device.max_shared_mem,
+    })  # fmt: skip
+    if shared is not None:
+        return _check_shared_plan(plan, shared, problem, bits, fc1_n)
+    assert plan.routes.block_size == 16 * m_tiles
     for phase, specs, k, n in (("fc1", plan.fc1_spec, h, fc1_n), ("fc2", plan.fc2_spec, i, h)):
         pair = problem.get(f"{phase}_pair")
         assert len(specs) == (1 if pair is not None else len(bits))
         for spec, b in zip(specs, bits, strict=False):
+            assert spec.m_warps == 0, spec
             want = _expected_spec(
                 codebook=problem["codebook"], bits=b, compute_dtype=problem["compute_dtype"],
                 m_tiles=m_tiles, phase=phase, pair=pair, k=k, n=n,
@@ -225,10 +240,35 @@ def _check_plan_against_tables(problem, device):
             got = (spec.k_split, spec.n_tiles, spec.warps, spec.depth, spec.rate_axis)
             assert got == want, (phase, problem, device, got, want)
             assert spec.m_tiles == m_tiles and spec.bf16 == (problem["compute_dtype"] == BF16)
+    return _check_replay(plan)
+
+
+def _check_replay(plan):
     for d in plan.decisions:  # the record replays: same table, same case, same path and value
         replay = D.TABLES_BY_NAME[d.table].explain(dict(d.case))
         assert (replay.path, replay.value) == (d.path, d.value), d
     return plan
+
+
+def _check_shared_plan(plan, shared, problem, bits, fc1_n):
+    """The shared decode: 128-slot blocks, the geometry of the mainloop table, the K split of
+    K_SPLIT (its fold order), slots fitted to each tier's bits; no geometry or FC2 tile row."""
+    assert plan.routes.block_size == shared.block_size
+    h, i = problem["hidden"], problem["intermediate"]
+    for specs, k in ((plan.fc1_spec, h), (plan.fc2_spec, i)):
+        assert len(specs) == len(bits)
+        for spec, b in zip(specs, bits, strict=True):
+            rows, stages = fitting_slots(
+                bits=b, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles, warps=shared.warps,
+                m_warps=shared.m_warps,
+            )  # fmt: skip
+            got = (spec.m_tiles, spec.n_tiles, spec.warps, spec.m_warps, spec.k_split)
+            want = (*shared, D.K_SPLIT.decide({"k": k}))
+            assert got == want and (spec.shared_rows, spec.smem_stages) == (rows, stages)
+            assert spec.block_size == plan.routes.block_size
+    tables = {d.table for d in plan.decisions}
+    assert "moe_gemm_geometry" not in tables and "moe_fc2_tile" not in tables
+    return _check_replay(plan)
 
 
 def _problems():
@@ -243,7 +283,9 @@ def _problems():
     for m, cd, layout in itertools.product((1, 200), (F16, BF16), ("packed", "proj")):
         out.append(dict(small, m=m, compute_dtype=cd, w13_layout=layout))
     for codebook, bits in (("sqg_fp16", 5), ("sqg_e4m3", 3), ("mul1", 6), ("3inst", 2)):
-        out.append(dict(glm, m=4096, codebook=codebook, bits=bits))  # m_tiles 4: D3L row
+        out.append(dict(glm, m=4096, codebook=codebook, bits=bits))  # the shared decode (H200)
+        # m_tiles 4 per-warp: the D3L row
+        out.append(dict(glm, m=4096, codebook=codebook, bits=bits, shared_decode="off"))
         out.append(dict(small, m=3, codebook=codebook, bits=bits))
     for pin in (1, 2, 4):
         out.append(dict(glm, m=8, m_tiles=pin))
@@ -276,7 +318,7 @@ def test_plan_records_roles_per_phase_and_tier():
     plan = plan_moe(**tiers, device=H200)
     roles = [d.role for d in plan.decisions]
     assert roles == [
-        "route_block",
+        "route_block", "mainloop",
         "fc1[0].k_split", "fc1[0].geometry", "fc1[1].k_split", "fc1[1].geometry",
         "fc2[0].k_split", "fc2[0].geometry", "fc2[0].fc2_tile",
         "fc2[1].k_split", "fc2[1].geometry", "fc2[1].fc2_tile",

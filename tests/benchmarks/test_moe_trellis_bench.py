@@ -171,6 +171,7 @@ def test_the_budget_skips_what_is_left(moe, fake_clock):
         (["--hidden", "100"], "hidden"),
         (["--top-k", "200"], "top_k"),
         (["--bits", "9"], "bits"),
+        (["--shared-decode", "thin"], "argument --shared-decode"),
     ],
 )
 def test_bad_arguments_exit_2(moe, capsys, argv, text):
@@ -185,3 +186,11 @@ def test_without_cuda_main_refuses_in_one_line(moe, monkeypatch, capsys):
     assert moe.main(["--m", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a CUDA device" in err[0]
+
+
+def test_pins_and_pair_kinds_are_the_planners(moe):
+    """The benchmark lists the planner's choices without importing b12x at module level."""
+    from b12x.ops.moe.dispatch import PAIR_CHOICES, SHARED_PINS
+
+    assert tuple(moe.SHARED_PINS) == tuple(SHARED_PINS)
+    assert tuple(moe.PAIR_CHOICES) == tuple(PAIR_CHOICES)

@@ -58,7 +58,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from b12x.kernels.shared_layout import SMEM_LIMIT, shared_decode_layout
+from b12x.kernels.shared_layout import SLOT_CHOICES, fitting_slots
 from b12x.ops import tables
 from b12x.ops.dense.dispatch import PATH_NAMES
 from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
@@ -84,8 +84,6 @@ __all__ = [
 SHARED_MIN_M = 17
 #: Largest M of the thin geometry.
 THIN_MAX_M = 32
-#: ``(shared_rows, smem_stages)`` in order of preference (measured: 2 x 3 is 2-6 % faster).
-SLOT_CHOICES = ((2, 3), (1, 4))
 #: Columns one CTA of either shared geometry covers.
 CTA_N = 128
 
@@ -116,14 +114,11 @@ WIDE = SharedDecode(m_tiles=2, n_tiles=1, warps=8, m_warps=4, split_k=1)
 
 def slots_for(bits: int, geometry: SharedDecode) -> SharedDecode:
     """``geometry`` with the first slot shape of :data:`SLOT_CHOICES` that fits at ``bits``."""
-    for rows, stages in SLOT_CHOICES:
-        need = shared_decode_layout(
-            bits=bits, m_tiles=geometry.m_tiles, n_tiles=geometry.n_tiles, warps=geometry.warps,
-            m_warps=geometry.m_warps, rows=rows, stages=stages,
-        ).total  # fmt: skip
-        if need <= SMEM_LIMIT:
-            return dataclasses.replace(geometry, shared_rows=rows, smem_stages=stages)
-    raise ValueError(f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} for {geometry}")
+    rows, stages = fitting_slots(
+        bits=bits, m_tiles=geometry.m_tiles, n_tiles=geometry.n_tiles, warps=geometry.warps,
+        m_warps=geometry.m_warps,
+    )  # fmt: skip
+    return dataclasses.replace(geometry, shared_rows=rows, smem_stages=stages)
 
 
 SCHEMA = tables.Schema(

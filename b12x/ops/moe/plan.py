@@ -45,17 +45,20 @@ import torch
 
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
+from b12x.kernels.shared_layout import fitting_slots
 from b12x.ops.moe import routing
 from b12x.ops.moe.dispatch import (
     FC2_TILE,
     GEMM_GEOMETRY,
     K_SPLIT,
+    MAINLOOP,
     MAX_K_SPLIT,
     MIN_K_SLICE,
     PAIR_GEOMETRY,
     ROUTE_BLOCK,
     WIDE_CTA_WARPS,
     DecisionTable,
+    SharedGeometry,
 )
 from b12x.ops.moe.pairs import (
     PAIR_BASE_BITS,
@@ -241,12 +244,14 @@ def plan_gemm_spec(
     choice: str | None,
     k: int,
     n: int,
+    shared: SharedGeometry | None = None,
 ) -> MoeGemmSpec:
     """The compile-time spec of one grouped-GEMM launch (``k``: reduction, ``n``: output
     columns), every geometry taken from the tables: unpaired → :data:`K_SPLIT` then
     :data:`GEMM_GEOMETRY` (by m_tiles, N, k_split and the format's tile hint); paired (``choice``
     a kind or ``"dynamic"``) → :data:`PAIR_GEOMETRY` by phase. The compute dtype only becomes
-    ``MoeGemmSpec.bf16``."""
+    ``MoeGemmSpec.bf16``. ``shared`` (the :data:`MAINLOOP` table's answer): the shared-decode
+    geometry, its slots fitted to ``bits``, with the same :data:`K_SPLIT` (its fold order)."""
     bf16 = compute_dtype == torch.bfloat16
     if choice is not None:
         case = {"phase": phase, "m_tiles": m_tiles, "n": n, "compute_dtype": compute_dtype}
@@ -255,6 +260,16 @@ def plan_gemm_spec(
             codebook=fmt.name, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
         )
     k_split = decide(decisions, f"{role}.k_split", K_SPLIT, {"k": k})
+    if shared is not None:
+        rows, stages = fitting_slots(
+            bits=bits, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles, warps=shared.warps,
+            m_warps=shared.m_warps,
+        )  # fmt: skip
+        return MoeGemmSpec(
+            fmt.name, bits, bf16, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles,
+            warps=shared.warps, k_split=k_split, m_warps=shared.m_warps, shared_rows=rows,
+            smem_stages=stages,
+        )  # fmt: skip
     case = {
         "m_tiles": m_tiles,
         "n": n,
@@ -487,13 +502,16 @@ def plan_moe(
     fc1_pair: str | None = None,
     fc2_pair: str | None = None,
     device: Any = None,
+    shared_decode: str | None = None,
 ) -> MoePlan:
     """Plan one MoE call of ``m`` tokens (the capacity). ``bits``/``num_experts`` are ints for a
     uniform stack, or one per tier (two tiers: ``num_global_experts`` names the router's id
     space). ``fc1_pair``/``fc2_pair`` choose QSRT pairs per phase (:mod:`b12x.ops.moe.pairs`: None,
     a kind, or ``"dynamic"``; ``bits`` is then the base 3). ``device`` (a CUDA device or a
     simulated one, optional) lets an unpaired FC2 take the wave-balanced tile
-    (:func:`wave_balanced_fc2`). Every argument is validated here, before anything is launched.
+    (:func:`wave_balanced_fc2`). ``shared_decode`` pins the :data:`MAINLOOP` table (``"off"``:
+    the per-warp mainloop, ``"wide"``: the shared decode; None: by routes per expert). Every
+    argument is validated here, before anything is launched.
 
     Every launch geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` (route block, K
     split, unpaired or pair geometry, FC2 tile); :attr:`MoePlan.decisions` records each case,
@@ -508,12 +526,19 @@ def plan_moe(
     limits = None if device is None else device_limits(device)
     decisions: list[Decision] = []
     route_case = {"m": m, "top_k": top_k, "num_experts": problem.num_experts, "m_tiles": m_tiles}
+    fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
+    mainloop_case = {
+        **route_case, "shared_decode": shared_decode, "paired": pairs != (None, None),
+        "fc1_n": fc1_n, "fc2_n": hidden,
+        "max_shared_mem": None if limits is None else limits.max_shared_mem,
+    }  # fmt: skip
     m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
+    shared = decide(decisions, "mainloop", MAINLOOP, mainloop_case)
+    block_size = 16 * m_tiles if shared is None else shared.block_size
     routes = routing.plan_routes(
-        m=m, top_k=top_k, num_experts=problem.num_experts, block_size=16 * m_tiles
+        m=m, top_k=top_k, num_experts=problem.num_experts, block_size=block_size
     )
     check_grid(routes, m)
-    fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
     launches = {"fc1": (hidden, fc1_n, pairs[0]), "fc2": (intermediate, hidden, pairs[1])}
     specs: dict[str, list[MoeGemmSpec]] = {"fc1": [], "fc2": []}
     for phase, (k, n, choice) in launches.items():
@@ -522,14 +547,21 @@ def plan_moe(
             spec = plan_gemm_spec(
                 decisions=decisions, role=role, fmt=problem.fmt, bits=tier.bits,
                 compute_dtype=compute_dtype, m_tiles=m_tiles, phase=phase, choice=choice, k=k,
-                n=n,
+                n=n, shared=shared,
             )  # fmt: skip
-            if phase == "fc2":
+            if phase == "fc2" and shared is None:
                 spec = plan_fc2_tile(
                     spec, decisions=decisions, role=role, limits=limits, m=m, top_k=top_k,
                     num_experts=problem.num_experts, hidden=hidden, intermediate=intermediate,
                 )  # fmt: skip
             specs[phase].append(spec)
+    if shared is not None and limits is not None:
+        need = max(s.smem_bytes for s in specs["fc1"] + specs["fc2"])
+        if need > limits.max_shared_mem:
+            raise ValueError(
+                f"shared_decode: the shared decode needs {need} B of shared memory per block, "
+                f"{limits.name} grants {limits.max_shared_mem} B; use shared_decode='off'"
+            )
     return MoePlan(
         problem, routes, tuple(specs["fc1"]), tuple(specs["fc2"]),
         moe_buffer_specs(problem, routes), tuple(decisions),

@@ -27,6 +27,7 @@ Invariants
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -118,11 +119,14 @@ def plan_tiered_moe(
     w13_layout: str,
     x_dtype: torch.dtype,
     compute_dtype: torch.dtype,
+    shared_decode: str | None = None,
+    device: Any = None,
 ) -> MoePlan:
     """Plan an MoE over two tiers (``codebook`` must be ``"mcg"``; no defaults anywhere).
 
     Both FC1 layouts (``"packed"``, ``"proj"``) and both compute dtypes are supported; every
-    refusal names the argument (``tier0_bits``, ``tier1_experts``, ...) and what it accepts."""
+    refusal names the argument (``tier0_bits``, ``tier1_experts``, ...) and what it accepts.
+    ``shared_decode`` and ``device`` as in :func:`b12x.ops.moe.plan.plan_moe`."""
     fmt = resolve_format(codebook)
     if not fmt.tiered:
         raise ValueError(
@@ -159,4 +163,6 @@ def plan_tiered_moe(
         compute_dtype=compute_dtype,
         num_global_experts=num_global_experts,
         m_tiles=None,
+        shared_decode=shared_decode,
+        device=device,
     )
