@@ -141,3 +141,26 @@ def test_wide_spec_compiles_for_two_ctas_per_sm_without_spills():
     stores = count(report.ptx, r"st\.shared\.v4") - count(unsplit.ptx, r"st\.shared\.v4")
     loads = count(report.ptx, r"ld\.shared\.v4") - count(unsplit.ptx, r"ld\.shared\.v4")
     assert (stores, loads) == (steps * 2 * 16, steps * 16 + 16), (stores, loads)
+
+
+def test_the_gpu_default_job_judges_the_shared_decode():
+    """The default job's GPU grid (oracle.checks.gpu.select_grid) must reach the shared decode
+    through the MoE runner's own problem (which hands the device to the plan, as a serving engine
+    does): on an H200, every codebook family, both compute dtypes and M up to 4096."""
+    from oracle.checks.gpu import select_grid
+    from oracle.runners.inputs import moe_choices
+    from oracle.runners.moe import moe_problem
+
+    runnable, _ = select_grid()
+    shared = []
+    for case in runnable:
+        v = case.variant
+        if v.op != "moe" or v.tier_layout is not None:
+            continue  # tiered plans take no device in the runner
+        plan = plan_moe(**moe_problem(case, None, moe_choices(case), device=H200))
+        if any(spec.m_warps for spec in plan.kernel_specs):
+            shared.append(case)
+    assert len(shared) >= 20, len(shared)
+    assert {c.variant.codebook for c in shared} >= {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
+    assert {c.variant.compute_dtype for c in shared} == {"fp16", "bf16"}
+    assert max(c.m for c in shared) == 4096
