@@ -37,6 +37,8 @@ __all__ = [
     "moved",
     "payload",
     "random_scales",
+    "stack_to",
+    "trellis_experts",
 ]
 
 X_SCALE = 0.1
@@ -142,7 +144,10 @@ def _inactive_ids(num_ids: int, ids_dtype: torch.dtype) -> list[int]:
     return [-1, num_ids, 1 << 31, 1 << 32]
 
 
-def _trellis_experts(gen, e, h, i, bits, layout, codebook):
+def trellis_experts(gen, e, h, i, bits, layout, codebook):
+    """A uniform reference stack (``reference.moe.TrellisExperts``, on the CPU) of ``e`` experts
+    of hidden ``h`` and intermediate ``i``: random payloads of ``bits`` and rotation scales of
+    magnitude 0.8..1.8 with random signs, from ``gen``."""
     from reference.moe import TrellisExperts
 
     words = 16 * bits
@@ -193,7 +198,7 @@ def _paired_experts(gen, e, h, i, choices: MoeChoices, codebook):
     )  # fmt: skip
 
 
-def _to(obj: Any, device) -> Any:
+def stack_to(obj: Any, device) -> Any:
     """A copy of a frozen reference stack with every tensor field on ``device``."""
     changes = {
         f.name: getattr(obj, f.name).to(device)
@@ -201,7 +206,7 @@ def _to(obj: Any, device) -> Any:
         if f.init and isinstance(getattr(obj, f.name), torch.Tensor)
     }
     nested = {
-        f.name: _to(getattr(obj, f.name), device)
+        f.name: stack_to(getattr(obj, f.name), device)
         for f in dataclasses.fields(obj)
         if f.init and dataclasses.is_dataclass(getattr(obj, f.name))
     }
@@ -222,8 +227,8 @@ def moe_inputs(case: Any, device: str | torch.device) -> dict[str, Any]:
         e0, e1 = max(1, (e + 1) // 2), max(1, e // 2)
         num_global = e0 + e1 + 2  # two global ids map to no tier: inactive routes
         order = torch.randperm(num_global, generator=gen).tolist()
-        t0 = _trellis_experts(gen, e0, h, i, bits0, choices.layout, v.codebook)
-        t1 = _trellis_experts(gen, e1, h, i, bits1, choices.layout, v.codebook)
+        t0 = trellis_experts(gen, e0, h, i, bits0, choices.layout, v.codebook)
+        t1 = trellis_experts(gen, e1, h, i, bits1, choices.layout, v.codebook)
         experts = MixedTierExperts(
             t0, t1, bits0, bits1, v.codebook, order[:e0], order[e0 : e0 + e1], num_global
         )
@@ -232,7 +237,7 @@ def moe_inputs(case: Any, device: str | torch.device) -> dict[str, Any]:
         experts = _paired_experts(gen, e, h, i, choices, v.codebook)
         num_ids = e
     else:
-        experts = _trellis_experts(gen, e, h, i, v.bits, choices.layout, v.codebook)
+        experts = trellis_experts(gen, e, h, i, v.bits, choices.layout, v.codebook)
         num_ids = e
     ids, weights = _routes(
         gen, case, num_ids, choices.ids_dtype, _inactive_ids(num_ids, choices.ids_dtype)
@@ -245,7 +250,7 @@ def moved(inputs: dict[str, Any], device: str | torch.device) -> dict[str, Any]:
     """A MoE case's inputs (:func:`moe_inputs`) with the experts stack and every tensor on
     ``device``; other entries (``choices``) kept as they are."""
     return {
-        name: _to(value, device)
+        name: stack_to(value, device)
         if name == "experts"
         else value.to(device)
         if isinstance(value, torch.Tensor)

@@ -25,7 +25,7 @@ import torch
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
-from reference.moe import TrellisExperts
+from oracle.runners.inputs import stack_to, trellis_experts
 
 pytestmark = pytest.mark.gpu
 
@@ -35,27 +35,9 @@ DEV = "cuda"
 
 
 def make_experts(e, bits, layout, *, seed, codebook="mcg"):
-    g = torch.Generator().manual_seed(seed)
-
-    def payload(*shape):
-        data = torch.randint(-(2**15), 2**15, shape, generator=g, dtype=torch.int32)
-        return data.to(torch.int16).to(DEV)
-
-    def scales(rows, width):
-        sign = torch.where(torch.rand(rows, width, generator=g) < 0.5, -1.0, 1.0)
-        return (sign * (0.8 + 0.4 * torch.rand(rows, width, generator=g))).half().to(DEV)
-
-    words = 16 * bits
-    if layout == "packed":
-        w13 = payload(e, H // 16, 2 * I // 16, words)
-    else:
-        w13 = payload(2, e, H // 16, I // 16, words)
-    gate = scales(e, H)
-    up = gate if layout == "packed" else scales(e, H)
-    return TrellisExperts(
-        w13, payload(e, I // 16, H // 16, words), gate, up, scales(e, 3 * I), scales(1, H),
-        codebook, layout,
-    )  # fmt: skip
+    """The oracle runner's random uniform stack (:func:`oracle.runners.inputs.trellis_experts`)."""
+    gen = torch.Generator().manual_seed(seed)
+    return stack_to(trellis_experts(gen, e, H, I, bits, layout, codebook), DEV)
 
 
 def routes(e, m, top_k, *, seed, x_dtype, num_ids=None):
