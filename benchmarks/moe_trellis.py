@@ -78,7 +78,7 @@ GOALS = {1: 2.5, 8: 3.5, 64: 4.0, 512: 2.0, 4096: 1.1}
 TIER_BITS = (3, 4)
 PAIR_BASE_BITS = 3
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
-#: The MoE mainloop pins (b12x.ops.moe.dispatch.SHARED_PINS; tests check they agree).
+#: The MoE mainloop pins (b12x.ops.moe.mainloop.SHARED_PINS; tests check they agree).
 SHARED_PINS = ("off", "wide")
 TIMING = {"warmup": 3, "reps": 15, "inner": 3, "max_s": 1.0}
 QUICK_TIMING = {"warmup": 2, "reps": 5, "inner": 2, "max_s": 0.3}

@@ -27,7 +27,7 @@ import types
 
 import torch
 from bench_cli import int_list
-from moe_trellis import CudaMoeBench, make_weights
+from moe_trellis import SHARED_PINS, CudaMoeBench, make_weights
 from torch.profiler import ProfilerActivity, profile
 
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
@@ -129,7 +129,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--shared-decode",
-        choices=("off", "wide"),
+        choices=SHARED_PINS,
         default=None,
         help="pin the MoE grouped GEMMs' mainloop (default: the moe_mainloop table)",
     )

@@ -80,6 +80,7 @@ Invariants
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import cutlass
 import cutlass.cute as cute
@@ -178,8 +179,8 @@ class MoeGemmSpec:
             raise ValueError(f"k_split: expected one of {K_SPLITS}, got {self.k_split!r}")
         self._check_shared()
         # the shared decode's fold region may go past the 48 KB (the plan checks the device)
-        fold = self.shared_layout.fold_bytes if self.m_warps else 0
-        if self.cta_threads > MAX_CTA_THREADS or self.smem_bytes - fold > MAX_STATIC_SMEM:
+        static = self.shared_layout.fold_offset if self.m_warps else self.smem_bytes
+        if self.cta_threads > MAX_CTA_THREADS or static > MAX_STATIC_SMEM:
             raise ValueError(
                 f"warps/k_split: {self.warps} warps × k_split {self.k_split} need "
                 f"{self.cta_threads} threads and {self.smem_bytes} B of shared memory (at most "
@@ -206,9 +207,9 @@ class MoeGemmSpec:
         if self.m_warps and self.pair is not None:
             raise ValueError(f"m_warps: the paired kernel has no shared decode, got {self.m_warps}")
 
-    @property
+    @functools.cached_property
     def shared_layout(self) -> SharedDecodeLayout | None:
-        """The shared decode's byte layout (None for the per-warp mainloop)."""
+        """The shared decode's byte layout (None for the per-warp mainloop); computed once."""
         if not self.m_warps:
             return None
         return shared_decode_layout(

@@ -111,10 +111,6 @@ class SharedDecodeMainloop:
             rows=rows, stages=stages, fold=k_split > 1,
         )  # fmt: skip
 
-    @property
-    def smem_bytes(self) -> int:
-        return self.layout.total
-
     def warp_coords(self, warp):
         """``(wm, wn)``: the warp's M group (rows ``wm·16·m_tiles ..`` of the CTA) and N group
         (MMA tiles ``wn·mma_tiles ..``)."""

@@ -26,6 +26,7 @@ from b12x.formats import resolve_format
 from b12x.kernels.shared_layout import fitting_slots
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.moe import dispatch as D
+from b12x.ops.moe import mainloop as ML
 from b12x.ops.moe import plan as plan_mod
 from b12x.ops.moe.plan import plan_moe
 from oracle.dispatch import check_boundaries, check_table
@@ -45,7 +46,7 @@ GRIDS = {
         for m, k, e in itertools.product((1, 17, 200, 4096), (1, 8), (8, 128))
     ],
     "moe_mainloop": [
-        D._mainloop_case(m=m, num_experts=e, max_shared_mem=smem)
+        ML._mainloop_case(m=m, num_experts=e, max_shared_mem=smem)
         for m, e, smem in itertools.product((1, 512, 1024, 4096), (8, 128), (None, 101376, 232448))
     ],
     "moe_k_split": [{"k": k} for k in (128, 512, 896, 1536, 3072, 5120, 7168)],
@@ -66,7 +67,7 @@ GRIDS = {
 
 def test_tables_are_exported_in_plan_order():
     assert [t.name for t in D.TABLES] == [
-        "moe_route_block", "moe_mainloop", "moe_k_split", "moe_gemm_geometry",
+        "moe_mainloop", "moe_route_block", "moe_k_split", "moe_gemm_geometry",
         "moe_pair_geometry", "moe_fc2_tile",
     ]  # fmt: skip
     assert dict(D.TABLES_BY_NAME) == {t.name: t for t in D.TABLES}
@@ -107,8 +108,8 @@ PLANTS = [
     ("moe_gemm_geometry", D, "WIDE_TILE_CAP", 2, "geometry_tile_cap"),
     ("moe_pair_geometry", D, "PAIR_CHANNELS", 128, "pair_k_axis_2_n"),
     ("moe_fc2_tile", dense_tiles, "SMEM_RESERVE", 0, "fc2_tile_shared_memory"),
-    ("moe_mainloop", D, "SHARED_MIN_ROUTES", 65, "mainloop_min_routes"),
-    ("moe_mainloop", D, "SHARED_WIDE_SMEM", 114689, "mainloop_smem"),
+    ("moe_mainloop", ML, "SHARED_MIN_ROUTES", 65, "mainloop_min_routes"),
+    ("moe_mainloop", ML, "SHARED_WIDE_SMEM", 114689, "mainloop_smem"),
 ]
 
 
@@ -210,7 +211,7 @@ def _check_plan_against_tables(problem, device):
     m_tiles = D.ROUTE_BLOCK.decide(route_case)
     fc1_n = 2 * i if problem["w13_layout"] == "packed" else i
     paired = (problem.get("fc1_pair"), problem.get("fc2_pair")) != (None, None)
-    shared = D.MAINLOOP.decide({
+    shared = ML.MAINLOOP.decide({
         **route_case, "shared_decode": problem.get("shared_decode"), "paired": paired,
         "fc1_n": fc1_n, "fc2_n": h, "max_shared_mem": device and device.max_shared_mem,
     })  # fmt: skip
@@ -252,7 +253,8 @@ def _check_replay(plan):
 
 def _check_shared_plan(plan, shared, problem, bits, fc1_n):
     """The shared decode: 128-slot blocks, the geometry of the mainloop table, the K split of
-    K_SPLIT (its fold order), slots fitted to each tier's bits; no geometry or FC2 tile row."""
+    K_SPLIT (its fold order), slots fitted to each tier's bits; no route block, geometry or FC2
+    tile decision (none of them would be used)."""
     assert plan.routes.block_size == shared.block_size
     h, i = problem["hidden"], problem["intermediate"]
     for specs, k in ((plan.fc1_spec, h), (plan.fc2_spec, i)):
@@ -267,7 +269,7 @@ def _check_shared_plan(plan, shared, problem, bits, fc1_n):
             assert got == want and (spec.shared_rows, spec.smem_stages) == (rows, stages)
             assert spec.block_size == plan.routes.block_size
     tables = {d.table for d in plan.decisions}
-    assert "moe_gemm_geometry" not in tables and "moe_fc2_tile" not in tables
+    assert not tables & {"moe_route_block", "moe_gemm_geometry", "moe_fc2_tile"}, tables
     return _check_replay(plan)
 
 
@@ -318,16 +320,15 @@ def test_plan_records_roles_per_phase_and_tier():
     plan = plan_moe(**tiers, device=H200)
     roles = [d.role for d in plan.decisions]
     assert roles == [
-        "route_block", "mainloop",
+        "mainloop", "route_block",
         "fc1[0].k_split", "fc1[0].geometry", "fc1[1].k_split", "fc1[1].geometry",
         "fc2[0].k_split", "fc2[0].geometry", "fc2[0].fc2_tile",
         "fc2[1].k_split", "fc2[1].geometry", "fc2[1].fc2_tile",
     ]  # fmt: skip
-    assert plan_mod.describe(plan)["decisions"][0] == (
-        "route_block",
-        "moe_route_block",
-        "m_tiles_1",
-    )
+    assert plan_mod.describe(plan)["decisions"][:2] == [
+        ("mainloop", "moe_mainloop", "few_routes"),
+        ("route_block", "moe_route_block", "m_tiles_1"),
+    ]
 
 
 def test_a_geometry_decided_outside_the_tables_is_caught(monkeypatch):

@@ -190,7 +190,8 @@ def test_without_cuda_main_refuses_in_one_line(moe, monkeypatch, capsys):
 
 def test_pins_and_pair_kinds_are_the_planners(moe):
     """The benchmark lists the planner's choices without importing b12x at module level."""
-    from b12x.ops.moe.dispatch import PAIR_CHOICES, SHARED_PINS
+    from b12x.ops.moe.dispatch import PAIR_CHOICES
+    from b12x.ops.moe.mainloop import SHARED_PINS
 
     assert tuple(moe.SHARED_PINS) == tuple(SHARED_PINS)
     assert tuple(moe.PAIR_CHOICES) == tuple(PAIR_CHOICES)

@@ -1,12 +1,12 @@
 """The fused MoE's host decisions as declarative tables (design §4 "Dispatch"; R2, R12, R15).
 
 Every launch geometry :func:`b12x.ops.moe.plan.plan_moe` and
-:func:`b12x.ops.moe.gemm_op.plan_moe_gemm`
-choose comes from one of the six tables below; the planners build a case, take the chosen row's
-``value`` and nothing else re-decides it (:attr:`b12x.ops.moe.plan.MoePlan.decisions` records every
-case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s, and so is the machinery:
-:mod:`b12x.ops.tables` (fields, conditions, rows, :class:`~b12x.ops.tables.DecisionTable`); this
-module holds the tables' data.
+:func:`b12x.ops.moe.gemm_op.plan_moe_gemm` choose comes from one of the six tables below (five
+here, ``moe_mainloop`` in :mod:`b12x.ops.moe.mainloop`); the planners build a case, take the
+chosen row's ``value`` and nothing else re-decides it (:attr:`b12x.ops.moe.plan.MoePlan.decisions`
+records every case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s, and so is
+the machinery: :mod:`b12x.ops.tables` (fields, conditions, rows,
+:class:`~b12x.ops.tables.DecisionTable`); this module holds the tables' data.
 
 Layout
 ------
@@ -28,21 +28,13 @@ Layout
 
 The tables (:data:`TABLES`, in the order a plan consults them)
 --------------------------------------------------------------
+0. ``moe_mainloop`` — per-warp or shared decode for the whole step (its module's docstring); on
+   the shared decode the route block is its geometry's and ROUTE_BLOCK is not consulted.
 1. :data:`ROUTE_BLOCK` ``moe_route_block`` — M16 tiles per route block (``m_tiles``; block size
    ``16·m_tiles``) by routes per expert ``m·top_k/E`` (compared in integers): ``pinned_m_tiles``
    (``m_tiles`` given: 1, 2 or 4) → the pin; ``m_tiles_1`` while ``m·top_k ≤ 24·E``;
    ``m_tiles_2`` while ``m·top_k ≤ 48·E``; ``m_tiles_4``. Fields ``m, top_k, num_experts``,
    ``m_tiles`` (None).
-1b. :data:`MAINLOOP` ``moe_mainloop`` — the grouped GEMMs' mainloop for the whole step (one
-   routing serves FC1 and FC2, so one answer for both): ``pinned`` (``shared_decode`` given:
-   ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`), ``pinned_m_tiles`` (an ``m_tiles`` pin
-   fixes the per-warp block) → None, ``paired`` (a QSRT phase) → None, ``n_not_128`` (FC1 or FC2
-   columns not a multiple of 128) → None, ``few_routes`` (``m·top_k < 64·E``,
-   :data:`SHARED_MIN_ROUTES`) → None, ``no_room`` (the device's opt-in shared memory per block
-   unknown or below :data:`SHARED_WIDE_SMEM`, 112 KB: slots, buffers and the K-slice fold) →
-   None, ``shared_wide`` → :data:`SHARED_WIDE` (128 route slots x 128 columns per CTA; the route
-   block becomes 128 slots and the ROUTE_BLOCK answer is not used). Fields ``m, top_k,
-   num_experts, m_tiles, shared_decode, paired, fc1_n, fc2_n, max_shared_mem``.
 2. :data:`K_SPLIT` ``moe_k_split`` — the intra-CTA K split by K alone (never M, m_tiles or
    routing: it fixes each output's fp32 summation order, so the MoE stays batch invariant):
    ``k_split_4`` (``K % 512 == 0`` and ``K/4 ≥ 512``), ``k_split_2`` (``K % 256 == 0`` and
@@ -101,8 +93,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes
 from b12x.ops.dense import tiles as dense_tiles
+from b12x.ops.moe.mainloop import MAINLOOP
 from b12x.ops.moe.routing import capacity_bound
 from b12x.ops.tables import (
     Boundary,
@@ -116,21 +108,13 @@ from b12x.ops.tables import (
     positive_int,
     str_choice,
 )
-from b12x.runtime.validate import check_bool
 
 __all__ = [
     "FC2_TILE",
     "GEMM_GEOMETRY",
     "K_SPLIT",
     "PAIR_GEOMETRY",
-    "MAINLOOP",
     "ROUTE_BLOCK",
-    "SHARED_GEOMETRIES",
-    "SHARED_MIN_ROUTES",
-    "SHARED_PINS",
-    "SHARED_WIDE",
-    "SHARED_WIDE_SMEM",
-    "SharedGeometry",
     "TABLES",
     "TABLES_BY_NAME",
     "Boundary",
@@ -808,227 +792,8 @@ FC2_TILE = _table(
 )
 
 
-# ---------------------------------------------------------------------------- 6. mainloop
-
-
-class SharedGeometry(NamedTuple):
-    """A shared-decode grouped GEMM (:mod:`b12x.kernels.shared_decode`): ``m_tiles`` M16 blocks
-    and ``n_tiles`` decoded N16 tiles per warp, ``warps`` warps as ``m_warps`` (M) x
-    ``warps/m_warps`` (N); route blocks of ``16·m_tiles·m_warps`` slots."""
-
-    m_tiles: int
-    n_tiles: int
-    warps: int
-    m_warps: int
-
-    @property
-    def block_size(self) -> int:
-        return 16 * self.m_tiles * self.m_warps
-
-    @property
-    def n_group(self) -> int:
-        return 16 * self.n_tiles * self.warps
-
-
-#: 8 warps as 4 (M) x 2 (N): 128 route slots x 128 columns per CTA (the dense WIDE geometry).
-SHARED_WIDE = SharedGeometry(m_tiles=2, n_tiles=1, warps=8, m_warps=4)
-SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE}
-#: ``shared_decode`` pins: ``"off"`` (the per-warp mainloop) or a geometry name.
-SHARED_PINS = ("off", *SHARED_GEOMETRIES)
-#: Fewest routes per expert on average (``m·top_k/E``) at which both grouped GEMMs take the
-#: shared decode. Measured on the H200 (2026-12-03, ``benchmarks/moe_trellis.py --no-tiers
-#: --no-pair --quick --shared-decode wide|off``: GLM-like, H 5120, I 1536, 128 experts, top-8,
-#: MCG K4, the whole step graphed, us, shared / per-warp): M = 512 (32 routes per expert) 2434.8
-#: / 1894.6, 640 (40) 2521.4 / 2360.9, 768 (48) 2600.0 / 2511.0, 1024 (64) 2948.8 / 3393.9,
-#: 2048 (128) 7993.6 / 8572.6, 4096 (256) 14974.9 / 16068.6 (the last two before the route
-#: packer's scan fix, which costs both the same). Below 64 a 128-slot block is mostly padding;
-#: between 48 and 64 nothing was measured, so the first measured win is the threshold.
-SHARED_MIN_ROUTES = 64
-#: Shared memory per block the wide geometry may need: slots and fragment buffers within the
-#: 48 KB, plus the K-slice fold (64 KB): a launch opts in past 48 KB, so the device must grant it.
-SHARED_WIDE_SMEM = SMEM_LIMIT + fold_bytes(
-    m_tiles=SHARED_WIDE.m_tiles, n_tiles=SHARED_WIDE.n_tiles, warps=SHARED_WIDE.warps,
-    m_warps=SHARED_WIDE.m_warps,
-)  # fmt: skip
-
-
-def _mainloop_case(**changes: Any) -> dict:
-    base = {"m": 4096, "top_k": 8, "num_experts": 128, "m_tiles": None, "shared_decode": None}
-    base |= {"paired": False, "fc1_n": 3072, "fc2_n": 5120, "max_shared_mem": 232448}
-    return {**base, **changes}
-
-
-def _n_fits(c) -> bool:
-    return all(c[f] % SHARED_WIDE.n_group == 0 for f in ("fc1_n", "fc2_n"))
-
-
-MAINLOOP = _table(
-    "moe_mainloop",
-    "the grouped GEMMs' mainloop (per-warp decode or shared decode) and so the route block",
-    (
-        Field("m", positive_int, doc="planned tokens"),
-        Field("top_k", positive_int),
-        Field("num_experts", positive_int, doc="experts of the combined namespace"),
-        Field("m_tiles", int_choice(M_TILES, optional=True), None, "an explicit m_tiles pin"),
-        Field("shared_decode", str_choice(SHARED_PINS, optional=True), None, "an explicit pin"),
-        Field("paired", check_bool, False, "a phase runs QSRT pairs"),
-        Field("fc1_n", positive_int, doc="FC1's output columns per launch"),
-        Field("fc2_n", positive_int, doc="FC2's output columns (hidden)"),
-        Field(
-            "max_shared_mem",
-            optional(positive_int),
-            None,
-            "the device's opt-in shared memory per block (None: no device)",
-        ),
-    ),
-    (
-        (
-            "pinned",
-            "an explicit shared_decode pin wins ('off': the per-warp mainloop)",
-            (
-                _cond(
-                    "shared_decode_pinned",
-                    lambda c: c["shared_decode"] is not None,
-                    lambda c: "shared_decode is not pinned",
-                ),
-            ),
-            lambda c: SHARED_GEOMETRIES.get(c["shared_decode"]),
-        ),
-        (
-            "pinned_m_tiles",
-            "an explicit m_tiles fixes the per-warp route block",
-            (
-                _cond(
-                    "m_tiles_pinned",
-                    lambda c: c["m_tiles"] is not None,
-                    lambda c: "m_tiles is not pinned",
-                ),
-            ),
-            None,
-        ),
-        (
-            "paired",
-            "QSRT pair kernels have no shared decode",
-            (_cond("paired", lambda c: bool(c["paired"]), lambda c: "no phase is paired"),),
-            None,
-        ),
-        (
-            "n_not_128",
-            "the shared geometry covers 128 columns per CTA in both GEMMs",
-            (
-                _cond(
-                    "n%128!=0",
-                    lambda c: not _n_fits(c),
-                    lambda c: f"fc1_n={c['fc1_n']} and fc2_n={c['fc2_n']} are multiples of 128",
-                ),
-            ),
-            None,
-        ),
-        (
-            "few_routes",
-            "fewer than 64 routes per expert on average: 128-slot blocks would be mostly padding",
-            (
-                _cond(
-                    "routes_per_expert<64",
-                    lambda c: c["m"] * c["top_k"] < SHARED_MIN_ROUTES * c["num_experts"],
-                    lambda c: f"{_routes_per_expert(c)} >= {SHARED_MIN_ROUTES}",
-                ),
-            ),
-            None,
-        ),
-        (
-            "no_room",
-            "the device must grant the wide geometry's shared memory (fold included)",
-            (
-                _cond(
-                    "smem_unknown_or_short",
-                    lambda c: (c["max_shared_mem"] or 0) < SHARED_WIDE_SMEM,
-                    lambda c: f"max_shared_mem={c['max_shared_mem']} >= {SHARED_WIDE_SMEM}",
-                ),
-            ),
-            None,
-        ),
-        ("shared_wide", "128 route slots x 128 columns per CTA", (), SHARED_WIDE),
-    ),
-    (
-        Boundary(
-            "mainloop_min_routes",
-            _mainloop_case(m=1024),
-            "m",
-            1023,
-            1024,
-            "few_routes",
-            "shared_wide",
-        ),
-        Boundary(
-            "mainloop_pin_off",
-            _mainloop_case(),
-            "shared_decode",
-            None,
-            "off",
-            "shared_wide",
-            "pinned",
-        ),
-        Boundary(
-            "mainloop_pin_wide",
-            _mainloop_case(m=1),
-            "shared_decode",
-            None,
-            "wide",
-            "few_routes",
-            "pinned",
-        ),
-        Boundary(
-            "mainloop_m_tiles_pin",
-            _mainloop_case(),
-            "m_tiles",
-            None,
-            4,
-            "shared_wide",
-            "pinned_m_tiles",
-        ),
-        Boundary(
-            "mainloop_paired", _mainloop_case(), "paired", False, True, "shared_wide", "paired"
-        ),
-        Boundary(
-            "mainloop_fc1_n", _mainloop_case(), "fc1_n", 3072, 3136, "shared_wide", "n_not_128"
-        ),
-        Boundary(
-            "mainloop_fc2_n", _mainloop_case(), "fc2_n", 5120, 5184, "shared_wide", "n_not_128"
-        ),
-        Boundary(
-            "mainloop_by_experts",
-            _mainloop_case(m=1024),
-            "num_experts",
-            128,
-            129,
-            "shared_wide",
-            "few_routes",
-        ),
-        Boundary(
-            "mainloop_no_device",
-            _mainloop_case(),
-            "max_shared_mem",
-            232448,
-            None,
-            "shared_wide",
-            "no_room",
-        ),
-        Boundary(
-            "mainloop_smem",
-            _mainloop_case(),
-            "max_shared_mem",
-            114688,
-            114687,
-            "shared_wide",
-            "no_room",
-        ),
-    ),  # fmt: skip
-)
-
-
 #: Every MoE decision table, in the order a plan consults them.
 TABLES: tuple[DecisionTable, ...] = (
-    ROUTE_BLOCK, MAINLOOP, K_SPLIT, GEMM_GEOMETRY, PAIR_GEOMETRY, FC2_TILE,
+    MAINLOOP, ROUTE_BLOCK, K_SPLIT, GEMM_GEOMETRY, PAIR_GEOMETRY, FC2_TILE,
 )  # fmt: skip
 TABLES_BY_NAME: Mapping[str, DecisionTable] = {t.name: t for t in TABLES}

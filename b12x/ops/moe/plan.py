@@ -51,15 +51,14 @@ from b12x.ops.moe.dispatch import (
     FC2_TILE,
     GEMM_GEOMETRY,
     K_SPLIT,
-    MAINLOOP,
     MAX_K_SPLIT,
     MIN_K_SLICE,
     PAIR_GEOMETRY,
     ROUTE_BLOCK,
     WIDE_CTA_WARPS,
     DecisionTable,
-    SharedGeometry,
 )
+from b12x.ops.moe.mainloop import MAINLOOP, SharedGeometry
 from b12x.ops.moe.pairs import (
     PAIR_BASE_BITS,
     PAIR_CHANNELS,
@@ -532,9 +531,12 @@ def plan_moe(
         "fc1_n": fc1_n, "fc2_n": hidden,
         "max_shared_mem": None if limits is None else limits.max_shared_mem,
     }  # fmt: skip
-    m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
     shared = decide(decisions, "mainloop", MAINLOOP, mainloop_case)
-    block_size = 16 * m_tiles if shared is None else shared.block_size
+    if shared is None:
+        m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
+        block_size = 16 * m_tiles
+    else:  # the shared geometry fixes the block; the route-block table is not consulted
+        m_tiles, block_size = shared.m_tiles, shared.block_size
     routes = routing.plan_routes(
         m=m, top_k=top_k, num_experts=problem.num_experts, block_size=block_size
     )

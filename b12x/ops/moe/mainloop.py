@@ -1,0 +1,278 @@
+"""Which mainloop the MoE's grouped GEMMs run, as a declarative table (issue 15; design §4).
+
+The grouped GEMM (:mod:`b12x.kernels.moe_gemm`) has two mainloops: the **per-warp decode** (each
+warp decodes the weights it multiplies; route blocks of ``16·m_tiles`` slots, the
+``moe_route_block`` table's) and the **shared decode** (:mod:`b12x.kernels.shared_decode`: the
+CTA decodes each K16 row of its expert once into shared memory and ``m_warps`` x
+``warps/m_warps`` warps multiply it, its K split folded in the per-warp kernel's order). One
+routing serves FC1 and FC2, so this table answers once per step, before the route block: on the
+shared decode the block is its geometry's (128 slots) and ``moe_route_block`` is not consulted.
+The machinery is :mod:`b12x.ops.tables`, like every table of :mod:`b12x.ops.moe.dispatch`
+(whose :data:`~b12x.ops.moe.dispatch.TABLES` lists this one first).
+
+Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
+:class:`SharedGeometry` or ``None`` = per-warp)
+-----------------------------------------------------------------------------------------------
+1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`.
+2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.
+3. ``paired`` — a QSRT phase (the pair kernel has no shared decode): None.
+4. ``n_not_128`` — FC1 or FC2 columns not a multiple of 128: None.
+5. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
+6. ``no_room`` — the device's opt-in shared memory per block unknown or below
+   :data:`SHARED_WIDE_SMEM` (112 KB: slots, fragment buffers and the K-slice fold): None.
+7. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
+
+Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_n, fc2_n, max_shared_mem``;
+both sides of every threshold are literal :class:`~b12x.ops.tables.Boundary` records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes
+from b12x.ops.dense.tiles import GROUPED_M_TILES
+from b12x.ops.tables import (
+    Boundary,
+    Condition,
+    DecisionTable,
+    Field,
+    int_choice,
+    optional,
+    positive_int,
+    str_choice,
+)
+from b12x.runtime.validate import check_bool
+
+__all__ = [
+    "MAINLOOP",
+    "SHARED_GEOMETRIES",
+    "SHARED_MIN_ROUTES",
+    "SHARED_PINS",
+    "SHARED_WIDE",
+    "SHARED_WIDE_SMEM",
+    "SharedGeometry",
+]
+
+
+class SharedGeometry(NamedTuple):
+    """A shared-decode grouped GEMM (:mod:`b12x.kernels.shared_decode`): ``m_tiles`` M16 blocks
+    and ``n_tiles`` decoded N16 tiles per warp, ``warps`` warps as ``m_warps`` (M) x
+    ``warps/m_warps`` (N); route blocks of ``16·m_tiles·m_warps`` slots."""
+
+    m_tiles: int
+    n_tiles: int
+    warps: int
+    m_warps: int
+
+    @property
+    def block_size(self) -> int:
+        return 16 * self.m_tiles * self.m_warps
+
+    @property
+    def n_group(self) -> int:
+        return 16 * self.n_tiles * self.warps
+
+
+#: 8 warps as 4 (M) x 2 (N): 128 route slots x 128 columns per CTA (the dense WIDE geometry).
+SHARED_WIDE = SharedGeometry(m_tiles=2, n_tiles=1, warps=8, m_warps=4)
+SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE}
+#: ``shared_decode`` pins: ``"off"`` (the per-warp mainloop) or a geometry name.
+SHARED_PINS = ("off", *SHARED_GEOMETRIES)
+#: Fewest routes per expert on average (``m·top_k/E``) at which both grouped GEMMs take the
+#: shared decode. Measured on the H200 (2026-12-03, ``benchmarks/moe_trellis.py --no-tiers
+#: --no-pair --quick --shared-decode wide|off``: GLM-like, H 5120, I 1536, 128 experts, top-8,
+#: MCG K4, the whole step graphed, us, shared / per-warp): M = 512 (32 routes per expert) 2434.8
+#: / 1894.6, 640 (40) 2521.4 / 2360.9, 768 (48) 2600.0 / 2511.0, 1024 (64) 2948.8 / 3393.9,
+#: 2048 (128) 7993.6 / 8572.6, 4096 (256) 14974.9 / 16068.6 (the last two before the route
+#: packer's scan fix, which costs both the same). Below 64 a 128-slot block is mostly padding;
+#: between 48 and 64 nothing was measured, so the first measured win is the threshold.
+SHARED_MIN_ROUTES = 64
+#: Shared memory per block the wide geometry may need: slots and fragment buffers within the
+#: 48 KB, plus the K-slice fold (64 KB): a launch opts in past 48 KB, so the device must grant it.
+SHARED_WIDE_SMEM = SMEM_LIMIT + fold_bytes(
+    m_tiles=SHARED_WIDE.m_tiles, n_tiles=SHARED_WIDE.n_tiles, warps=SHARED_WIDE.warps,
+    m_warps=SHARED_WIDE.m_warps,
+)  # fmt: skip
+
+
+def _per_expert(c) -> str:
+    return f"m·top_k/E = {c['m']}·{c['top_k']}/{c['num_experts']}"
+
+
+def _mainloop_case(**changes: Any) -> dict:
+    base = {"m": 4096, "top_k": 8, "num_experts": 128, "m_tiles": None, "shared_decode": None}
+    base |= {"paired": False, "fc1_n": 3072, "fc2_n": 5120, "max_shared_mem": 232448}
+    return {**base, **changes}
+
+
+def _n_fits(c) -> bool:
+    return all(c[f] % SHARED_WIDE.n_group == 0 for f in ("fc1_n", "fc2_n"))
+
+
+MAINLOOP = DecisionTable.build(
+    "moe_mainloop",
+    "the grouped GEMMs' mainloop (per-warp decode or shared decode) and so the route block",
+    (
+        Field("m", positive_int, doc="planned tokens"),
+        Field("top_k", positive_int),
+        Field("num_experts", positive_int, doc="experts of the combined namespace"),
+        Field(
+            "m_tiles", int_choice(GROUPED_M_TILES, optional=True), None, "an explicit m_tiles pin"
+        ),
+        Field("shared_decode", str_choice(SHARED_PINS, optional=True), None, "an explicit pin"),
+        Field("paired", check_bool, False, "a phase runs QSRT pairs"),
+        Field("fc1_n", positive_int, doc="FC1's output columns per launch"),
+        Field("fc2_n", positive_int, doc="FC2's output columns (hidden)"),
+        Field(
+            "max_shared_mem",
+            optional(positive_int),
+            None,
+            "the device's opt-in shared memory per block (None: no device)",
+        ),
+    ),
+    (
+        (
+            "pinned",
+            "an explicit shared_decode pin wins ('off': the per-warp mainloop)",
+            (
+                Condition(
+                    "shared_decode_pinned",
+                    lambda c: c["shared_decode"] is not None,
+                    lambda c: "shared_decode is not pinned",
+                ),
+            ),
+            lambda c: SHARED_GEOMETRIES.get(c["shared_decode"]),
+        ),
+        (
+            "pinned_m_tiles",
+            "an explicit m_tiles fixes the per-warp route block",
+            (
+                Condition(
+                    "m_tiles_pinned",
+                    lambda c: c["m_tiles"] is not None,
+                    lambda c: "m_tiles is not pinned",
+                ),
+            ),
+            None,
+        ),
+        (
+            "paired",
+            "QSRT pair kernels have no shared decode",
+            (Condition("paired", lambda c: bool(c["paired"]), lambda c: "no phase is paired"),),
+            None,
+        ),
+        (
+            "n_not_128",
+            "the shared geometry covers 128 columns per CTA in both GEMMs",
+            (
+                Condition(
+                    "n%128!=0",
+                    lambda c: not _n_fits(c),
+                    lambda c: f"fc1_n={c['fc1_n']} and fc2_n={c['fc2_n']} are multiples of 128",
+                ),
+            ),
+            None,
+        ),
+        (
+            "few_routes",
+            "fewer than 64 routes per expert on average: 128-slot blocks would be mostly padding",
+            (
+                Condition(
+                    "routes_per_expert<64",
+                    lambda c: c["m"] * c["top_k"] < SHARED_MIN_ROUTES * c["num_experts"],
+                    lambda c: f"{_per_expert(c)} >= {SHARED_MIN_ROUTES}",
+                ),
+            ),
+            None,
+        ),
+        (
+            "no_room",
+            "the device must grant the wide geometry's shared memory (fold included)",
+            (
+                Condition(
+                    "smem_unknown_or_short",
+                    lambda c: (c["max_shared_mem"] or 0) < SHARED_WIDE_SMEM,
+                    lambda c: f"max_shared_mem={c['max_shared_mem']} >= {SHARED_WIDE_SMEM}",
+                ),
+            ),
+            None,
+        ),
+        ("shared_wide", "128 route slots x 128 columns per CTA", (), SHARED_WIDE),
+    ),
+    (
+        Boundary(
+            "mainloop_min_routes",
+            _mainloop_case(m=1024),
+            "m",
+            1023,
+            1024,
+            "few_routes",
+            "shared_wide",
+        ),
+        Boundary(
+            "mainloop_pin_off",
+            _mainloop_case(),
+            "shared_decode",
+            None,
+            "off",
+            "shared_wide",
+            "pinned",
+        ),
+        Boundary(
+            "mainloop_pin_wide",
+            _mainloop_case(m=1),
+            "shared_decode",
+            None,
+            "wide",
+            "few_routes",
+            "pinned",
+        ),
+        Boundary(
+            "mainloop_m_tiles_pin",
+            _mainloop_case(),
+            "m_tiles",
+            None,
+            4,
+            "shared_wide",
+            "pinned_m_tiles",
+        ),
+        Boundary(
+            "mainloop_paired", _mainloop_case(), "paired", False, True, "shared_wide", "paired"
+        ),
+        Boundary(
+            "mainloop_fc1_n", _mainloop_case(), "fc1_n", 3072, 3136, "shared_wide", "n_not_128"
+        ),
+        Boundary(
+            "mainloop_fc2_n", _mainloop_case(), "fc2_n", 5120, 5184, "shared_wide", "n_not_128"
+        ),
+        Boundary(
+            "mainloop_by_experts",
+            _mainloop_case(m=1024),
+            "num_experts",
+            128,
+            129,
+            "shared_wide",
+            "few_routes",
+        ),
+        Boundary(
+            "mainloop_no_device",
+            _mainloop_case(),
+            "max_shared_mem",
+            232448,
+            None,
+            "shared_wide",
+            "no_room",
+        ),
+        Boundary(
+            "mainloop_smem",
+            _mainloop_case(),
+            "max_shared_mem",
+            114688,
+            114687,
+            "shared_wide",
+            "no_room",
+        ),
+    ),  # fmt: skip
+)
