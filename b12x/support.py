@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from b12x.formats import FORMATS
-from b12x.launch.specs import KernelSpec, compile_spec
+from b12x.launch.specs import KernelSpec, compile_spec, target_arch
 
 __all__ = [
     "ARCHES",
@@ -446,12 +446,13 @@ def compile_specialization(spec: Any, arch: str) -> CompileReport:
     kind = kind_of(spec)  # TypeError naming `spec` for a type no kind takes
     if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+a?", arch):
         raise ValueError(f"arch: expected something like 'sm_90', got {arch!r}")
+    target = target_arch(spec, arch)  # sm_90a for a wgmma spec
     if isinstance(spec, KernelSpec):
         result = compile_spec(spec, arch, ptx=True)
     elif kind.spill_free:
-        result = compile_spill_free(functools.partial(kind.build, spec), arch, ptx=True)
+        result = compile_spill_free(functools.partial(kind.build, spec), target, ptx=True)
     else:
-        remarks = compile_with_remarks(*kind.build(spec), arch, ptx=True)
+        remarks = compile_with_remarks(*kind.build(spec), target, ptx=True)
         return CompileReport(
             ptx=remarks.ptx,
             registers=max(remarks.registers) if remarks.registers else None,

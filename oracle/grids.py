@@ -139,7 +139,9 @@ KN_BUCKETS: tuple[ShapeBucket, ...] = (
     ShapeBucket(512, 6144, "GLM-like projection"),
     ShapeBucket(8192, 28672, "large FFN projection", heavy=True),
 )
-BASE_KN: tuple[ShapeBucket, ...] = (KN_BUCKETS[0], KN_BUCKETS[4])  # where every M is visited
+#: Where every M is visited: N = 128 (sm_90's mma.sync wide mainloop at 33 <= M <= 128) and
+#: N = 768 (a 256 multiple: its wgmma tensor-core row there; b12x.ops.dense.mainloop).
+BASE_KN: tuple[ShapeBucket, ...] = (KN_BUCKETS[0], KN_BUCKETS[5])
 
 MOE_BUCKETS: tuple[ShapeBucket, ...] = (
     ShapeBucket(128, 128, "smallest hidden and intermediate"),

@@ -104,7 +104,9 @@ from b12x.kernels.shared_layout import (
     FRAG_TILE_BYTES,
     SHARED_ROWS,
     SMEM_LIMIT,
+    WGMMA_SMEM_LIMIT,
     check_shared_decode,
+    check_wgmma_geometry,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import (
@@ -113,6 +115,7 @@ from b12x.kernels.trellis_decode import (
     lane_windows,
     ring_words_per_lane,
 )
+from b12x.kernels.wgmma_decode import WgmmaDecodeMainloop
 
 __all__ = [
     "DenseTrellisGemmKernel",
@@ -191,6 +194,7 @@ class DenseTrellisGemmKernel:
         smem_stages: int = 0,
         m_warps: int = 0,
         shared_rows: int = 2,
+        wgmma: bool = False,
     ):
         fmt.check_bits(bits)
         if smem_stages not in SMEM_STAGES:
@@ -211,21 +215,32 @@ class DenseTrellisGemmKernel:
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
-        if m_warps:
+        self.wgmma = wgmma
+        if wgmma and not m_warps:
+            raise ValueError("wgmma: the wgmma mainloop is a shared decode (m_warps >= 1)")
+        if wgmma:
+            check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps)
+            self.shared = WgmmaDecodeMainloop(
+                fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+                rows=shared_rows, stages=smem_stages,
+            )  # fmt: skip
+        elif m_warps:
             self.shared = SharedDecodeMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
                 m_warps=m_warps, rows=shared_rows, stages=smem_stages,
             )  # fmt: skip
+        if self.shared is not None:
             self.layout = self.shared.layout
             self.smem_bytes = self.layout.total
         else:
             self.smem_bytes = ring_smem_bytes(
                 bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
             )
-        if self.smem_bytes > SMEM_LIMIT:
+        limit = WGMMA_SMEM_LIMIT if wgmma else SMEM_LIMIT
+        if self.smem_bytes > limit:
             raise ValueError(
                 f"smem_stages: {smem_stages} stages need {self.smem_bytes} B of shared memory "
-                f"per CTA (limit {SMEM_LIMIT})"
+                f"per CTA (limit {limit})"
             )
 
     @abi_entry
@@ -431,7 +446,7 @@ class DenseTrellisGemmKernel:
         )  # fmt: skip
         acc = self.shared.run(
             lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=off, live_rows=row_base < m,  # warp-uniform: a warp past M idles
+            off=off, live_rows=cta_row0 + self.shared.live_row0(warp) < m,  # past M: idle
         )  # fmt: skip
         self._epilogue(
             out=out, acc=acc, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,

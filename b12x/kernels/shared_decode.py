@@ -128,13 +128,38 @@ class SharedDecodeMainloop:
 
         Payload chunks: chunk ``tid + j·threads`` of the run (16 B), the partial round's
         predicate built once. A chunks: ``c = tid + j·threads`` is half ``c % 2`` of tile row
-        ``c // 2``, stored at :func:`a_chunk_offset` of the row's A region.
+        ``c // 2``, stored at :meth:`_a_chunk_offset` of the row's A region. The tuple ends with
+        the shared-memory base address (a subclass derives its own addresses from it).
         """
         lay = self.layout
         bits = self.bits
-        threads = 32 * self.warps
         allocator = cutlass.memory.SmemAllocator()
         smem = Uint32(allocator.allocate(lay.total, byte_alignment=16).toint())
+        fill = self._copy_plan(smem, tid=tid, pay_cta=pay_cta, a=a, a_row_source=a_row_source)
+        wm, wn = self.warp_coords(warp)
+        warp_run = smem + Uint32(warp * (self.n_tiles * 32 * bits))  # its tiles in a row
+        word_rd = [warp_run + Uint32(idx * 4) for idx in ring_word_indices(first, bits)]
+        warp_a = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES))  # its M blocks in a row
+        a_rd = tuple(warp_a + Uint32(o) for o in a_fragment_offsets(g, r))
+        frag = smem + Uint32(lay.frag_offset + lane * 16)
+        frag_st = frag + Uint32(warp * (self.n_tiles * FRAG_TILE_BYTES))
+        frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
+        fold = smem + Uint32(lay.fold_offset + tid * 16)  # its partial sums (k_split > 1)
+        return fill, word_rd, a_rd, frag_st, frag_rd, fold, smem
+
+    def live_row0(self, warp):
+        """First CTA row of the unit whose MMAs are skipped together when all its rows are dead
+        (the caller's ``live_rows``): the warp's own M blocks here."""
+        return self.warp_coords(warp)[0] * (16 * self.m_tiles)
+
+    def _a_chunk_offset(self, c):
+        """Where A chunk ``c`` lands in a K16 row's A region (:func:`a_chunk_offset`)."""
+        return a_chunk_offset(c)
+
+    def _copy_plan(self, smem, *, tid, pay_cta, a, a_row_source):
+        """``(pay, chunks)``: the thread's payload and A copies (:meth:`setup`)."""
+        lay = self.layout
+        threads = 32 * self.warps
         pay = []
         for j in range(lay.pay_rounds):
             c = tid + j * threads
@@ -148,23 +173,14 @@ class SharedDecodeMainloop:
         for j in range(lay.a_rounds):
             c = tid + j * threads
             row, live = a_row_source(c // 2)
-            dst = smem + Uint32(lay.a_offset + a_chunk_offset(c))
+            dst = smem + Uint32(lay.a_offset + self._a_chunk_offset(c))
             src = a_base + Int64(row) * a_row_bytes + (c % 2) * 16
             size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
             en = None
             if (j + 1) * threads > lay.a_chunks:
                 en = Uint32(cutlass.select_(c < lay.a_chunks, 1, 0))
             chunks.append((dst, src, size, en))
-        wm, wn = self.warp_coords(warp)
-        warp_run = smem + Uint32(warp * (self.n_tiles * 32 * bits))  # its tiles in a row
-        word_rd = [warp_run + Uint32(idx * 4) for idx in ring_word_indices(first, bits)]
-        warp_a = smem + Uint32(wm * (self.m_tiles * A_BLOCK_BYTES))  # its M blocks in a row
-        a_rd = tuple(warp_a + Uint32(o) for o in a_fragment_offsets(g, r))
-        frag = smem + Uint32(lay.frag_offset + lane * 16)
-        frag_st = frag + Uint32(warp * (self.n_tiles * FRAG_TILE_BYTES))
-        frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
-        fold = smem + Uint32(lay.fold_offset + tid * 16)  # its partial sums (k_split > 1)
-        return (pay, chunks), word_rd, a_rd, frag_st, frag_rd, fold
+        return pay, chunks
 
     @cute.jit
     def run(
@@ -186,7 +202,7 @@ class SharedDecodeMainloop:
         every ``slice_rows`` K16 rows (a multiple of ``shared_rows``, ``k_split·slice_rows`` =
         the K range) in the fixed slice order (module docstring, "Summation order")."""
         lay = self.layout
-        fill, word_rd, a_rd, frag_st, frag_rd, fold = lanes
+        fill, word_rd, a_rd, frag_st, frag_rd, fold, _ = lanes
         acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
         stages = self.stages
         rows = self.rows
@@ -288,7 +304,11 @@ class SharedDecodeMainloop:
                 self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
             )
             frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
-            ptx.st_shared_v4(frag_st, regs, offset=frag_off)
+            self._store_tile(frag_st, regs, frag_off)
+
+    def _store_tile(self, frag_st, regs, frag_off: int) -> None:
+        """Store a lane's four B registers of one decoded tile: 16 B at ``16·lane``."""
+        ptx.st_shared_v4(frag_st, regs, offset=frag_off)
 
     def _multiply(self, slot: int, buf: int, row: int, a_rd, frag_rd, acc) -> None:
         """Accumulate the warp's M blocks (A fragments from the slot's A region) against its

@@ -30,7 +30,11 @@ __all__ = [
     "SMEM_LIMIT",
     "SLOT_CHOICES",
     "SharedDecodeLayout",
+    "WARPGROUP",
+    "WGMMA_SMEM_LIMIT",
+    "WGMMA_MAX_N",
     "check_shared_decode",
+    "check_wgmma_geometry",
     "fitting_slots",
     "fold_bytes",
     "shared_decode_layout",
@@ -40,6 +44,9 @@ __all__ = [
 #: (an sm_90 SM has 228 KB, sm_120 100 KB). The headline tile needs 12-16 KB, so the ring never
 #: limits occupancy before registers do (8 CTAs of 4 warps at 64 registers).
 SMEM_LIMIT = 48 * 1024
+#: Shared memory per CTA a ``wgmma`` geometry may use: the 227 KB an sm_90 launch may opt in to
+#: (the only arch it runs on; the launch asks for it).
+WGMMA_SMEM_LIMIT = 227 * 1024
 #: Bytes of one M16 block's A rows in one K16 row: 16 rows x 32 B.
 A_BLOCK_BYTES = 16 * 32
 #: Bytes of one decoded N16 x K16 tile in shared memory: 32 lanes x four B registers.
@@ -64,6 +71,27 @@ def check_shared_decode(*, warps: int, m_warps: int, rows: int, smem_stages: int
     if m_warps and smem_stages < 3:
         raise ValueError(
             f"smem_stages: the shared-decode mainloop needs 3..4 cp.async slots, got {smem_stages}"
+        )
+
+
+#: Warps of one warpgroup (the unit that issues a Hopper ``wgmma``).
+WARPGROUP = 4
+#: Largest N of one fp16/bf16 ``wgmma`` (a multiple of 8).
+WGMMA_MAX_N = 256
+
+
+def check_wgmma_geometry(*, n_tiles: int, warps: int, m_warps: int) -> None:
+    """Validate a ``wgmma`` shared-decode geometry (:mod:`b12x.kernels.wgmma_decode`, "Geometry");
+    ``ValueError`` naming the field."""
+    if warps % WARPGROUP:
+        raise ValueError(f"warps: the wgmma mainloop needs whole warpgroups of 4, got {warps}")
+    if m_warps != warps:
+        raise ValueError(f"m_warps: every warp multiplies in the wgmma mainloop ({warps}), got "
+                         f"{m_warps}")  # fmt: skip
+    if 16 * n_tiles * warps > WGMMA_MAX_N:
+        raise ValueError(
+            f"n_tiles: one wgmma covers at most {WGMMA_MAX_N} columns, "
+            f"{n_tiles} x {warps} warps x 16 = {16 * n_tiles * warps}"
         )
 
 
@@ -143,18 +171,20 @@ def fold_bytes(*, m_tiles: int, n_tiles: int, warps: int, m_warps: int) -> int:
     return m_tiles * n_tiles * m_warps * 8 * 4 * 32 * warps
 
 
-def fitting_slots(*, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int):
+def fitting_slots(
+    *, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int, limit: int = SMEM_LIMIT
+):
     """``(shared_rows, smem_stages)``: the first of :data:`SLOT_CHOICES` whose layout fits
-    :data:`SMEM_LIMIT` at ``bits`` (2 x 3 up to K5, 1 x 4 from K6 for the 128 x 128 CTA);
-    ``ValueError`` when none does."""
+    ``limit`` (default :data:`SMEM_LIMIT`) at ``bits`` (2 x 3 up to K5, 1 x 4 from K6 for the
+    128 x 128 CTA); ``ValueError`` when none does."""
     for rows, stages in SLOT_CHOICES:
         need = shared_decode_layout(
             bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps, rows=rows,
             stages=stages,
         ).total  # fmt: skip
-        if need <= SMEM_LIMIT:
+        if need <= limit:
             return rows, stages
     raise ValueError(
-        f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {SMEM_LIMIT} B "
+        f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {limit} B "
         f"(m_tiles={m_tiles}, n_tiles={n_tiles}, warps={warps}, m_warps={m_warps})"
     )

@@ -183,6 +183,7 @@ def trellis_matmul(
     smem_stages: int = 0,
     m_warps: int = 0,
     shared_rows: int = 2,
+    wgmma: bool = False,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
@@ -192,12 +193,22 @@ def trellis_matmul(
     ``m_warps`` >= 1 selects the shared-decode mainloop (the CTA decodes each K16 row once into
     shared memory and multiplies it as ``m_warps`` x ``warps / m_warps`` warps, ``shared_rows``
     K16 rows per step, ``smem_stages`` 3..4 cp.async slots; :mod:`b12x.kernels.dense_gemm`);
-    0 keeps the per-warp decode. A geometry the kernel would refuse raises ``ValueError``
-    naming the field before anything else is checked.
+    0 keeps the per-warp decode. ``wgmma`` (sm_90 only, ``m_warps == warps``) runs the shared
+    decode's MMAs as Hopper warpgroup MMAs (:mod:`b12x.kernels.wgmma_decode`). A geometry the
+    kernel would refuse raises ``ValueError`` naming the field before anything else is checked.
     """
-    from b12x.kernels.shared_layout import check_shared_decode  # pure Python, no cutlass
+    from b12x.kernels.shared_layout import (  # pure Python, no cutlass
+        check_shared_decode,
+        check_wgmma_geometry,
+    )
 
     check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
+    if not isinstance(wgmma, bool):
+        raise ValueError(f"wgmma: expected a bool, got {wgmma!r}")
+    if wgmma:
+        if tiles is None:
+            raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
+        check_wgmma_geometry(n_tiles=tiles[1], warps=warps, m_warps=m_warps)
     if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
         raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
@@ -241,6 +252,7 @@ def trellis_matmul(
         smem_stages=smem_stages,
         m_warps=m_warps,
         shared_rows=shared_rows,
+        wgmma=wgmma,
     )
     if splits == 1:
         whole = GemmLaunch(

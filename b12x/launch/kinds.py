@@ -98,7 +98,11 @@ class KernelKind:
         return _resolve(self.builder)(spec)
 
     def compile(self, spec: Any, arch: str) -> Any:
-        """Compile ``spec`` for ``arch`` (no cache: :func:`compiled` is the cached door)."""
+        """Compile ``spec`` for ``arch`` (no cache: :func:`compiled` is the cached door); the
+        target is :func:`b12x.launch.specs.target_arch` (``sm_90a`` for a ``wgmma`` spec)."""
+        from b12x.launch.specs import target_arch
+
+        arch = target_arch(spec, arch)
         if self.spill_free:
             return toolchain.compile_spill_free(functools.partial(self.build, spec), arch).fn
         import cutlass.cute as cute

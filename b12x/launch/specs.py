@@ -77,11 +77,17 @@ class KernelSpec:
     #: grid), ``shared_rows`` K16 rows per slot.
     m_warps: int = 0
     shared_rows: int = 2
+    #: gemm only: the shared decode's consumer is Hopper ``wgmma`` (sm_90a; ``m_warps ==
+    #: warps``, :mod:`b12x.kernels.wgmma_decode`) instead of per-warp ``mma.sync``.
+    wgmma: bool = False
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
-        from b12x.kernels.shared_layout import check_shared_decode  # pure Python, no cutlass
+        from b12x.kernels.shared_layout import (  # pure Python, no cutlass
+            check_shared_decode,
+            check_wgmma_geometry,
+        )
 
         check_shared_decode(
             warps=self.warps,
@@ -89,6 +95,12 @@ class KernelSpec:
             rows=self.shared_rows,
             smem_stages=self.smem_stages,
         )
+        if not isinstance(self.wgmma, bool):
+            raise ValueError(f"wgmma: expected a bool, got {self.wgmma!r}")
+        if self.wgmma:
+            if self.kind != "gemm":
+                raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
+            check_wgmma_geometry(n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 
@@ -108,8 +120,20 @@ class KernelSpec:
 
 def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
     """Compile ``spec`` for ``arch`` (fake tensors) at its spill-free level
-    (:func:`compile_spill_free` of :func:`build_kernel`)."""
-    return compile_spill_free(lambda: build_kernel(spec), arch, ptx=ptx)
+    (:func:`compile_spill_free` of :func:`build_kernel`); a ``wgmma`` spec for the
+    arch-specific target (:func:`target_arch`)."""
+    return compile_spill_free(lambda: build_kernel(spec), target_arch(spec, arch), ptx=ptx)
+
+
+def target_arch(spec: KernelSpec, arch: str) -> str:
+    """The compile target of ``spec`` on a device of ``arch``: ``sm_90a`` for a ``wgmma`` spec on
+    sm_90 (the warpgroup MMA exists only in the arch-specific target), else ``arch``. A
+    ``wgmma`` spec for any other arch raises ``ValueError`` before a compile is attempted."""
+    if not getattr(spec, "wgmma", False):
+        return arch
+    if arch not in ("sm_90", "sm_90a"):
+        raise ValueError(f"wgmma: the warpgroup MMA needs an sm_90 device, got {arch}")
+    return "sm_90a"
 
 
 def build_kernel(spec: KernelSpec):
@@ -158,6 +182,7 @@ def build_kernel(spec: KernelSpec):
             smem_stages=spec.smem_stages,
             m_warps=spec.m_warps,
             shared_rows=spec.shared_rows,
+            wgmma=spec.wgmma,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

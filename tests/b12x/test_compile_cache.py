@@ -49,9 +49,13 @@ MUTATIONS = {
     "smem_stages": 3,
     "m_warps": 2,
     "shared_rows": 1,
+    "wgmma": True,
 }
 #: Fields whose mutation is only legal next to another change: the base they are mutated from.
-MUTATION_BASES = {"m_warps": {"smem_stages": 3}}  # the shared-decode mainloop needs its slots
+MUTATION_BASES = {
+    "m_warps": {"smem_stages": 3},  # the shared-decode mainloop needs its slots
+    "wgmma": {"smem_stages": 3, "m_warps": 4},  # a shared decode whose every warp multiplies
+}
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,9 @@
 """The dense mainloop table (``b12x.ops.dense.mainloop``): per-warp decode or shared decode.
 
 Expected rows are written from the table's measured evidence (its module docstring: the shared
-decode from M = 17, thin up to M = 32, wide to the decode_matmul threshold; slots 2 x 3 up to
-K5, 1 x 4 from K6 by the 48 KB shared-memory budget), not read back from the table. The
+decode from M = 17, thin up to M = 32, then on sm_90 the wgmma geometry where N is a multiple
+of 256, elsewhere wide, to the decode_matmul threshold; slots 2 x 3 up to K5, 1 x 4 from K6 by
+the 48 KB shared-memory budget, 2 x 4 for wgmma at every rate), not read back from the table. The
 oracle's generic dispatch checks (boundaries, reachability, determinism, consistency) run on it
 like on the path table, every geometry it can return compiles spill-free on the CPU, and the
 planned geometry, slots and split reach the launch unchanged (CPU stand-in launchers).
@@ -23,17 +24,20 @@ from oracle import dispatch as O
 from oracle.tiles import SimulatedDevice
 
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
+A100 = SimulatedDevice("a100", 108, 163 * 1024, (8, 0))
 
 GRID = [
-    {"path": path, "m": m, "n": n, "bits": bits, "pinned": pinned}
-    for path, m, n, bits, pinned in itertools.product(
+    {"path": path, "m": m, "n": n, "bits": bits, "pinned": pinned, "capability": cap}
+    for path, m, n, bits, pinned, cap in itertools.product(
         ("generic", "decode_matmul", "k6_mcg_small_m"),
         (1, 16, 17, 32, 33, 64, 128),
-        (128, 384, 28672, 28736),
+        (128, 384, 28672, 28736, 28800),
         (2, 4, 5, 6, 8),
         (False, True),
+        ((9, 0), (8, 0), (12, 0)),
     )
 ]
+SM80 = {"capability": (8, 0)}
 
 
 def test_oracle_generic_checks_pass():
@@ -49,8 +53,13 @@ def test_oracle_generic_checks_pass():
         ({"m": 16}, "small_m", None),
         ({"m": 17}, "shared_thin", (1, 2, 4, 2, 4)),
         ({"m": 32}, "shared_thin", (1, 2, 4, 2, 4)),
-        ({"m": 33}, "shared_wide", (2, 1, 8, 4, 1)),
-        ({"m": 128}, "shared_wide", (2, 1, 8, 4, 1)),
+        ({"m": 33, **SM80}, "shared_wide", (2, 1, 8, 4, 1)),
+        ({"m": 128, **SM80}, "shared_wide", (2, 1, 8, 4, 1)),
+        ({"m": 33, "capability": (12, 0)}, "shared_wide", (2, 1, 8, 4, 1)),
+        ({"m": 33}, "tensor_core", (1, 2, 8, 8, 1)),  # sm_90: wgmma from M = 33
+        ({"m": 128}, "tensor_core", (1, 2, 8, 8, 1)),
+        ({"m": 4096}, "tensor_core", (1, 2, 8, 8, 1)),  # paired layers stay on the generic path
+        ({"m": 64, "n": 28800}, "shared_wide", (2, 1, 8, 4, 1)),  # N not a 256 multiple
         ({"m": 64, "pinned": True}, "pinned_tile", None),
         ({"m": 64, "path": "decode_matmul"}, "off_generic_path", None),
         ({"m": 64, "n": 28736}, "n_not_128", None),
@@ -64,43 +73,67 @@ def test_rows_and_geometries(case, row, geometry):
     else:
         v = got.value
         assert (v.m_tiles, v.n_tiles, v.warps, v.m_warps, v.split_k) == geometry
+        assert v.wgmma == (row == "tensor_core")
 
 
 @pytest.mark.parametrize(("bits", "slots"), [(2, (2, 3)), (4, (2, 3)), (5, (2, 3)), (6, (1, 4))])
 def test_slots_follow_the_shared_memory_budget(bits, slots):
     # wide at K5: 3 x 2 x (1280 + 4096) + 2 x 8192 = 48640 <= 49152; at K6: 50176 does not fit
-    got = L.explain({**L.DEFAULT_CASE, "bits": bits}).value
+    got = L.explain({**L.DEFAULT_CASE, **SM80, "bits": bits}).value
     assert (got.shared_rows, got.smem_stages) == slots
 
 
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_the_wgmma_geometry_fits_every_rate(bits):
+    from b12x.kernels.shared_layout import WGMMA_SMEM_LIMIT, shared_decode_layout
+
+    got = L.explain({**L.DEFAULT_CASE, "bits": bits}).value
+    assert (got.shared_rows, got.smem_stages) == (2, 4)
+    lay = shared_decode_layout(
+        bits=bits, m_tiles=1, n_tiles=2, warps=8, m_warps=8, rows=2, stages=4
+    )  # 4 x 2 x (16·32·b + 4096) + 2 x 2 x 16 x 512: 96 KB at K8
+    assert lay.total == 4 * 2 * (16 * 32 * bits + 4096) + 2 * 2 * 16 * 512 <= WGMMA_SMEM_LIMIT
+
+
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
-@pytest.mark.parametrize(("geometry", "bits"), [(L.THIN, 4), (L.WIDE, 8)], ids=["thin", "wide"])
-def test_every_planned_geometry_compiles_spill_free(geometry, bits):
+@pytest.mark.parametrize(
+    ("geometry", "bits", "most"),
+    [(L.THIN, 4, 128), (L.WIDE, 8, 128), (L.TENSOR, 8, 255)],
+    ids=["thin", "wide", "tensor_core"],
+)
+def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     g = L.slots_for(bits, geometry)
     spec = KernelSpec(
         "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps,
         write_partials=g.split_k > 1, m_warps=g.m_warps, shared_rows=g.shared_rows,
-        smem_stages=g.smem_stages,
+        smem_stages=g.smem_stages, wgmma=g.wgmma,
     )  # fmt: skip
     report = support.compile_specialization(spec, "sm_90")
     assert report.spill_bytes == 0, (spec, report.spill_bytes)
-    # two CTAs of 256 threads (wide) / four of 128 (thin) per SM need <= 128 registers
-    assert report.registers is not None and report.registers <= 128, report.registers
+    # two CTAs of 256 threads (wide) / four of 128 (thin) per SM need <= 128 registers; the
+    # tensor-core CTA runs alone on its SM (128 accumulators per thread)
+    assert report.registers is not None and report.registers <= most, report.registers
+    if g.wgmma:
+        assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
 
 
 @pytest.mark.parametrize(
     ("m", "mainloop", "tiles", "warps", "split"),
     [
-        (16, dict(m_warps=0, shared_rows=2, smem_stages=0), None, None, None),  # per-warp
-        (32, dict(m_warps=2, shared_rows=2, smem_stages=3), (1, 2), 4, 4),  # thin
-        (100, dict(m_warps=4, shared_rows=2, smem_stages=3), (2, 1), 8, 1),  # wide
+        (16, dict(m_warps=0, shared_rows=2, smem_stages=0, wgmma=False), None, None, None),
+        (32, dict(m_warps=2, shared_rows=2, smem_stages=3, wgmma=False), (1, 2), 4, 4),  # thin
+        (100, dict(m_warps=4, shared_rows=2, smem_stages=3, wgmma=False), (2, 1), 8, 1),  # wide
+        (100, dict(m_warps=8, shared_rows=2, smem_stages=4, wgmma=True), (1, 2), 8, 1),  # tensor
     ],
+    ids=["per_warp", "thin", "wide", "tensor_core"],
 )
 def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
     """R15 for the mainloop table: the plan's geometry, slots and split reach the launch
-    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE rows at K4)."""
+    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE / TENSOR rows at K4;
+    the wide row on an sm_80 device, the tensor-core row on the H200)."""
     f16 = torch.float16
-    plan = plan_dense(device=H200, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
+    device = H200 if mainloop.get("wgmma") else A100
+    plan = plan_dense(device=device, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
     assert plan.path == "generic"
     bound = bind_dense(plan, **allocate_dense_buffers(plan, "cpu"))
     x = torch.randn(m, 8192, generator=torch.Generator().manual_seed(m)).to(f16)
@@ -111,3 +144,23 @@ def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, til
     assert (gemm[5], gemm[6], gemm[4]) == ((plan.m_tiles, plan.n_tiles), plan.warps, plan.split_k)
     if tiles is not None:
         assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)
+
+
+def test_the_gpu_default_job_judges_the_tensor_core_row():
+    """The default job's GPU grid must reach the wgmma mainloop through the dense runner's own
+    problem on an H200 (every codebook family, both compute dtypes, every rate); planted: the
+    grid's every-M bucket back at N = 640 (not a 256 multiple) leaves 0 cases here."""
+    from oracle.checks.gpu import select_grid
+    from oracle.runners.dense import dense_problem
+
+    runnable, _ = select_grid()
+    tensor = [
+        c
+        for c in runnable
+        if c.variant.op == "dense" and plan_dense(**dense_problem(c), device=H200).wgmma
+    ]
+    assert len(tensor) >= 40, len(tensor)
+    assert {c.variant.codebook for c in tensor} == {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
+    assert {c.variant.compute_dtype for c in tensor} == {"fp16", "bf16"}
+    assert {c.variant.bits for c in tensor} == set(range(1, 9))
+    assert {33 <= c.m <= 128 for c in tensor} == {True}

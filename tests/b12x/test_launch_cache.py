@@ -144,6 +144,7 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "smem_stages": 0,
         "m_warps": 0,
         "shared_rows": 2,
+        "wgmma": False,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)

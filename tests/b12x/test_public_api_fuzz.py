@@ -504,6 +504,8 @@ def _mainloop_valid(arg, key, v, base):
         return _isint(v) and 1 <= v <= 8
     if arg == "pinned":
         return isinstance(v, bool)
+    if arg == "capability":
+        return _case_valid(arg, key, v, base)
     return _pos(v)
 
 

@@ -84,11 +84,12 @@ def test_k6_row_rejected_on_sm90_with_its_reason(capsys):
 @pytest.mark.parametrize(
     ("m", "row", "m_warps", "split_row"),
     [(16, "small_m", 0, "fill_small_m"), (32, "shared_thin", 2, "mainloop"),
-     (64, "shared_wide", 4, "mainloop")],
+     (64, "tensor_core", 8, "mainloop")],
 )  # fmt: skip
 def test_mainloop_rows_and_the_split_they_plan(capsys, m, row, m_warps, split_row):
     """The mainloop table's row, its geometry and the split it plans (values from
-    b12x.ops.dense.mainloop: thin split 4, wide split 1) agree with what plan_dense launches."""
+    b12x.ops.dense.mainloop: thin split 4, the sm_90 tensor-core row split 1) agree with what
+    plan_dense launches."""
     from b12x.ops.dense.plan import plan_dense
     from oracle.tiles import DEVICES
 

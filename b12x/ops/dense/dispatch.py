@@ -73,6 +73,7 @@ __all__ = [
     "K6_CAPABILITIES",
     "K6_MAX_M",
     "DECODE_MATMUL_MIN_M",
+    "check_capability",
     "MIN_CAPABILITY",
     "PATH_NAMES",
     "ROWS",
@@ -111,7 +112,7 @@ def _dtype_name(name: str, value: Any) -> str:
     return text
 
 
-def _capability(name: str, cap: Any) -> tuple[int, int]:
+def check_capability(name: str, cap: Any) -> tuple[int, int]:
     if (
         not isinstance(cap, tuple | list)
         or len(cap) != 2
@@ -149,7 +150,7 @@ def _explicit_tile(name: str, value: Any) -> tuple[int, int, int] | None:
 SCHEMA = tables.Schema(
     "dense",
     (
-        tables.Field("capability", _capability, (12, 0), "(major, minor) of the device"),
+        tables.Field("capability", check_capability, (12, 0), "(major, minor) of the device"),
         tables.Field("m", check_positive_int, 1),
         tables.Field("bits", _as_given, 6),
         tables.Field("codebook", _as_given, "mcg", joint=_codebook_bits),

@@ -20,7 +20,9 @@ Layout
   4. ``n_not_128`` — N % 128 != 0: both shared geometries cover 128 columns per CTA: ``None``.
   5. ``shared_thin`` — M <= :data:`THIN_MAX_M` (32): :data:`THIN` (4 warps, 32 rows, 128
      columns per CTA), split 4.
-  6. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
+  6. ``tensor_core`` — capability (9, 0) and N % 256 == 0: :data:`TENSOR` (8 warps decode, two
+     warpgroups multiply with ``wgmma``; 128 rows, 256 columns per CTA), split 1, slots 2 x 4.
+  7. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
 
   The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
   :data:`SLOT_CHOICES` whose layout fits :data:`~b12x.kernels.shared_layout.SMEM_LIMIT` at the
@@ -45,6 +47,17 @@ So the shared decode takes 17 <= M <= 128 (one wide M tile), and the dispatch ta
 ``decode_matmul`` row starts at M = 129 (:data:`b12x.ops.dense.dispatch.DECODE_MATMUL_MIN_M`):
 two M tiles cost twice the decode and lose to decode + cuBLAS.
 
+The ``wgmma`` geometry (H200, 2026-12-04, same sweep with ``--geometries 1x2x8x8w,...``, GEMM
+alone, us; ratio to cuBLAS bf16 in the same run): M = 64: 155.0 at 2 x 4 slots (144.1 at
+4 x 3; the mma.sync wide 207.3 above), M = 128: 195.3 (0.95x cuBLAS; wide 300.3), M = 256:
+379.3 (two M tiles; decode + cuBLAS's whole linear 396.7), M = 1024: 1358.8, M = 4096: 5389.2
+(decode_matmul's whole linear 962.2 and 3542.3 stay ahead). It is bit-identical to the mma.sync
+shared decode (``tests/b12x/test_dense_wgmma_gpu.py``), so the row changes speed, not results.
+A 128 x 128 CTA (two per SM) and a 256 x 128 CTA were slower at every M (the decode of a
+warp's two N16 tiles per K16 row is the ILP that hides its latency); ncu at M = 128: issued IPC
+1.73 of 4 with 8 warps per SM (180 registers), tensor pipe 39 %, L1/shared 74 %: the decode is
+latency-bound, so M <= 32 keeps the thin mma.sync geometry.
+
 Invariants
 ----------
 * ``explain`` is a pure function of the case; every field is validated before any row runs.
@@ -60,7 +73,7 @@ from typing import Any
 
 from b12x.kernels.shared_layout import SLOT_CHOICES, fitting_slots
 from b12x.ops import tables
-from b12x.ops.dense.dispatch import PATH_NAMES
+from b12x.ops.dense.dispatch import PATH_NAMES, check_capability
 from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
 from b12x.runtime.validate import check_bool, check_choice, check_positive_int
 
@@ -75,6 +88,9 @@ __all__ = [
     "THIN",
     "THIN_MAX_M",
     "WIDE",
+    "TENSOR",
+    "TENSOR_CAPABILITY",
+    "TENSOR_CTA_N",
     "SharedDecode",
     "explain",
     "slots_for",
@@ -86,6 +102,10 @@ SHARED_MIN_M = 17
 THIN_MAX_M = 32
 #: Columns one CTA of either shared geometry covers.
 CTA_N = 128
+#: Columns one CTA of the ``wgmma`` geometry covers.
+TENSOR_CTA_N = 256
+#: The only capability with ``wgmma`` (sm_90).
+TENSOR_CAPABILITY = (9, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +119,8 @@ class SharedDecode:
     split_k: int
     shared_rows: int = 2
     smem_stages: int = 3
+    #: The MMAs are Hopper warpgroup MMAs (sm_90, :mod:`b12x.kernels.wgmma_decode`).
+    wgmma: bool = False
 
     @property
     def cta_m(self) -> int:
@@ -110,10 +132,19 @@ THIN = SharedDecode(m_tiles=1, n_tiles=2, warps=4, m_warps=2, split_k=4)
 #: 8 warps as 4 (M) x 2 (N): 128 rows x 128 columns per CTA, 2 M16 blocks x 4 N16 tiles per
 #: MMA warp (120 registers: two CTAs per SM).
 WIDE = SharedDecode(m_tiles=2, n_tiles=1, warps=8, m_warps=4, split_k=1)
+#: sm_90: 8 warps decode, two warpgroups multiply with ``wgmma``: 128 rows x 256 columns per CTA
+#: (one m64n256k16 per warpgroup and K16 row; 180 registers, one CTA per SM), 2 K16 rows per
+#: step in 4 slots (88 KB at K6, 96 KB at K8: it fits every rate, :data:`WGMMA_SMEM_LIMIT`).
+TENSOR = SharedDecode(
+    m_tiles=1, n_tiles=2, warps=8, m_warps=8, split_k=1, shared_rows=2, smem_stages=4, wgmma=True
+)
 
 
 def slots_for(bits: int, geometry: SharedDecode) -> SharedDecode:
-    """``geometry`` with the first slot shape of :data:`SLOT_CHOICES` that fits at ``bits``."""
+    """``geometry`` with the first slot shape of :data:`SLOT_CHOICES` that fits at ``bits``
+    (a ``wgmma`` geometry keeps its own: they fit every rate in the opt-in shared memory)."""
+    if geometry.wgmma:
+        return geometry
     rows, stages = fitting_slots(
         bits=bits, m_tiles=geometry.m_tiles, n_tiles=geometry.n_tiles, warps=geometry.warps,
         m_warps=geometry.m_warps,
@@ -134,6 +165,7 @@ SCHEMA = tables.Schema(
         tables.Field("n", check_positive_int, 28672),
         tables.Field("bits", tables.int_choice(tuple(range(1, 9))), 4),
         tables.Field("pinned", check_bool, False, "an explicit tile was given"),
+        tables.Field("capability", check_capability, (9, 0), "(major, minor) of the device"),
     ),
     unknown=tables.UNKNOWN_SORTED,
 )
@@ -145,6 +177,16 @@ _GENERIC = Condition(
 _NOT_PINNED = Condition("not_pinned", lambda c: not c["pinned"], lambda c: "a tile is pinned")
 _SHARED_M = Condition(
     "m>=17", lambda c: c["m"] >= SHARED_MIN_M, lambda c: f"m={c['m']} < {SHARED_MIN_M}"
+)
+_HOPPER = Condition(
+    "capability==9.0",
+    lambda c: c["capability"] == TENSOR_CAPABILITY,
+    lambda c: f"capability={c['capability']} has no wgmma",
+)
+_N_256 = Condition(
+    "n%256==0",
+    lambda c: c["n"] % TENSOR_CTA_N == 0,
+    lambda c: f"n={c['n']} is not a multiple of {TENSOR_CTA_N}",
 )
 _N_128 = Condition(
     "n%128==0", lambda c: c["n"] % CTA_N == 0, lambda c: f"n={c['n']} is not a multiple of 128"
@@ -195,6 +237,12 @@ ROWS: tuple[Row, ...] = (
         lambda c: slots_for(c["bits"], THIN),
     ),
     _row(
+        "tensor_core",
+        "sm_90: 8 warps decode, 2 warpgroups wgmma, 128 x 256 per CTA, split 1",
+        (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256),
+        TENSOR,
+    ),
+    _row(
         "shared_wide",
         "8 warps, 128 x 128 per CTA, split 1",
         (_GENERIC, _NOT_PINNED, _SHARED_M, _N_128),
@@ -214,12 +262,17 @@ def _case(**changes: Any) -> dict:
 
 
 BOUNDARIES: tuple[Boundary, ...] = (
-    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "shared_wide",
+    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "tensor_core",
              "off_generic_path"),
-    Boundary("pinned", _case(), "pinned", False, True, "shared_wide", "pinned_tile"),
+    Boundary("pinned", _case(), "pinned", False, True, "tensor_core", "pinned_tile"),
     Boundary("shared_min_m", _case(), "m", 16, 17, "small_m", "shared_thin"),
-    Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "shared_wide"),
-    Boundary("n_128", _case(), "n", 28672, 28736, "shared_wide", "n_not_128"),
+    Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "tensor_core"),
+    Boundary("hopper", _case(), "capability", (9, 0), (8, 0), "tensor_core", "shared_wide"),
+    Boundary("hopper_sm120", _case(), "capability", (9, 0), (12, 0), "tensor_core",
+             "shared_wide"),
+    Boundary("n_256", _case(), "n", 28672, 28800, "tensor_core", "shared_wide"),
+    Boundary("n_128", _case(capability=(8, 0)), "n", 28672, 28736, "shared_wide",
+             "n_not_128"),
 )  # fmt: skip
 
 

@@ -160,6 +160,8 @@ class DensePlan(PlannedBuffers):
     shared_rows: int = 2
     smem_stages: int = 0
     mainloop_reasons: tuple[str, ...] = ()
+    #: The shared decode multiplies with Hopper ``wgmma`` (sm_90).
+    wgmma: bool = False
 
     @property
     def buffer_owner(self) -> str:
@@ -189,6 +191,7 @@ class DensePlan(PlannedBuffers):
                     m_warps=self.m_warps,
                     shared_rows=self.shared_rows,
                     smem_stages=self.smem_stages,
+                    wgmma=self.wgmma,
                 )
             )
             if self.split_k > 1:
@@ -449,7 +452,14 @@ def plan_dense(
             chosen_tile = dense_tiles.auto_select(tile_problem, limits)
         warps, n_tiles = dense_tiles.kernel_geometry(chosen_tile)
     loop = mainloop_table.explain(
-        {"path": choice.path, "m": m, "n": n, "bits": bits, "pinned": pinned is not None}
+        {
+            "path": choice.path,
+            "m": m,
+            "n": n,
+            "bits": bits,
+            "pinned": pinned is not None,
+            "capability": limits.capability,
+        }
     )
     shared = loop.value  # a SharedDecode, or None: the per-warp decode
     cta_m_blocks = m_tiles
@@ -487,6 +497,7 @@ def plan_dense(
         shared_rows=2 if shared is None else shared.shared_rows,
         smem_stages=0 if shared is None else shared.smem_stages,
         mainloop_reasons=loop.reasons,
+        wgmma=shared is not None and shared.wgmma,
     )
 
 
@@ -601,6 +612,7 @@ def run_dense(
                 m_warps=plan.m_warps,
                 shared_rows=plan.shared_rows,
                 smem_stages=plan.smem_stages,
+                wgmma=plan.wgmma,
             )
         gemm16 = gemm
         if p.compute_dtype == torch.bfloat16:

@@ -1,0 +1,111 @@
+"""GPU (sm_90): the dense shared decode with ``wgmma`` consumers is exact where the math is exact
+and faithful where it is not.
+
+* **Identity activations** (:mod:`b12x.kernels.wgmma_decode`): ``I @ Wq == Wq`` bit for bit
+  (one non-zero product per output, fp32 accumulation), 7 K16 rows (a partial last step; split
+  3 gives 3 + 3 + 1 rows, so rows past a split's end are multiplied as zero activations against
+  a decoded zero payload), every window regime and decoder family, fp16 and bf16, every
+  ``wgmma`` geometry. M = 112 leaves the second warpgroup partly live, M = 48 leaves it dead
+  (its MMAs skipped), and both must still equal the decode.
+* **Random activations against float64**: every element within the output's rounding (half an
+  ulp of the fp16/bf16 result) plus an fp32 accumulation bound (``K·2^-23·Σ|a||w|``), at M = 1,
+  64, 100 and 200 (a second, partial M tile), unsplit and split; and **bit-identical to the
+  ``mma.sync`` shared decode** (H200, measured: the tensor core sums a K16 product the same way
+  for both instructions). PTX does not promise that; the MoE's batch invariance across its
+  mainloops relies on it, so this test is what would notice a device where it fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from b12x.kernels.shared_layout import fitting_slots
+from b12x.launch import host
+from reference import trellis as ref_trellis
+
+pytestmark = pytest.mark.gpu
+
+K_ROWS = 7
+N = 256
+#: (m_tiles, n_tiles) of the warpgroup geometries (8 warps, every warp multiplies).
+GEOMETRIES = [(1, 1), (2, 1), (1, 2)]
+REGIMES = [
+    ("mcg", 1),
+    ("mcg", 2),
+    ("3inst", 3),
+    ("mcg", 4),
+    ("mul1", 5),
+    ("mcg", 6),
+    ("3inst", 7),
+    ("mul1", 8),
+    ("sqg_e4m3", 3),
+    ("sqg_fp16", 5),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma mainloop runs on sm_90 only")
+
+
+def _payload(bits: int, seed: int, k_rows: int = K_ROWS, n: int = N) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    words = torch.randint(-(2**15), 2**15, (k_rows, n // 16, 16 * bits), generator=gen)
+    return words.to(torch.int16)
+
+
+def _wgmma(a, payload, codebook, bits, geometry, *, split_k):
+    mt, nt = geometry
+    rows, stages = fitting_slots(bits=bits, m_tiles=mt, n_tiles=nt, warps=8, m_warps=8)
+    return host.trellis_matmul(
+        a, payload, codebook, split_k=split_k, tiles=(mt, nt), warps=8, m_warps=8,
+        shared_rows=rows, smem_stages=stages, wgmma=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("m", [112, 48])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize(("codebook", "bits"), REGIMES)
+def test_identity_every_window_regime(codebook, bits, split_k, m):
+    payload = _payload(bits, seed=90 + bits)
+    expected = ref_trellis.decode(payload, codebook).to(torch.float16)[:m]
+    eye = torch.eye(16 * K_ROWS, dtype=torch.float16, device="cuda")[:m]
+    got = _wgmma(eye, payload.cuda(), codebook, bits, (1, 1), split_k=split_k)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bits", [2, 4, 6])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+def test_identity_every_geometry(geometry, bits, dtype):
+    payload = _payload(bits, seed=40 + bits, n=512)
+    expected = ref_trellis.decode(payload, "mcg").to(dtype)[:112]
+    eye = torch.eye(16 * K_ROWS, dtype=dtype, device="cuda")[:112]
+    got = _wgmma(eye, payload.cuda(), "mcg", bits, geometry, split_k=1)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("m", [1, 64, 100, 200])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+def test_random_activations_within_the_rounding_bound(geometry, m, split_k):
+    k_rows, n = 64, 512
+    k = 16 * k_rows
+    payload = _payload(4, seed=7, k_rows=k_rows, n=n)
+    gen = torch.Generator().manual_seed(m)
+    a = (torch.randn(m, k, generator=gen) * 0.5).to(torch.bfloat16)
+    # bf16 activations multiply the decode rounded to bf16 (the kernel's to_bf16 decode)
+    w = ref_trellis.decode(payload, "mcg").to(torch.bfloat16).double()
+    exact = a.double() @ w
+    got = _wgmma(a.cuda(), payload.cuda(), "mcg", 4, geometry, split_k=split_k).cpu()
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs()  # one bf16 ulp at the result, at most
+    bound = 0.5 * ulp + k * 2.0**-23 * (a.double().abs() @ w.abs()) + 1e-30
+    err = (got.double() - exact).abs()
+    assert (err <= bound).all(), f"max err/bound {(err / bound).max().item():.3f}"
+    sync = host.trellis_matmul(
+        a.cuda(), payload.cuda(), "mcg", split_k=split_k, tiles=(2, 1), warps=8, m_warps=4,
+        shared_rows=2, smem_stages=3,
+    ).cpu()  # fmt: skip
+    assert torch.equal(got, sync)
