@@ -79,7 +79,7 @@ TIER_BITS = (3, 4)
 PAIR_BASE_BITS = 3
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 #: The MoE mainloop pins (b12x.ops.moe.mainloop.SHARED_PINS; tests check they agree).
-SHARED_PINS = ("off", "wide")
+SHARED_PINS = ("off", "wide", "tensor")
 TIMING = {"warmup": 3, "reps": 15, "inner": 3, "max_s": 1.0}
 QUICK_TIMING = {"warmup": 2, "reps": 5, "inner": 2, "max_s": 0.3}
 BASELINE, GRAPH, EAGER = "bf16 graph", "trellis graph", "trellis eager"
@@ -679,7 +679,7 @@ class CudaMoeBench:
             codebook=a.codebook, tier0_bits=TIER_BITS[0], tier1_bits=TIER_BITS[1],
             tier0_experts=e0, tier1_experts=a.experts - e0, num_global_experts=a.experts,
             w13_layout=a.layout, x_dtype=torch.bfloat16, compute_dtype=torch.float16,
-            shared_decode=a.shared_decode,
+            shared_decode=a.shared_decode, device=torch.device("cuda"),
         )  # fmt: skip
         fields = {"global_to_combined": g2c.cuda(), "descriptor_map": descriptors.cuda()}
         return plan, fields, f"{e0} K{TIER_BITS[0]} + {a.experts - e0} K{TIER_BITS[1]} experts"

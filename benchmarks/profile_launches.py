@@ -8,7 +8,7 @@ device time, largest first, plus the step's sum. This is a diagnostic for the la
 profiler overhead and are never quoted as ratios.
 
 Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]
-[--stacks uniform,tiers,pair] [--shared-decode off|wide]``
+[--stacks uniform,tiers,pair] [--shared-decode off|wide|tensor]``
 
 ``--stacks`` picks the MoE stacks tabled: ``uniform`` (MCG K4), ``tiers`` (K3/K4 tiers over a
 seeded half/half split) and ``pair`` (P33 on FC1 and FC2 over the K3 base): the same plans and

@@ -22,6 +22,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
 * ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
   fold), planned M 300, live M 290, bf16 compute, inactive ids.
+* ``dense_wgmma`` (sm_90 only): the tensor-core row, planned M 100, live M 70, bf16 compute.
+* ``moe_tensor_decode`` (sm_90 only): the shared decode's wgmma geometry pinned, M 300 / 290.
 * ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.
 
 Usage: ``python3 scripts/sanitize_driver.py [--only S] [--list]`` (needs a CUDA device; the
@@ -90,6 +92,19 @@ def decode_kernel():
         payload = _payload(_gen(10 + seed), 64 // 16, 256 // 16, 16 * bits)
         outs.append(host.decode_weight(payload, codebook).float().sum().view(1))
     return torch.cat(outs)
+
+
+def dense_wgmma():
+    """The sm_90 tensor-core row (wgmma consumers): planned M 100, live M 70 (the second
+    warpgroup's rows partly dead), N 512 (two CTA columns), bf16 compute, K3 sqg_e4m3."""
+    plan = plan_dense(m=100, k=512, n=512, bits=3, codebook="sqg_e4m3", x_dtype=BF16,
+                      compute_dtype=BF16)  # fmt: skip
+    if not plan.wgmma:
+        raise RuntimeError(f"planned mainloop {plan.mainloop_reasons[-1]!r}, expected tensor_core")
+    return _dense(
+        100, 70, 512, 512, 3, "sqg_e4m3", BF16, expect_path="generic", seed=11,
+        compute_dtype=BF16,
+    )  # fmt: skip
 
 
 def dense_decode_matmul():
@@ -169,6 +184,15 @@ def moe_shared_decode():
     return _uniform(300, 290, 4, "packed", F16, BF16, seed=9, h=1024, i=512, shared_decode="wide")
 
 
+def moe_tensor_decode():
+    """The shared decode's sm_90 tensor geometry pinned (128 x 256 per CTA, wgmma, the K-slice
+    fold through shared memory), planned M 300, live M 290, inactive ids."""
+    return _uniform(
+        300, 290, 4, "packed", F16, BF16, seed=12, h=1024, i=512, shared_decode="tensor",
+        device=torch.device(DEV),
+    )  # fmt: skip
+
+
 def moe_tiered():
     h, i, top_k, m = 256, 128, 2, 16
     g = _gen(7)
@@ -199,6 +223,7 @@ CASES = {
     for f in (
         dense_generic_f16_splitk,
         dense_generic_bf16,
+        dense_wgmma,
         decode_kernel,
         dense_decode_matmul,
         dense_k6_small_m,
@@ -206,6 +231,7 @@ CASES = {
         moe_uniform_bf16_proj,
         moe_k_split,
         moe_shared_decode,
+        moe_tensor_decode,
         moe_tiered,
     )
 }

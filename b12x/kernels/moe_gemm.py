@@ -103,11 +103,14 @@ from b12x.kernels.mainloop import (
 )
 from b12x.kernels.shared_decode import SharedDecodeMainloop
 from b12x.kernels.shared_layout import (
+    WGMMA_SMEM_LIMIT,
     SharedDecodeLayout,
     check_shared_decode,
+    check_wgmma_geometry,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import lane_ring_start
+from b12x.kernels.wgmma_decode import WgmmaDecodeMainloop
 
 __all__ = [
     "DYNAMIC",
@@ -166,6 +169,9 @@ class MoeGemmSpec:
     #: K16 rows per shared-decode step and its cp.async slots (``smem_stages`` 0 when per-warp).
     shared_rows: int = 2
     smem_stages: int = 0
+    #: The shared decode multiplies with Hopper ``wgmma`` (sm_90a; ``m_warps == warps``,
+    #: :mod:`b12x.kernels.wgmma_decode`).
+    wgmma: bool = False
 
     def __post_init__(self):
         resolve_format(self.codebook, self.bits)
@@ -178,13 +184,17 @@ class MoeGemmSpec:
         if type(self.k_split) is not int or self.k_split not in K_SPLITS:
             raise ValueError(f"k_split: expected one of {K_SPLITS}, got {self.k_split!r}")
         self._check_shared()
-        # the shared decode's fold region may go past the 48 KB (the plan checks the device)
+        # the shared decode's fold region may go past the 48 KB, and a wgmma geometry's slots
+        # too, up to an sm_90 launch's opt-in 227 KB (the plan checks the device)
         static = self.shared_layout.fold_offset if self.m_warps else self.smem_bytes
-        if self.cta_threads > MAX_CTA_THREADS or static > MAX_STATIC_SMEM:
+        limit = MAX_STATIC_SMEM
+        if self.wgmma:
+            static, limit = self.smem_bytes, WGMMA_SMEM_LIMIT
+        if self.cta_threads > MAX_CTA_THREADS or static > limit:
             raise ValueError(
                 f"warps/k_split: {self.warps} warps × k_split {self.k_split} need "
                 f"{self.cta_threads} threads and {self.smem_bytes} B of shared memory (at most "
-                f"{MAX_CTA_THREADS} threads and {MAX_STATIC_SMEM} B)"
+                f"{MAX_CTA_THREADS} threads and {limit} B)"
             )
         if self.pair is None:
             if self.rate_axis is not None:
@@ -206,6 +216,10 @@ class MoeGemmSpec:
             )
         if self.m_warps and self.pair is not None:
             raise ValueError(f"m_warps: the paired kernel has no shared decode, got {self.m_warps}")
+        if not isinstance(self.wgmma, bool):
+            raise ValueError(f"wgmma: expected a bool, got {self.wgmma!r}")
+        if self.wgmma:
+            check_wgmma_geometry(n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
 
     @functools.cached_property
     def shared_layout(self) -> SharedDecodeLayout | None:
@@ -357,7 +371,13 @@ class MoeGroupedGemmKernel:
         self.depth = spec.depth
         self.k_split = spec.k_split
         self.shared = None
-        if spec.m_warps:
+        if spec.wgmma:
+            self.shared = WgmmaDecodeMainloop(
+                self.bundle.fmt, spec.bits, bf16=spec.bf16, m_tiles=spec.m_tiles,
+                n_tiles=spec.n_tiles, warps=spec.warps, rows=spec.shared_rows,
+                stages=spec.smem_stages, k_split=spec.k_split,
+            )  # fmt: skip
+        elif spec.m_warps:
             self.shared = SharedDecodeMainloop(
                 self.bundle.fmt, spec.bits, bf16=spec.bf16, m_tiles=spec.m_tiles,
                 n_tiles=spec.n_tiles, warps=spec.warps, m_warps=spec.m_warps,
@@ -562,10 +582,12 @@ class MoeGroupedGemmKernel:
             tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a, a_row_source=slot_row,
             pay_cta=payload.iterator.toint() + expert_bytes + cta_run,
         )  # fmt: skip
-        # Padding sits at the end of a block: a warp whose first slot is padding has no route.
+        # Padding sits at the end of a block: a warp (wgmma: a warpgroup) whose first slot is
+        # padding has no route.
+        live = route_rows[row_base + shared.live_row0(warp)] < n_rows
         acc = shared.run(
             lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=off, live_rows=route_rows[warp_row0] < n_rows, slice_rows=k_rows // self.k_split,
+            off=off, live_rows=live, slice_rows=k_rows // self.k_split,
         )  # fmt: skip
         tile0 = bx * lay.cta_tiles + wn * lay.mma_tiles
         routed_epilogue(

@@ -214,6 +214,7 @@ def _check_plan_against_tables(problem, device):
     shared = ML.MAINLOOP.decide({
         **route_case, "shared_decode": problem.get("shared_decode"), "paired": paired,
         "fc1_n": fc1_n, "fc2_n": h, "max_shared_mem": device and device.max_shared_mem,
+        "capability": device and tuple(device.capability),
     })  # fmt: skip
     if shared is not None:
         return _check_shared_plan(plan, shared, problem, bits, fc1_n)
@@ -252,20 +253,20 @@ def _check_replay(plan):
 
 
 def _check_shared_plan(plan, shared, problem, bits, fc1_n):
-    """The shared decode: 128-slot blocks, the geometry of the mainloop table, the K split of
-    K_SPLIT (its fold order), slots fitted to each tier's bits; no route block, geometry or FC2
-    tile decision (none of them would be used)."""
+    """The shared decode: 128-slot blocks, the geometry of the mainloop table (wgmma included),
+    the K split of K_SPLIT (its fold order), slots as the geometry fixes them or fitted to each
+    tier's bits; no route block, geometry or FC2 tile decision (none of them would be used)."""
     assert plan.routes.block_size == shared.block_size
     h, i = problem["hidden"], problem["intermediate"]
     for specs, k in ((plan.fc1_spec, h), (plan.fc2_spec, i)):
         assert len(specs) == len(bits)
         for spec, b in zip(specs, bits, strict=True):
-            rows, stages = fitting_slots(
+            rows, stages = shared.slots or fitting_slots(
                 bits=b, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles, warps=shared.warps,
                 m_warps=shared.m_warps,
             )  # fmt: skip
-            got = (spec.m_tiles, spec.n_tiles, spec.warps, spec.m_warps, spec.k_split)
-            want = (*shared, D.K_SPLIT.decide({"k": k}))
+            got = (spec.m_tiles, spec.n_tiles, spec.warps, spec.m_warps, spec.wgmma, spec.k_split)
+            want = (*shared[:5], D.K_SPLIT.decide({"k": k}))
             assert got == want and (spec.shared_rows, spec.smem_stages) == (rows, stages)
             assert spec.block_size == plan.routes.block_size
     tables = {d.table for d in plan.decisions}

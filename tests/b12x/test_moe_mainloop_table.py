@@ -23,6 +23,7 @@ from b12x.ops.moe.tiers import plan_tiered_moe
 from oracle.tiles import SimulatedDevice
 
 H200 = SimulatedDevice("H200", 132, 232448, (9, 0))
+A100 = SimulatedDevice("A100", 108, 166912, (8, 0))
 SM120 = SimulatedDevice("sm120", 188, 101376, (12, 0))
 GLM = dict(
     top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=4, num_experts=128,
@@ -39,37 +40,78 @@ def _mainloop(plan):
     return decision
 
 
-def test_glm_prefill_plans_the_shared_decode_on_an_h200():
+def test_glm_prefill_plans_the_wgmma_shared_decode_on_an_h200():
     plan = plan_moe(m=1024, **GLM, device=H200)  # 64 routes per expert
+    assert _mainloop(plan).path == "tensor_core"
+    assert plan.routes.block_size == 128
+    fc1, fc2 = plan.fc1_spec[0], plan.fc2_spec[0]
+    assert all(s.wgmma for s in (fc1, fc2))
+    assert (fc1.m_tiles, fc1.n_tiles, fc1.warps, fc1.m_warps) == (1, 2, 8, 8)  # 128 x 256
+    assert (fc1.shared_rows, fc1.smem_stages, fc1.k_split, fc2.k_split) == (2, 4, 4, 2)
+    # 4 slots x 2 rows x (2 KB payload + 4 KB rows) + 2 x 2 x 16 decoded tiles + the fold
+    # (128 accumulators x 256 threads x 4 B)
+    assert fc1.smem_bytes == 4 * 2 * (2048 + 4096) + 2 * 2 * 16 * 512 + 128 * 1024
+    # from 48 routes per expert on sm_90 (the tensor row's own measured threshold)
+    assert _mainloop(plan_moe(m=768, **GLM, device=H200)).path == "tensor_core"
+    below = plan_moe(m=767, **GLM, device=H200)
+    assert _mainloop(below).path == "few_routes"
+    assert not any(s.wgmma or s.m_warps for s in below.kernel_specs)
+
+
+def test_glm_prefill_plans_the_shared_decode_on_an_sm80():
+    plan = plan_moe(m=1024, **GLM, device=A100)  # 64 routes per expert
     assert _mainloop(plan).path == "shared_wide"
     assert plan.routes.block_size == 128
     fc1, fc2 = plan.fc1_spec[0], plan.fc2_spec[0]
     assert (fc1.m_warps, fc1.k_split, fc2.k_split) == (4, 4, 2)  # K_SPLIT: the fold order
     assert fc1.block_size == fc2.block_size == 128
     assert fc1.smem_bytes == fc2.smem_bytes == SMEM_LIMIT - 2048 + 64 * 1024  # 46 KB + fold
-    below = plan_moe(m=1023, **GLM, device=H200)
+    below = plan_moe(m=1023, **GLM, device=A100)
     assert _mainloop(below).path == "few_routes"
     assert all(s.m_warps == 0 for s in below.kernel_specs)
     assert below.routes.block_size == 64  # the route-block table's m_tiles 4
 
 
 @pytest.mark.parametrize(
-    "device, path", [(None, "no_room"), (SM120, "no_room"), (H200, "shared_wide")]
+    "device, path",
+    [(None, "no_room"), (SM120, "no_room"), (A100, "shared_wide"), (H200, "tensor_core")],
 )
 def test_the_device_must_grant_the_fold(device, path):
     plan = plan_moe(m=4096, **GLM, device=device)
     assert _mainloop(plan).path == path
-    assert all((s.m_warps > 0) == (path == "shared_wide") for s in plan.kernel_specs)
+    assert all((s.m_warps > 0) == (path != "no_room") for s in plan.kernel_specs)
+    assert all(s.wgmma == (path == "tensor_core") for s in plan.kernel_specs)
+
+
+def test_the_tensor_row_needs_sm90_even_where_its_fold_would_fit():
+    big = SimulatedDevice("sm80-big", 108, 232448, (8, 0))  # the H200's opt-in, not its arch
+    plan = plan_moe(m=4096, **GLM, device=big)
+    assert _mainloop(plan).path == "shared_wide"
+    assert not any(s.wgmma for s in plan.kernel_specs)
+
+
+def test_an_h200_short_of_the_tensor_fold_takes_the_wide_geometry():
+    short = SimulatedDevice("H200-short", 132, 229375, (9, 0))  # 1 B below the K8 tensor need
+    assert _mainloop(plan_moe(m=4096, **GLM, device=short)).path == "shared_wide"
+
+
+def test_the_tensor_pin_needs_an_sm90_device():
+    for device in (None, A100, SM120):
+        with pytest.raises(ValueError, match="shared_decode: 'tensor' multiplies with wgmma"):
+            plan_moe(m=4096, **GLM, shared_decode="tensor", device=device)
+    plan = plan_moe(m=8, **GLM, shared_decode="tensor", device=H200)
+    assert _mainloop(plan).path == "pinned" and all(s.wgmma for s in plan.kernel_specs)
 
 
 def test_a_pin_is_refused_before_launch_where_it_cannot_run():
     with pytest.raises(ValueError, match=r"shared_decode: .*112640 B.*101376 B"):
         plan_moe(m=4096, **GLM, shared_decode="wide", device=SM120)
     # unknown device: the pin is the caller's word; a known one that grants it: planned
-    for device in (None, H200):
+    for device in (None, H200, A100):
         plan = plan_moe(m=8, **GLM, shared_decode="wide", device=device)
         assert _mainloop(plan).path == "pinned" and plan.routes.block_size == 128
     off = plan_moe(m=4096, **GLM, shared_decode="off", device=H200)
+    assert not any(s.wgmma for s in off.kernel_specs)
     assert _mainloop(off).path == "pinned" and all(s.m_warps == 0 for s in off.kernel_specs)
     with pytest.raises(ValueError, match="shared_decode"):
         plan_moe(m=8, **GLM, shared_decode="thin", device=H200)
@@ -86,7 +128,7 @@ def test_pairs_pins_and_tiers():
         w13_layout="packed", x_dtype=torch.bfloat16, compute_dtype=torch.float16, device=H200,
     )  # fmt: skip
     assert [s.bits for s in tiers.fc1_spec] == [3, 4]
-    assert all(s.m_warps == 4 and s.block_size == 128 for s in tiers.kernel_specs)
+    assert all(s.wgmma and s.m_warps == 8 and s.block_size == 128 for s in tiers.kernel_specs)
 
 
 def test_spec_refusals_name_the_field():
@@ -161,6 +203,43 @@ def test_the_gpu_default_job_judges_the_shared_decode():
         if any(spec.m_warps for spec in plan.kernel_specs):
             shared.append(case)
     assert len(shared) >= 20, len(shared)
+    # on an H200 every one of them is the wgmma tensor geometry (the wide one is judged by the
+    # GPU tests, pinned)
+    assert all(
+        all(
+            s.wgmma
+            for s in plan_moe(**moe_problem(c, None, moe_choices(c), device=H200)).kernel_specs
+        )
+        for c in shared
+    )
     assert {c.variant.codebook for c in shared} >= {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
     assert {c.variant.compute_dtype for c in shared} == {"fp16", "bf16"}
     assert max(c.m for c in shared) == 4096
+
+
+def test_tensor_spec_compiles_spill_free_with_asynchronous_mmas():
+    """The wgmma fold waits for the slice's MMAs inside the live-rows branch; ptxas must still
+    keep the MMAs asynchronous (no C7520 serialization remark) and spill nothing."""
+    from b12x.launch.specs import target_arch
+    from b12x.launch.toolchain import compile_with_remarks
+
+    spec = MoeGemmSpec(
+        "mcg", 4, True, m_tiles=1, n_tiles=2, warps=8, m_warps=8, shared_rows=2, smem_stages=4,
+        k_split=4, wgmma=True,
+    )  # fmt: skip
+    remarks = compile_with_remarks(*spec_build(spec), target_arch(spec, "sm_90"), ptx=True)
+    assert remarks.spills and max(remarks.spills) == 0
+    assert "C7520" not in remarks.log
+    ptx = remarks.ptx
+    steps, rows = spec.shared_layout.period, 2
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == steps * rows
+    # the fold: 32 groups of 4 accumulators (128 per thread) per slice end, two code paths per
+    # unrolled step, like the mma.sync fold
+    assert ptx.count("st.shared.v4") == steps * 2 * 32
+    assert "mma.sync" not in ptx
+
+
+def spec_build(spec):
+    from b12x.launch.kinds import kind_of
+
+    return kind_of(spec).build(spec)

@@ -4,7 +4,9 @@ The shared decode (:mod:`b12x.kernels.shared_decode`, planned by the ``moe_mainl
 128 routes per expert) decodes each K16 row of an expert once per 128-slot route block and folds
 its K slices in the per-warp kernel's fixed order, so a route's result must not depend on which
 mainloop ran it. Each case runs the whole op (:func:`b12x.ops.moe.run.run_moe`) twice on the same
-inputs, once planned ``shared_decode="wide"`` and once ``"off"``, and asserts equal bits:
+inputs, once planned ``shared_decode="wide"`` (and, on sm_90, once ``"tensor"``: the ``wgmma``
+consumers of :mod:`b12x.kernels.wgmma_decode`, M = 40 leaving a whole warpgroup dead) and once
+``"off"``, and asserts equal bits:
 
 * K splits 4 (FC1, K = 2048) and 2 (FC2, K = 1024): the fold runs in both GEMMs;
 * packed and proj FC1, fp16 and bf16 compute, MCG K4 and K3, the 3INST codebook, K6 (1 x 4
@@ -12,8 +14,8 @@ inputs, once planned ``shared_decode="wide"`` and once ``"off"``, and asserts eq
 * M from 40 (16 % of a block live: dead warps) to 700 (several blocks per expert, partial last
   blocks), inactive routes (ids -1 and E) among them;
 * K3/K4 tiers (two launches per GEMM over the same 128-slot blocks, unmapped ids);
-* batch invariance across mainloops: tokens of a shared-decode batch equal their batch-1 outputs
-  (which run per-warp);
+* batch invariance across mainloops: tokens of a shared-decode batch (on sm_90 the table plans
+  ``tensor``) equal their batch-1 outputs (which run per-warp);
 * determinism: repeated shared-decode runs are bitwise equal.
 """
 
@@ -30,7 +32,8 @@ from oracle.runners.inputs import stack_to, trellis_experts
 pytestmark = pytest.mark.gpu
 
 F16, BF16 = torch.float16, torch.bfloat16
-H, I = 2048, 1024  # FC1 K = 2048 (k_split 4), FC2 K = 1024 (k_split 2); every N % 128 == 0
+H, I = 2048, 1024  # FC1 K = 2048 (k_split 4), FC2 K = 1024 (k_split 2); every N % 256 == 0
+SHARED = ("wide", "tensor")
 DEV = "cuda"
 
 
@@ -65,11 +68,19 @@ def bound(experts, m, top_k, x_dtype, compute_dtype, shared_decode):
         compute_dtype=compute_dtype, shared_decode=shared_decode, device=DEV,
     )  # fmt: skip
     shared = [s.m_warps > 0 for s in plan.kernel_specs]
-    want = shared_decode == "wide" or (
+    want = shared_decode in SHARED or (
         shared_decode is None and m * top_k >= 128 * experts.num_experts
     )
     assert shared == [want] * len(shared), plan.kernel_specs
+    if shared_decode in SHARED:
+        assert all(s.wgmma == (shared_decode == "tensor") for s in plan.kernel_specs)
     return bind_moe(plan, **allocate_moe_buffers(plan, DEV))
+
+
+def _needs_hopper(pin):
+    """``tensor`` (wgmma) runs on sm_90 only; elsewhere the plan refuses it (a CPU test)."""
+    if pin == "tensor" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tensor geometry multiplies with wgmma: sm_90 only")
 
 
 CASES = [
@@ -82,11 +93,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("pin", SHARED)
 @pytest.mark.parametrize("e, top_k, m, layout, x_dtype, compute_dtype, codebook, bits", CASES)
-def test_shared_decode_equals_per_warp(e, top_k, m, layout, x_dtype, compute_dtype, codebook, bits):
+def test_shared_decode_equals_per_warp(
+    e, top_k, m, layout, x_dtype, compute_dtype, codebook, bits, pin
+):
+    _needs_hopper(pin)
     experts = make_experts(e, bits, layout, seed=e * 1000 + m, codebook=codebook)
     x, w, ids = routes(e, m, top_k, seed=m, x_dtype=x_dtype)
-    shared = bound(experts, m, top_k, x_dtype, compute_dtype, "wide")
+    shared = bound(experts, m, top_k, x_dtype, compute_dtype, pin)
     per_warp = bound(experts, m, top_k, x_dtype, compute_dtype, "off")
     got = run_moe(shared, inputs(experts, x, w, ids)).clone()
     want = run_moe(per_warp, inputs(experts, x, w, ids)).clone()
@@ -109,8 +124,10 @@ def test_shared_decode_batch_invariant():
         assert torch.equal(one[0], batch[t]), f"token {t} differs from its batch-1 output"
 
 
+@pytest.mark.parametrize("pin", SHARED)
 @pytest.mark.parametrize("layout", ["packed", "proj"])
-def test_shared_decode_tiers_equal_per_warp(layout):
+def test_shared_decode_tiers_equal_per_warp(layout, pin):
+    _needs_hopper(pin)
     t0, t1 = make_experts(5, 3, layout, seed=31), make_experts(3, 4, layout, seed=32)
     t0_ids, t1_ids, num_global = [9, 0, 4, 6, 2], [7, 1, 3], 10  # global 5 and 8 unmapped
     g2c, desc = build_tiered_maps(t0_ids, t1_ids, num_global)
@@ -118,13 +135,14 @@ def test_shared_decode_tiers_equal_per_warp(layout):
     m, top_k = 400, 2
     x, w, ids = routes(num_global, m, top_k, seed=33, x_dtype=F16, num_ids=num_global)
     outs = []
-    for pin in ("wide", "off"):
+    for mainloop in (pin, "off"):
         plan = plan_tiered_moe(
             m=m, top_k=top_k, hidden=H, intermediate=I, codebook="mcg", tier0_bits=3,
             tier1_bits=4, tier0_experts=5, tier1_experts=3, num_global_experts=num_global,
-            w13_layout=layout, x_dtype=F16, compute_dtype=F16, shared_decode=pin, device=DEV,
+            w13_layout=layout, x_dtype=F16, compute_dtype=F16, shared_decode=mainloop,
+            device=DEV,
         )  # fmt: skip
-        assert all((s.m_warps > 0) == (pin == "wide") for s in plan.kernel_specs)
+        assert all((s.m_warps > 0) == (mainloop != "off") for s in plan.kernel_specs)
         b = bind_moe(plan, **allocate_moe_buffers(plan, DEV))
         args = MoeInputs(
             x, w, ids, (t0.w13, t1.w13), (t0.w2, t1.w2), tables["gate_suh"],

@@ -13,17 +13,24 @@ The machinery is :mod:`b12x.ops.tables`, like every table of :mod:`b12x.ops.moe.
 Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
 :class:`SharedGeometry` or ``None`` = per-warp)
 -----------------------------------------------------------------------------------------------
-1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`.
+1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`,
+   ``"tensor"`` → :data:`SHARED_TENSOR` (the plan refuses it off sm_90).
 2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.
 3. ``paired`` — a QSRT phase (the pair kernel has no shared decode): None.
 4. ``n_not_128`` — FC1 or FC2 columns not a multiple of 128: None.
-5. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
-6. ``no_room`` — the device's opt-in shared memory per block unknown or below
+5. ``tensor_core`` — capability (9, 0), FC1 and FC2 columns multiples of 256, ``m·top_k >=
+   48·E`` (:data:`TENSOR_MIN_ROUTES`, measured) and :data:`SHARED_TENSOR_SMEM` (224 KB at K8)
+   granted: :data:`SHARED_TENSOR`, 128 route slots x 256 columns per CTA, every warp decoding,
+   two warpgroups multiplying with ``wgmma`` (bit-identical to the mma.sync shared decode on
+   the H200, so a route's result does not depend on which of the three mainloops ran it).
+6. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
+7. ``no_room`` — the device's opt-in shared memory per block unknown or below
    :data:`SHARED_WIDE_SMEM` (112 KB: slots, fragment buffers and the K-slice fold): None.
-7. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
+8. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
 
-Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_n, fc2_n, max_shared_mem``;
-both sides of every threshold are literal :class:`~b12x.ops.tables.Boundary` records.
+Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_n, fc2_n, max_shared_mem,
+capability``; both sides of every threshold are literal :class:`~b12x.ops.tables.Boundary`
+records.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes
+from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes, shared_decode_layout
+from b12x.ops.dense.dispatch import check_capability
 from b12x.ops.dense.tiles import GROUPED_M_TILES
 from b12x.ops.tables import (
     Boundary,
@@ -50,8 +58,12 @@ __all__ = [
     "SHARED_GEOMETRIES",
     "SHARED_MIN_ROUTES",
     "SHARED_PINS",
+    "SHARED_TENSOR",
+    "SHARED_TENSOR_SMEM",
     "SHARED_WIDE",
     "SHARED_WIDE_SMEM",
+    "TENSOR_CAPABILITY",
+    "TENSOR_MIN_ROUTES",
     "SharedGeometry",
 ]
 
@@ -65,6 +77,11 @@ class SharedGeometry(NamedTuple):
     n_tiles: int
     warps: int
     m_warps: int
+    #: The MMAs are Hopper warpgroup MMAs (sm_90, :mod:`b12x.kernels.wgmma_decode`).
+    wgmma: bool = False
+    #: ``(shared_rows, smem_stages)`` fixed by the geometry; None: the first of
+    #: :data:`~b12x.kernels.shared_layout.SLOT_CHOICES` that fits the 48 KB at the rate.
+    slots: tuple[int, int] | None = None
 
     @property
     def block_size(self) -> int:
@@ -77,7 +94,10 @@ class SharedGeometry(NamedTuple):
 
 #: 8 warps as 4 (M) x 2 (N): 128 route slots x 128 columns per CTA (the dense WIDE geometry).
 SHARED_WIDE = SharedGeometry(m_tiles=2, n_tiles=1, warps=8, m_warps=4)
-SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE}
+#: sm_90: every warp decodes, two warpgroups multiply with ``wgmma``: 128 route slots x 256
+#: columns per CTA (the dense TENSOR geometry), 2 K16 rows per step in 4 slots.
+SHARED_TENSOR = SharedGeometry(m_tiles=1, n_tiles=2, warps=8, m_warps=8, wgmma=True, slots=(2, 4))
+SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE, "tensor": SHARED_TENSOR}
 #: ``shared_decode`` pins: ``"off"`` (the per-warp mainloop) or a geometry name.
 SHARED_PINS = ("off", *SHARED_GEOMETRIES)
 #: Fewest routes per expert on average (``m·top_k/E``) at which both grouped GEMMs take the
@@ -89,12 +109,30 @@ SHARED_PINS = ("off", *SHARED_GEOMETRIES)
 #: packer's scan fix, which costs both the same). Below 64 a 128-slot block is mostly padding;
 #: between 48 and 64 nothing was measured, so the first measured win is the threshold.
 SHARED_MIN_ROUTES = 64
+#: Fewest routes per expert at which the sm_90 tensor geometry (:data:`SHARED_TENSOR`) is
+#: planned. Measured on the H200 (2026-12-04, ``benchmarks/moe_trellis.py --no-tiers --no-pair
+#: --quick --shared-decode tensor``, same model, us): M = 512 (32 routes per expert) 2010.3
+#: against the per-warp 1900.5 of the same day's table run, 768 (48) 2107.3 against 2511.0
+#: (2026-12-03); 1024 (64) 2393.6 against the wide geometry's 2971.2. Nothing was measured
+#: between 32 and 48: the first measured win is the threshold.
+TENSOR_MIN_ROUTES = 48
 #: Shared memory per block the wide geometry may need: slots and fragment buffers within the
 #: 48 KB, plus the K-slice fold (64 KB): a launch opts in past 48 KB, so the device must grant it.
 SHARED_WIDE_SMEM = SMEM_LIMIT + fold_bytes(
     m_tiles=SHARED_WIDE.m_tiles, n_tiles=SHARED_WIDE.n_tiles, warps=SHARED_WIDE.warps,
     m_warps=SHARED_WIDE.m_warps,
 )  # fmt: skip
+
+
+#: Shared memory per block the tensor geometry needs at the largest rate (K8): slots, fragment
+#: buffers and its fold (128 accumulators per thread, 128 KB).
+SHARED_TENSOR_SMEM = shared_decode_layout(
+    bits=8, m_tiles=SHARED_TENSOR.m_tiles, n_tiles=SHARED_TENSOR.n_tiles,
+    warps=SHARED_TENSOR.warps, m_warps=SHARED_TENSOR.m_warps, rows=SHARED_TENSOR.slots[0],
+    stages=SHARED_TENSOR.slots[1], fold=True,
+).total  # fmt: skip
+#: The only capability with ``wgmma``.
+TENSOR_CAPABILITY = (9, 0)
 
 
 def _per_expert(c) -> str:
@@ -104,11 +142,18 @@ def _per_expert(c) -> str:
 def _mainloop_case(**changes: Any) -> dict:
     base = {"m": 4096, "top_k": 8, "num_experts": 128, "m_tiles": None, "shared_decode": None}
     base |= {"paired": False, "fc1_n": 3072, "fc2_n": 5120, "max_shared_mem": 232448}
+    base |= {"capability": (9, 0)}
     return {**base, **changes}
 
 
-def _n_fits(c) -> bool:
-    return all(c[f] % SHARED_WIDE.n_group == 0 for f in ("fc1_n", "fc2_n"))
+def _n_fits(c, geometry: SharedGeometry = SHARED_WIDE) -> bool:
+    return all(c[f] % geometry.n_group == 0 for f in ("fc1_n", "fc2_n"))
+
+
+def _capability(name: str, value: Any):
+    if value is None:
+        return None
+    return check_capability(name, value)
 
 
 MAINLOOP = DecisionTable.build(
@@ -131,6 +176,7 @@ MAINLOOP = DecisionTable.build(
             None,
             "the device's opt-in shared memory per block (None: no device)",
         ),
+        Field("capability", _capability, None, "(major, minor) of the device (None: no device)"),
     ),
     (
         (
@@ -176,6 +222,33 @@ MAINLOOP = DecisionTable.build(
             None,
         ),
         (
+            "tensor_core",
+            "sm_90: 128 route slots x 256 columns per CTA, two warpgroups multiply with wgmma",
+            (
+                Condition(
+                    "capability==9.0",
+                    lambda c: c["capability"] == TENSOR_CAPABILITY,
+                    lambda c: f"capability={c['capability']} has no wgmma",
+                ),
+                Condition(
+                    "n%256==0",
+                    lambda c: _n_fits(c, SHARED_TENSOR),
+                    lambda c: f"fc1_n={c['fc1_n']} or fc2_n={c['fc2_n']} is not a multiple of 256",
+                ),
+                Condition(
+                    "routes_per_expert>=48",
+                    lambda c: c["m"] * c["top_k"] >= TENSOR_MIN_ROUTES * c["num_experts"],
+                    lambda c: f"{_per_expert(c)} < {TENSOR_MIN_ROUTES}",
+                ),
+                Condition(
+                    "smem_for_tensor",
+                    lambda c: (c["max_shared_mem"] or 0) >= SHARED_TENSOR_SMEM,
+                    lambda c: f"max_shared_mem={c['max_shared_mem']} < {SHARED_TENSOR_SMEM}",
+                ),
+            ),
+            SHARED_TENSOR,
+        ),
+        (
             "few_routes",
             "fewer than 64 routes per expert on average: 128-slot blocks would be mostly padding",
             (
@@ -204,7 +277,7 @@ MAINLOOP = DecisionTable.build(
     (
         Boundary(
             "mainloop_min_routes",
-            _mainloop_case(m=1024),
+            _mainloop_case(m=1024, capability=(8, 0)),
             "m",
             1023,
             1024,
@@ -212,12 +285,21 @@ MAINLOOP = DecisionTable.build(
             "shared_wide",
         ),
         Boundary(
+            "mainloop_tensor_min_routes",
+            _mainloop_case(m=768),
+            "m",
+            767,
+            768,
+            "few_routes",
+            "tensor_core",
+        ),
+        Boundary(
             "mainloop_pin_off",
             _mainloop_case(),
             "shared_decode",
             None,
             "off",
-            "shared_wide",
+            "tensor_core",
             "pinned",
         ),
         Boundary(
@@ -230,30 +312,57 @@ MAINLOOP = DecisionTable.build(
             "pinned",
         ),
         Boundary(
+            "mainloop_pin_tensor",
+            _mainloop_case(m=1),
+            "shared_decode",
+            None,
+            "tensor",
+            "few_routes",
+            "pinned",
+        ),
+        Boundary(
             "mainloop_m_tiles_pin",
             _mainloop_case(),
             "m_tiles",
             None,
             4,
-            "shared_wide",
+            "tensor_core",
             "pinned_m_tiles",
         ),
         Boundary(
-            "mainloop_paired", _mainloop_case(), "paired", False, True, "shared_wide", "paired"
+            "mainloop_paired", _mainloop_case(), "paired", False, True, "tensor_core", "paired"
         ),
         Boundary(
-            "mainloop_fc1_n", _mainloop_case(), "fc1_n", 3072, 3136, "shared_wide", "n_not_128"
+            "mainloop_fc1_n", _mainloop_case(), "fc1_n", 3072, 3136, "tensor_core", "n_not_128"
         ),
         Boundary(
-            "mainloop_fc2_n", _mainloop_case(), "fc2_n", 5120, 5184, "shared_wide", "n_not_128"
+            "mainloop_fc2_n", _mainloop_case(), "fc2_n", 5120, 5184, "tensor_core", "n_not_128"
+        ),
+        Boundary(
+            "mainloop_fc1_n_256",
+            _mainloop_case(),
+            "fc1_n",
+            3072,
+            3200,
+            "tensor_core",
+            "shared_wide",
         ),
         Boundary(
             "mainloop_by_experts",
-            _mainloop_case(m=1024),
+            _mainloop_case(m=1024, capability=(8, 0)),
             "num_experts",
             128,
             129,
             "shared_wide",
+            "few_routes",
+        ),
+        Boundary(
+            "mainloop_tensor_by_experts",
+            _mainloop_case(m=768),
+            "num_experts",
+            128,
+            129,
+            "tensor_core",
             "few_routes",
         ),
         Boundary(
@@ -262,12 +371,39 @@ MAINLOOP = DecisionTable.build(
             "max_shared_mem",
             232448,
             None,
-            "shared_wide",
+            "tensor_core",
             "no_room",
         ),
         Boundary(
-            "mainloop_smem",
+            "mainloop_tensor_smem",
             _mainloop_case(),
+            "max_shared_mem",
+            229376,
+            229375,
+            "tensor_core",
+            "shared_wide",
+        ),
+        Boundary(
+            "mainloop_capability",
+            _mainloop_case(),
+            "capability",
+            (9, 0),
+            (8, 0),
+            "tensor_core",
+            "shared_wide",
+        ),
+        Boundary(
+            "mainloop_capability_sm120",
+            _mainloop_case(),
+            "capability",
+            (9, 0),
+            (12, 0),
+            "tensor_core",
+            "shared_wide",
+        ),
+        Boundary(
+            "mainloop_smem",
+            _mainloop_case(capability=(8, 0)),
             "max_shared_mem",
             114688,
             114687,

@@ -58,7 +58,7 @@ from b12x.ops.moe.dispatch import (
     WIDE_CTA_WARPS,
     DecisionTable,
 )
-from b12x.ops.moe.mainloop import MAINLOOP, SharedGeometry
+from b12x.ops.moe.mainloop import MAINLOOP, TENSOR_CAPABILITY, SharedGeometry
 from b12x.ops.moe.pairs import (
     PAIR_BASE_BITS,
     PAIR_CHANNELS,
@@ -260,14 +260,14 @@ def plan_gemm_spec(
         )
     k_split = decide(decisions, f"{role}.k_split", K_SPLIT, {"k": k})
     if shared is not None:
-        rows, stages = fitting_slots(
+        rows, stages = shared.slots or fitting_slots(
             bits=bits, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles, warps=shared.warps,
             m_warps=shared.m_warps,
         )  # fmt: skip
         return MoeGemmSpec(
             fmt.name, bits, bf16, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles,
             warps=shared.warps, k_split=k_split, m_warps=shared.m_warps, shared_rows=rows,
-            smem_stages=stages,
+            smem_stages=stages, wgmma=shared.wgmma,
         )  # fmt: skip
     case = {
         "m_tiles": m_tiles,
@@ -530,8 +530,14 @@ def plan_moe(
         **route_case, "shared_decode": shared_decode, "paired": pairs != (None, None),
         "fc1_n": fc1_n, "fc2_n": hidden,
         "max_shared_mem": None if limits is None else limits.max_shared_mem,
+        "capability": None if limits is None else tuple(limits.capability),
     }  # fmt: skip
     shared = decide(decisions, "mainloop", MAINLOOP, mainloop_case)
+    if shared is not None and shared.wgmma and mainloop_case["capability"] != TENSOR_CAPABILITY:
+        raise ValueError(
+            f"shared_decode: {shared_decode!r} multiplies with wgmma, which needs an sm_90 device; "
+            f"got {'no device' if limits is None else limits.name}"
+        )
     if shared is None:
         m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
         block_size = 16 * m_tiles
