@@ -3,7 +3,8 @@ one launch per stage (spec §3.1, §3.4; :func:`b12x.ops.moe.run.run_moe`).
 
 Layout
 ------
-* Every kernel gives one warp a (row, 128-feature block) job. Lane ``l`` holds elements
+* Every kernel gives one warp a (row, 128-feature block) job (rotate: :data:`ROTATE_JOBS_PER_WARP`
+  consecutive jobs, their loads issued first). Lane ``l`` holds elements
   ``4l .. 4l+3`` of the block: two packed 16-bit pairs read from the operand viewed as
   ``int32[rows, F/2]`` (words ``64·blk + 2l + q``, ``q = 0, 1``; the lower element in the low
   half). Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
@@ -60,6 +61,10 @@ __all__ = [
 BOUNDARY_KINDS = ("rotate", "activate", "reduce", "pack")
 H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.ops.moe.boundary (fp32-rounded)
 WORDS_PER_BLOCK = 64  # a 128-feature block of 16-bit values, as int32 words
+#: Consecutive (route, block) jobs one warp of the rotate kernel takes, all loads issued before
+#: the first butterfly (one job per warp left the step's largest boundary kernel latency-bound:
+#: 327 us at GLM-like M = 4096 on the H200, 3.5x its bytes at HBM speed).
+ROTATE_JOBS_PER_WARP = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,38 +194,54 @@ class MoeRotateKernel:
     ):
         w = self.spec.warps
         jobs = out_gate.shape[0] * (out_gate.shape[1] // WORDS_PER_BLOCK)
+        per_cta = w * ROTATE_JOBS_PER_WARP
         projs = 2 if cutlass.const_expr(self.spec.proj) else 1
         self.kernel(x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts).launch(
-            grid=((jobs + w - 1) // w, projs, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, projs, 1), block=(32 * w, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts):
-        lane, job = _job(self.spec.warps)
-        blocks = out_gate.shape[1] // WORDS_PER_BLOCK
-        if job < out_gate.shape[0] * blocks:
-            r = job // blocks
-            col = (job - r * blocks) * WORDS_PER_BLOCK + 2 * lane
-            token = r // top_k
-            if cutlass.const_expr(self.spec.proj):
-                if cute.arch.block_idx()[1] == 0:
-                    self._rotate(x, gate_suh, route_expert, out_gate, r, token, col, lane,
-                                 num_experts)  # fmt: skip
-                else:
-                    self._rotate(x, up_suh, route_expert, out_up, r, token, col, lane,
-                                 num_experts)  # fmt: skip
+        lane, warp_job = _job(self.spec.warps)
+        if cutlass.const_expr(self.spec.proj):
+            if cute.arch.block_idx()[1] == 0:
+                self._rotate(x, gate_suh, route_expert, out_gate, warp_job, lane, top_k,
+                             num_experts)  # fmt: skip
             else:
-                self._rotate(x, gate_suh, route_expert, out_gate, r, token, col, lane, num_experts)
+                self._rotate(x, up_suh, route_expert, out_up, warp_job, lane, top_k,
+                             num_experts)  # fmt: skip
+        else:
+            self._rotate(x, gate_suh, route_expert, out_gate, warp_job, lane, top_k, num_experts)
 
-    def _rotate(self, x, suh, route_expert, out, r, token, col, lane, num_experts):
-        row = _table_row(_expert(route_expert, r, num_experts), suh)
+    @cute.jit
+    def _rotate(self, x, suh, route_expert, out, warp_job, lane, top_k, num_experts):
+        """The warp's :data:`ROTATE_JOBS_PER_WARP` consecutive jobs: every load first (a job past
+        the end loads the last job's words and stores nothing), then each job's rotation."""
+        blocks = out.shape[1] // WORDS_PER_BLOCK
+        total = out.shape[0] * blocks
+        loaded = []
+        for j in cutlass.range_constexpr(ROTATE_JOBS_PER_WARP):
+            safe = cutlass.min(warp_job * ROTATE_JOBS_PER_WARP + j, total - 1)
+            r = safe // blocks
+            col = (safe - r * blocks) * WORDS_PER_BLOCK + 2 * lane
+            token = r // top_k
+            row = _table_row(_expert(route_expert, r, num_experts), suh)
+            words = [Uint32(x[token, col + q]) for q in range(2)]
+            scales = [Uint32(suh[row, col + q]) for q in range(2)]
+            loaded.append((r, col, words, scales))
+        for j in cutlass.range_constexpr(ROTATE_JOBS_PER_WARP):
+            if warp_job * ROTATE_JOBS_PER_WARP + j < total:  # warp-uniform: shuffles converge
+                self._rotate_job(out, lane, *loaded[j])
+
+    def _rotate_job(self, out, lane, r, col, words, scales):
+        """One job's rotation from its loaded words and scales, stored to route row ``r``."""
         vals = []
         for q in range(2):
-            word = Uint32(x[token, col + q])
+            word = words[q]
             if cutlass.const_expr(self.spec.in_bf16):  # fp16(x): the input_f16 rounding
                 lo, hi = ptx.half2_to_f32x2(word, bf16=True)
                 word = ptx.f32x2_to_half2(lo, hi)
-            prod = ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, Uint32(suh[row, col + q]))
+            prod = ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, scales[q])
             lo, hi = ptx.half2_to_f32x2(prod, bf16=False)  # fp16(x · suh): one rounding
             vals += [lo, hi]
         res = _h128(vals, lane)
