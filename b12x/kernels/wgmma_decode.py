@@ -41,8 +41,9 @@ on the H200 ``wgmma`` and ``mma.sync`` give bit-identical results (measured by
 
 Rows past the end of the K range (the last unrolled iteration, a split's tail) are still
 decoded and multiplied: their payload and activations are zero-filled copies, so their products
-are exact zeros (every codebook decodes a zero payload to finite weights), and no MMA or decode
-sits on a divergent path (ptxas would serialize the MMAs of a conditional ``wgmma``).
+are exact zeros (every codebook decodes a zero payload to finite weights), and no MMA sits
+behind a per-row K test (ptxas serializes a ``wgmma`` it finds on such a path, remark C7520;
+the warpgroup-uniform ``live_rows`` branch compiles without it, checked on the CPU).
 """
 
 from __future__ import annotations
