@@ -41,6 +41,9 @@ class GraphTarget:
     problem_changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     simulated_part: bool = False
     raw: bool = False
+    #: MoE: plan with the real device, as a serving engine does (its mainloop table needs the
+    #: device: the shared decode, on sm_90 the wgmma tensor geometry); else without one.
+    on_device: bool = False
 
     def case(self, seed: int) -> Any:
         from oracle.grids import Case
@@ -58,10 +61,15 @@ TARGETS: tuple[GraphTarget, ...] = (
     GraphTarget("dense.k6_mcg_small_m", "dense", "dense/mcg/k6/fp16", 16, 256, 256,
                 simulated_part=True),
     GraphTarget("dense.raw_gemm", "dense", "dense/mul1/k5/rot_none/fp16", 9, 384, 128, raw=True),
+    # M 100, N 512: the shared decode's wide row, on sm_90 the wgmma tensor-core row
+    GraphTarget("dense.shared_decode", "dense", "dense/mcg/k4/fp16", 100, 256, 512),
     GraphTarget("moe.uniform", "moe", "moe/mcg/k4/fp16", 8, 256, 256, experts=8, top_k=2),
     GraphTarget("moe.tiers", "moe", "moe/mcg/k3/tiers_k3k4/fp16", 9, 256, 128, experts=8,
                 top_k=2),
     GraphTarget("moe.pairs", "moe", "moe/mcg/k3/P24/fp16", 2, 256, 256, experts=8, top_k=2),
+    # 75 routes per expert, planned on the device: the shared decode (sm_90: wgmma)
+    GraphTarget("moe.shared_decode", "moe", "moe/mcg/k4/fp16", 300, 256, 256, experts=8,
+                top_k=2, on_device=True),
     GraphTarget("moe_gemm", "moe_gemm", "moe/mcg/k4/bf16", 8, 256, 256, experts=4, top_k=2),
 )  # fmt: skip
 
@@ -145,7 +153,8 @@ def _moe(target: GraphTarget, device: Any):
             topk_ids=batch["topk_ids"], compute_dtype=dtype,
         )  # fmt: skip
 
-    return contract, contract.graph_op(), problem, sets, judge
+    op = contract.graph_op(device=device if target.on_device else None)
+    return contract, op, problem, sets, judge
 
 
 def _moe_gemm(target: GraphTarget, device: Any):

@@ -441,3 +441,24 @@ def test_failed_capture_leaves_no_rng_or_stream_state_behind():
     assert CudaBackend().capture_probe(torch.cuda.synchronize) is not None
     torch.randint(0, 10, (4,), device="cuda")
     torch.cuda.synchronize()
+
+
+def test_the_shared_decode_targets_capture_the_wgmma_mainloops_on_an_h200():
+    """FULL / PIECEWISE capture must cover the sm_90 tensor-core mainloops: on an H200 the
+    ``*.shared_decode`` graph targets plan them (the dense op through the device it runs on,
+    the MoE op planned with its device, as a serving engine does)."""
+    from b12x.ops.dense.plan import plan_dense
+    from b12x.ops.moe.plan import plan_moe
+    from oracle.runners import dense, graph, moe
+    from oracle.runners import inputs as case_inputs
+    from oracle.tiles import SimulatedDevice
+
+    h200 = SimulatedDevice("H200", 132, 232448, (9, 0))
+    targets = {t.name: t for t in graph.TARGETS}
+    d = targets["dense.shared_decode"].case(1)
+    assert plan_dense(**dense.dense_problem(d), device=h200).wgmma
+    target = targets["moe.shared_decode"]
+    assert target.on_device
+    c = target.case(1)
+    plan = plan_moe(**moe.moe_problem(c, None, case_inputs.moe_choices(c), device=h200))
+    assert plan.kernel_specs and all(s.wgmma for s in plan.kernel_specs)
