@@ -206,11 +206,7 @@ class SharedDecodeMainloop:
         acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
         stages = self.stages
         rows = self.rows
-        for d in cutlass.range_constexpr(stages - 1):
-            self._fill(d, k_begin + d * rows, k_end, row_bytes, fill)
-            ptx.cp_async_commit()
-        ptx.cp_async_wait(stages - 2)  # pending groups once step 0 has landed
-        cute.arch.sync_threads()
+        self._prologue(k_begin, k_end, row_bytes, fill)
         for i in cutlass.range_constexpr(rows):
             if k_begin + i < k_end:
                 self._decode(0, 0, i, word_rd, lut_addr, off, frag_st)
@@ -245,6 +241,15 @@ class SharedDecodeMainloop:
             if live_rows:
                 self._fold_finish(acc, fold)
         return acc
+
+    def _prologue(self, k_begin, k_end, row_bytes, fill) -> None:
+        """Fill the first ``smem_stages - 1`` slots (one copy group each), wait until step 0 has
+        landed, then the CTA barrier that makes it every thread's."""
+        for d in range(self.stages - 1):
+            self._fill(d, k_begin + d * self.rows, k_end, row_bytes, fill)
+            ptx.cp_async_commit()
+        ptx.cp_async_wait(self.stages - 2)  # pending groups once step 0 has landed
+        cute.arch.sync_threads()
 
     def _fold(self, acc, fold, *, add: bool) -> None:
         """End of a K slice: the lane's partial sums = ``acc`` (first slice) or partial sums +

@@ -160,7 +160,7 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
             a_off = slot * lay.slot_bytes + row * lay.row_a + mt * A_TILE_BYTES
             idx = [
                 nt * self.m_tiles * 8 + mt * 8 + j for nt in range(lay.cta_tiles) for j in range(8)
-            ]  # noqa: E501
+            ]
             out = wgmma.mma(
                 [acc[i] for i in idx], wgmma.descriptor_at(a_desc, a_off), b, n=self.n,
                 bf16=self.bf16,
@@ -188,11 +188,7 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
         stages = self.stages
         rows = self.rows
-        for d in cutlass.range_constexpr(stages - 1):
-            self._fill(d, k_begin + d * rows, k_end, row_bytes, fill)
-            ptx.cp_async_commit()
-        ptx.cp_async_wait(stages - 2)  # pending groups once step 0 has landed
-        cute.arch.sync_threads()
+        self._prologue(k_begin, k_end, row_bytes, fill)
         self._decode_step(0, 0, word_rd, lut_addr, off, frag_st)
         for k0 in cutlass.range(k_begin, k_end, lay.period * rows, unroll=1):
             for s in cutlass.range_constexpr(lay.period):
