@@ -106,7 +106,7 @@ from b12x.kernels.shared_layout import (
     SMEM_LIMIT,
     WGMMA_SMEM_LIMIT,
     check_shared_decode,
-    check_wgmma_geometry,
+    check_wgmma,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import (
@@ -215,11 +215,8 @@ class DenseTrellisGemmKernel:
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
-        self.wgmma = wgmma
-        if wgmma and not m_warps:
-            raise ValueError("wgmma: the wgmma mainloop is a shared decode (m_warps >= 1)")
+        check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps)
         if wgmma:
-            check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps)
             self.shared = WgmmaDecodeMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
                 rows=shared_rows, stages=smem_stages,

@@ -106,7 +106,7 @@ from b12x.kernels.shared_layout import (
     WGMMA_SMEM_LIMIT,
     SharedDecodeLayout,
     check_shared_decode,
-    check_wgmma_geometry,
+    check_wgmma,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import lane_ring_start
@@ -216,10 +216,7 @@ class MoeGemmSpec:
             )
         if self.m_warps and self.pair is not None:
             raise ValueError(f"m_warps: the paired kernel has no shared decode, got {self.m_warps}")
-        if not isinstance(self.wgmma, bool):
-            raise ValueError(f"wgmma: expected a bool, got {self.wgmma!r}")
-        if self.wgmma:
-            check_wgmma_geometry(n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
+        check_wgmma(self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
 
     @functools.cached_property
     def shared_layout(self) -> SharedDecodeLayout | None:

@@ -65,7 +65,6 @@ from b12x.kernels.shared_layout import (
 from b12x.kernels.trellis_decode import (
     decode_states_to_half2x4,
     lane_windows,
-    ring_words_per_lane,
 )
 
 __all__ = ["SharedDecodeMainloop"]
@@ -228,13 +227,9 @@ class SharedDecodeMainloop:
                     for i in cutlass.range_constexpr(rows):
                         if step + i < k_end:
                             self._multiply(s % stages, s % 2, i, a_rd, frag_rd, acc)
-                    if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
-                        # a slice ends here (not the last: it stays in registers)
-                        if (nxt - k_begin) % slice_rows == 0 and nxt < k_end:
-                            if nxt - k_begin == slice_rows:
-                                self._fold(acc, fold, add=False)
-                            else:
-                                self._fold(acc, fold, add=True)
+                    if cutlass.const_expr(self.k_split > 1):
+                        self._slice_end(acc, fold, nxt=nxt, k_begin=k_begin, k_end=k_end,
+                                        slice_rows=slice_rows)  # fmt: skip
         # No copy may still be writing shared memory when the CTA exits.
         ptx.cp_async_wait(0)
         if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
@@ -250,6 +245,21 @@ class SharedDecodeMainloop:
             ptx.cp_async_commit()
         ptx.cp_async_wait(self.stages - 2)  # pending groups once step 0 has landed
         cute.arch.sync_threads()
+
+    @cute.jit
+    def _slice_end(self, acc, fold, *, nxt, k_begin, k_end, slice_rows):
+        """Fold the accumulators when a K slice ends before K16 row ``nxt`` (not the last slice:
+        it stays in registers): :meth:`_settle` first, then :meth:`_fold`."""
+        if (nxt - k_begin) % slice_rows == 0 and nxt < k_end:
+            self._settle(acc)
+            if nxt - k_begin == slice_rows:
+                self._fold(acc, fold, add=False)
+            else:
+                self._fold(acc, fold, add=True)
+
+    def _settle(self, acc) -> None:
+        """Make the accumulators final before they are read: nothing to do for ``mma.sync``
+        (its results are in registers when it retires); the wgmma mainloop waits here."""
 
     def _fold(self, acc, fold, *, add: bool) -> None:
         """End of a K slice: the lane's partial sums = ``acc`` (first slice) or partial sums +
@@ -300,16 +310,22 @@ class SharedDecodeMainloop:
         shared memory) and store each lane's four B registers (16 B, lane l at 16·l) in
         fragment buffer ``buf``."""
         lay = self.layout
-        nw = ring_words_per_lane(self.bits)
         for nt in range(self.n_tiles):
-            base = slot * lay.slot_bytes + row * lay.row_pay + nt * 32 * self.bits
-            words = [ptx.ld_shared_u32_imm(word_rd[i], base) for i in range(nw)]
-            states = lane_windows(words, off, self.bits)
-            regs = decode_states_to_half2x4(
-                self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
-            )
+            regs = self._tile_regs(self._tile_words(slot, row, nt, word_rd), lut_addr, off)
             frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
             self._store_tile(frag_st, regs, frag_off)
+
+    def _tile_words(self, slot: int, row: int, nt: int, word_rd) -> list:
+        """The lane's ring words of the warp's N16 tile ``nt`` of K16 row ``row`` of ``slot``."""
+        base = slot * self.layout.slot_bytes + row * self.layout.row_pay + nt * 32 * self.bits
+        return [ptx.ld_shared_u32_imm(w, base) for w in word_rd]
+
+    def _tile_regs(self, words, lut_addr, off) -> list:
+        """A tile's eight windows decoded to the lane's four packed B registers."""
+        states = lane_windows(words, off, self.bits)
+        return decode_states_to_half2x4(
+            self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
+        )
 
     def _store_tile(self, frag_st, regs, frag_off: int) -> None:
         """Store a lane's four B registers of one decoded tile: 16 B at ``16·lane``."""

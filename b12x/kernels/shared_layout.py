@@ -31,9 +31,11 @@ __all__ = [
     "SLOT_CHOICES",
     "SharedDecodeLayout",
     "WARPGROUP",
+    "WGMMA_CAPABILITY",
     "WGMMA_SMEM_LIMIT",
     "WGMMA_MAX_N",
     "check_shared_decode",
+    "check_wgmma",
     "check_wgmma_geometry",
     "fitting_slots",
     "fold_bytes",
@@ -76,8 +78,20 @@ def check_shared_decode(*, warps: int, m_warps: int, rows: int, smem_stages: int
 
 #: Warps of one warpgroup (the unit that issues a Hopper ``wgmma``).
 WARPGROUP = 4
+#: The only capability with ``wgmma`` (sm_90; it compiles for the arch-specific sm_90a).
+WGMMA_CAPABILITY = (9, 0)
 #: Largest N of one fp16/bf16 ``wgmma`` (a multiple of 8).
 WGMMA_MAX_N = 256
+
+
+def check_wgmma(wgmma, *, n_tiles: int, warps: int, m_warps: int) -> None:
+    """Validate the ``wgmma`` flag (a bool) and, when set, its shared-decode geometry
+    (:mod:`b12x.kernels.wgmma_decode`, "Geometry"); ``ValueError`` naming the field. The one rule
+    the specs, the launcher and the kernels apply."""
+    if not isinstance(wgmma, bool):
+        raise ValueError(f"wgmma: expected a bool, got {wgmma!r}")
+    if wgmma:
+        check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps)
 
 
 def check_wgmma_geometry(*, n_tiles: int, warps: int, m_warps: int) -> None:
@@ -171,20 +185,18 @@ def fold_bytes(*, m_tiles: int, n_tiles: int, warps: int, m_warps: int) -> int:
     return m_tiles * n_tiles * m_warps * 8 * 4 * 32 * warps
 
 
-def fitting_slots(
-    *, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int, limit: int = SMEM_LIMIT
-):
+def fitting_slots(*, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int):
     """``(shared_rows, smem_stages)``: the first of :data:`SLOT_CHOICES` whose layout fits
-    ``limit`` (default :data:`SMEM_LIMIT`) at ``bits`` (2 x 3 up to K5, 1 x 4 from K6 for the
-    128 x 128 CTA); ``ValueError`` when none does."""
+    :data:`SMEM_LIMIT` at ``bits`` (2 x 3 up to K5, 1 x 4 from K6 for the 128 x 128 CTA);
+    ``ValueError`` when none does."""
     for rows, stages in SLOT_CHOICES:
         need = shared_decode_layout(
             bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps, rows=rows,
             stages=stages,
         ).total  # fmt: skip
-        if need <= limit:
+        if need <= SMEM_LIMIT:
             return rows, stages
     raise ValueError(
-        f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {limit} B "
+        f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {SMEM_LIMIT} B "
         f"(m_tiles={m_tiles}, n_tiles={n_tiles}, warps={warps}, m_warps={m_warps})"
     )

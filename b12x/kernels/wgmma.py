@@ -46,7 +46,6 @@ from b12x.kernels.shared_layout import WGMMA_MAX_N
 __all__ = [
     "CORE_LBO",
     "CORE_SBO",
-    "MAX_N",
     "commit",
     "descriptor",
     "descriptor_at",
@@ -61,8 +60,6 @@ __all__ = [
 CORE_LBO = 128
 #: Bytes from a core matrix to the next along M/N (the next 8 rows).
 CORE_SBO = 256
-#: Largest N of one ``wgmma`` (a multiple of 8 up to 256 for fp16/bf16).
-MAX_N = WGMMA_MAX_N
 
 
 def descriptor(smem_addr) -> Int64:
@@ -130,8 +127,8 @@ def mma(acc: list, desc_a, desc_b, *, n: int, bf16: bool, loc=None, ip=None) -> 
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}``, both operands K-major in
     shared memory (descriptors), accumulating into ``acc`` (``n/2`` Float32, the layout in the
     module docstring); returns the new accumulators (valid after :func:`wait`)."""
-    if n % 8 or not 8 <= n <= MAX_N:
-        raise ValueError(f"n: expected a multiple of 8 in 8..{MAX_N}, got {n}")
+    if n % 8 or not 8 <= n <= WGMMA_MAX_N:
+        raise ValueError(f"n: expected a multiple of 8 in 8..{WGMMA_MAX_N}, got {n}")
     count = n // 2
     if len(acc) != count:
         raise ValueError(f"acc: m64n{n} needs {count} accumulators, got {len(acc)}")

@@ -61,11 +61,6 @@ from b12x.kernels.shared_layout import (
     WARPGROUP,
     check_wgmma_geometry,
 )
-from b12x.kernels.trellis_decode import (
-    decode_states_to_half2x4,
-    lane_windows,
-    ring_words_per_lane,
-)
 
 __all__ = ["A_TILE_BYTES", "WgmmaDecodeMainloop"]
 
@@ -126,19 +121,11 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         shared loads and stores are ordered, so a load issued after a store would wait for
         it), then every decode, then one ``stmatrix`` per tile."""
         lay = self.layout
-        nw = ring_words_per_lane(self.bits)
         tiles = [(row, nt) for row in range(self.rows) for nt in range(self.n_tiles)]
-        words = []
-        for row, nt in tiles:
-            base = slot * lay.slot_bytes + row * lay.row_pay + nt * 32 * self.bits
-            words.append([ptx.ld_shared_u32_imm(word_rd[i], base) for i in range(nw)])
+        words = [self._tile_words(slot, row, nt, word_rd) for row, nt in tiles]
         for (row, nt), tile_words in zip(tiles, words, strict=True):
-            states = lane_windows(tile_words, off, self.bits)
-            regs = decode_states_to_half2x4(
-                self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=self.bf16
-            )
             frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
-            self._store_tile(frag_st, regs, frag_off)
+            self._store_tile(frag_st, self._tile_regs(tile_words, lut_addr, off), frag_off)
 
     def _store_tile(self, frag_st, regs, frag_off: int) -> None:
         """The tile's four core matrices: lane ``l`` addresses ``16·l`` (module docstring)."""
@@ -205,15 +192,9 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
                     for i in cutlass.range_constexpr(rows):
                         self._mma_row(s % stages, s % 2, i, a_desc, b_desc, acc)
                     wgmma.commit()
-                    if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
-                        # a slice ends here (not the last: it stays in registers)
-                        nxt = step + rows
-                        if (nxt - k_begin) % slice_rows == 0 and nxt < k_end:
-                            self._settle(acc)
-                            if nxt - k_begin == slice_rows:
-                                self._fold(acc, fold, add=False)
-                            else:
-                                self._fold(acc, fold, add=True)
+                    if cutlass.const_expr(self.k_split > 1):
+                        self._slice_end(acc, fold, nxt=step + rows, k_begin=k_begin,
+                                        k_end=k_end, slice_rows=slice_rows)  # fmt: skip
                 self._decode_step((s + 1) % stages, (s + 1) % 2, word_rd, lut_addr, off, frag_st)
         self._settle(acc)
         ptx.cp_async_wait(0)  # no copy may still be writing shared memory at exit

@@ -199,16 +199,13 @@ def trellis_matmul(
     """
     from b12x.kernels.shared_layout import (  # pure Python, no cutlass
         check_shared_decode,
-        check_wgmma_geometry,
+        check_wgmma,
     )
 
     check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
-    if not isinstance(wgmma, bool):
-        raise ValueError(f"wgmma: expected a bool, got {wgmma!r}")
-    if wgmma:
-        if tiles is None:
-            raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
-        check_wgmma_geometry(n_tiles=tiles[1], warps=warps, m_warps=m_warps)
+    check_wgmma(wgmma, n_tiles=tiles[1] if tiles else 1, warps=warps, m_warps=m_warps)
+    if wgmma and tiles is None:
+        raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
     if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
         raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:

@@ -86,7 +86,7 @@ class KernelSpec:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
         from b12x.kernels.shared_layout import (  # pure Python, no cutlass
             check_shared_decode,
-            check_wgmma_geometry,
+            check_wgmma,
         )
 
         check_shared_decode(
@@ -95,12 +95,9 @@ class KernelSpec:
             rows=self.shared_rows,
             smem_stages=self.smem_stages,
         )
-        if not isinstance(self.wgmma, bool):
-            raise ValueError(f"wgmma: expected a bool, got {self.wgmma!r}")
-        if self.wgmma:
-            if self.kind != "gemm":
-                raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
-            check_wgmma_geometry(n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
+        check_wgmma(self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
+        if self.wgmma and self.kind != "gemm":
+            raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 

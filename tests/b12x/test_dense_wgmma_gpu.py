@@ -22,6 +22,7 @@ import torch
 
 from b12x.kernels.shared_layout import fitting_slots
 from b12x.launch import host
+from oracle.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu
@@ -51,9 +52,8 @@ def _hopper():
 
 
 def _payload(bits: int, seed: int, k_rows: int = K_ROWS, n: int = N) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    words = torch.randint(-(2**15), 2**15, (k_rows, n // 16, 16 * bits), generator=gen)
-    return words.to(torch.int16)
+    """A random layer payload ``int16[k_rows, n/16, 16b]`` (the oracle's input generator)."""
+    return case_inputs.payload(torch.Generator().manual_seed(seed), k_rows, n // 16, 16 * bits)
 
 
 def _wgmma(a, payload, codebook, bits, geometry, *, split_k):

@@ -71,7 +71,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from b12x.kernels.shared_layout import SLOT_CHOICES, fitting_slots
+from b12x.kernels.shared_layout import SLOT_CHOICES, WGMMA_CAPABILITY, fitting_slots
 from b12x.ops import tables
 from b12x.ops.dense.dispatch import PATH_NAMES, check_capability
 from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
@@ -89,7 +89,6 @@ __all__ = [
     "THIN_MAX_M",
     "WIDE",
     "TENSOR",
-    "TENSOR_CAPABILITY",
     "TENSOR_CTA_N",
     "SharedDecode",
     "explain",
@@ -104,8 +103,6 @@ THIN_MAX_M = 32
 CTA_N = 128
 #: Columns one CTA of the ``wgmma`` geometry covers.
 TENSOR_CTA_N = 256
-#: The only capability with ``wgmma`` (sm_90).
-TENSOR_CAPABILITY = (9, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +177,7 @@ _SHARED_M = Condition(
 )
 _HOPPER = Condition(
     "capability==9.0",
-    lambda c: c["capability"] == TENSOR_CAPABILITY,
+    lambda c: c["capability"] == WGMMA_CAPABILITY,
     lambda c: f"capability={c['capability']} has no wgmma",
 )
 _N_256 = Condition(

@@ -38,7 +38,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes, shared_decode_layout
+from b12x.kernels.shared_layout import (
+    SMEM_LIMIT,
+    WGMMA_CAPABILITY,
+    fold_bytes,
+    shared_decode_layout,
+)
 from b12x.ops.dense.dispatch import check_capability
 from b12x.ops.dense.tiles import GROUPED_M_TILES
 from b12x.ops.tables import (
@@ -62,7 +67,6 @@ __all__ = [
     "SHARED_TENSOR_SMEM",
     "SHARED_WIDE",
     "SHARED_WIDE_SMEM",
-    "TENSOR_CAPABILITY",
     "TENSOR_MIN_ROUTES",
     "SharedGeometry",
 ]
@@ -131,8 +135,6 @@ SHARED_TENSOR_SMEM = shared_decode_layout(
     warps=SHARED_TENSOR.warps, m_warps=SHARED_TENSOR.m_warps, rows=SHARED_TENSOR.slots[0],
     stages=SHARED_TENSOR.slots[1], fold=True,
 ).total  # fmt: skip
-#: The only capability with ``wgmma``.
-TENSOR_CAPABILITY = (9, 0)
 
 
 def _per_expert(c) -> str:
@@ -227,7 +229,7 @@ MAINLOOP = DecisionTable.build(
             (
                 Condition(
                     "capability==9.0",
-                    lambda c: c["capability"] == TENSOR_CAPABILITY,
+                    lambda c: c["capability"] == WGMMA_CAPABILITY,
                     lambda c: f"capability={c['capability']} has no wgmma",
                 ),
                 Condition(

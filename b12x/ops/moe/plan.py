@@ -45,7 +45,7 @@ import torch
 
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.moe_gemm import MoeGemmSpec
-from b12x.kernels.shared_layout import fitting_slots
+from b12x.kernels.shared_layout import WGMMA_CAPABILITY, fitting_slots
 from b12x.ops.moe import routing
 from b12x.ops.moe.dispatch import (
     FC2_TILE,
@@ -58,7 +58,7 @@ from b12x.ops.moe.dispatch import (
     WIDE_CTA_WARPS,
     DecisionTable,
 )
-from b12x.ops.moe.mainloop import MAINLOOP, TENSOR_CAPABILITY, SharedGeometry
+from b12x.ops.moe.mainloop import MAINLOOP, SharedGeometry
 from b12x.ops.moe.pairs import (
     PAIR_BASE_BITS,
     PAIR_CHANNELS,
@@ -533,7 +533,7 @@ def plan_moe(
         "capability": None if limits is None else tuple(limits.capability),
     }  # fmt: skip
     shared = decide(decisions, "mainloop", MAINLOOP, mainloop_case)
-    if shared is not None and shared.wgmma and mainloop_case["capability"] != TENSOR_CAPABILITY:
+    if shared is not None and shared.wgmma and mainloop_case["capability"] != WGMMA_CAPABILITY:
         raise ValueError(
             f"shared_decode: {shared_decode!r} multiplies with wgmma, which needs an sm_90 device; "
             f"got {'no device' if limits is None else limits.name}"
