@@ -41,9 +41,10 @@ on the H200 ``wgmma`` and ``mma.sync`` give bit-identical results (measured by
 
 Rows past the end of the K range (the last unrolled iteration, a split's tail) are still
 decoded and multiplied: their payload and activations are zero-filled copies, so their products
-are exact zeros (every codebook decodes a zero payload to finite weights), and no MMA sits
-behind a per-row K test (ptxas serializes a ``wgmma`` it finds on such a path, remark C7520;
-the warpgroup-uniform ``live_rows`` branch compiles without it, checked on the CPU).
+are exact zeros (every codebook decodes a zero payload to finite weights). With the
+``mma.sync`` mainloop's per-row K tests around the prologue decode, the step decodes and the
+MMAs, ptxas serialized the MMAs (remark C7520, "WG.AR in divergent path"; a CPU compile check
+fails on it); without them, and with the warpgroup-uniform ``live_rows`` branch, it does not.
 """
 
 from __future__ import annotations

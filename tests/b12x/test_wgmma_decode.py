@@ -96,6 +96,18 @@ def test_bad_wgmma_geometry_refused_by_spec_launcher_and_kernel(geometry, field)
         )  # fmt: skip
 
 
+def test_the_launcher_wants_explicit_tiles_for_wgmma():
+    a = torch.zeros(16, 256, dtype=torch.bfloat16)  # CPU tensors: refused before any device
+    payload = torch.zeros(16, 16, 64, dtype=torch.int16)
+    with pytest.raises(ValueError, match="tiles"):
+        host.trellis_matmul(
+            a, payload, "mcg", warps=8, m_warps=8, shared_rows=2, smem_stages=3, wgmma=True
+        )
+    with pytest.raises(ValueError, match="wgmma"):
+        host.trellis_matmul(a, payload, "mcg", tiles=(1, 2), warps=8, m_warps=8, smem_stages=3,
+                            wgmma="yes")  # fmt: skip
+
+
 def test_wgmma_is_a_gemm_shared_decode_only():
     with pytest.raises(ValueError, match="wgmma"):
         KernelSpec("decode", "mcg", 4, wgmma=True)
