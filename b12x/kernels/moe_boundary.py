@@ -3,23 +3,27 @@ one launch per stage (spec §3.1, §3.4; :func:`b12x.ops.moe.run.run_moe`).
 
 Layout
 ------
-* Every kernel gives one warp a (row, 128-feature block) job (rotate: :data:`ROTATE_JOBS_PER_WARP`
-  consecutive jobs, their loads issued first). Lane ``l`` holds elements
-  ``4l .. 4l+3`` of the block: two packed 16-bit pairs read from the operand viewed as
-  ``int32[rows, F/2]`` (words ``64·blk + 2l + q``, ``q = 0, 1``; the lower element in the low
-  half). Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
+* Every kernel gives each lane group of a warp (eight lanes, :mod:`b12x.kernels.butterfly`) one
+  (row, 128-feature block) job: a warp takes four consecutive jobs (:data:`ROTATE_JOBS_PER_WARP`
+  and its twins), all loads issued before the butterflies; a group past the end computes on the
+  last job's data and stores nothing, so no shuffle is under a branch. Lane ``8q + s`` holds
+  sixteen elements of its block, the words ``64·blk + 16g + 2s + h`` (``g`` in ``0..3``, ``h``
+  in ``0, 1``) of the operand viewed as ``int32[rows, F/2]``, the lower element in the low half.
+  Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
 * The butterfly (:func:`_h128`) is the fp32 H128 of :func:`b12x.ops.moe.boundary.h128_fp32_` in the
-  same add/sub order: stages over index bits 0..6; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)``
-  then ``(s0+s2, s1+s3, s0−s2, s1−s3)``), bits 2–6 as xor-shuffles with lane offsets 1..16 where
-  the lower lane keeps ``lo + hi`` and the upper ``lo − hi``; then ``× 0.088388347648`` in fp32.
-  Every fp32 add/sub/mul/div is an explicit ``.rn`` PTX instruction, so neither LLVM nor ptxas
-  contracts a product and a sum into an FMA: each op rounds exactly where the torch glue rounds.
+  same add/sub order: stages over index bits 0..6, each element whose bit is set keeping
+  ``lo − hi`` and the other ``lo + hi``; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)`` then
+  ``(s0+s2, s1+s3, s0−s2, s1−s3)``), bits 2–4 across the group's lanes (one exact FMA with a ±1
+  sign per value and stage), bits 5–6 in-thread (:func:`b12x.kernels.butterfly.h128`); then
+  ``× 0.088388347648``. Every fp32 add/sub/mul/div is an explicit ``.rn`` PTX instruction, so
+  neither LLVM nor ptxas contracts a product and a sum into an FMA: each op rounds exactly where
+  the torch glue rounds.
 * :class:`MoeRotateKernel` (``kind="rotate"``): ``A[r] = cd(fp16(H128(fp16(fp16(x[t]) ·
   suh[e]))))`` for the gate table and, for the ``proj`` layout, the up table (grid y = projection).
 * :class:`MoeActivateKernel` (``kind="activate"``): from ``fc1[r] = [gate | up]`` (compute dtype)
   ``g = H128(gate)·s1``, ``u = H128(up)·s2``, ``a = silu(g)·u·s3`` (``s1|s2|s3`` the expert's
   ``intermediate_rotations`` row, fp16 → fp32), ``A2[r] = cd(H128(a))``.
-* :class:`MoeReduceKernel` (``kind="reduce"``): one warp per (token, block):
+* :class:`MoeReduceKernel` (``kind="reduce"``): one lane group per (token, block):
   ``out[t] = x_dtype(Σ_{s=0..k−1} (H128(fc2[r])·svh[e])·w[r])`` in fp32 from ``+0`` in slot order;
   an inactive route adds ``+0`` (selected, so a stale ``fc2`` row or a NaN weight never leaks).
 * :class:`MoeBoundarySpec` holds every codegen input. Device code only: the builder (kernel
@@ -43,14 +47,18 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64
 
 from b12x.abi import abi_entry
 from b12x.kernels import ptx
+from b12x.kernels.butterfly import BLOCKS_PER_WARP, GROUP_LANES, h128, load_lane, store_lane
 
 __all__ = [
     "BOUNDARY_KINDS",
+    "ACTIVATE_JOBS_PER_WARP",
     "H128_SCALE_FP32",
+    "REDUCE_JOBS_PER_WARP",
+    "ROTATE_JOBS_PER_WARP",
     "WORDS_PER_BLOCK",
     "MoeActivateKernel",
     "MoeBoundarySpec",
@@ -61,10 +69,11 @@ __all__ = [
 BOUNDARY_KINDS = ("rotate", "activate", "reduce", "pack")
 H128_SCALE_FP32 = 0.088388347648  # the same constant as b12x.ops.moe.boundary (fp32-rounded)
 WORDS_PER_BLOCK = 64  # a 128-feature block of 16-bit values, as int32 words
-#: Consecutive (route, block) jobs one warp of the rotate kernel takes, all loads issued before
-#: the first butterfly (one job per warp left the step's largest boundary kernel latency-bound:
-#: 327 us at GLM-like M = 4096 on the H200, 3.5x its bytes at HBM speed).
-ROTATE_JOBS_PER_WARP = 4
+#: Consecutive (row, block) jobs one warp of each kernel takes: one per lane group of the
+#: butterfly layout (:mod:`b12x.kernels.butterfly`), all loads issued before the butterflies.
+ROTATE_JOBS_PER_WARP = BLOCKS_PER_WARP
+ACTIVATE_JOBS_PER_WARP = BLOCKS_PER_WARP
+REDUCE_JOBS_PER_WARP = BLOCKS_PER_WARP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,21 +144,42 @@ def _pack(lo, hi, bf16: bool) -> Int32:
     return Int32(ptx.f32x2_to_half2(lo, hi))
 
 
-def _h128(v: list, lane) -> list:
-    """Scaled H128 of the warp's block; ``v`` = this lane's 4 fp32 elements (module docstring)."""
+def _h4(v: list) -> list:
+    """Index bits 0–1 in-thread: ``(a+b, a−b, c+d, c−d)``, then ``(s0+s2, s1+s3, s0−s2, s1−s3)``."""
     a, b, c, d = v
     s0, s1, s2, s3 = _add(a, b), _sub(a, b), _add(c, d), _sub(c, d)
-    out = [_add(s0, s2), _add(s1, s3), _sub(s0, s2), _sub(s1, s3)]
-    for offset in (1, 2, 4, 8, 16):
-        upper = (lane & offset) != 0
-        nxt = []
-        for x in out:
-            partner = cute.arch.shuffle_sync_bfly(x, offset)
-            # lower lane: lo + hi (hi = partner); upper lane: lo − hi (lo = partner).
-            nxt.append(Float32(cutlass.select_(upper, _sub(partner, x), _add(x, partner))))
-        out = nxt
+    return [_add(s0, s2), _add(s1, s3), _sub(s0, s2), _sub(s1, s3)]
+
+
+def _h128(v: list, lane) -> list:
+    """Scaled H128 of the lane group's block; ``v`` = this lane's 16 fp32 elements in the order
+    of :func:`b12x.kernels.butterfly.h128` (module docstring)."""
     scale = Float32(H128_SCALE_FP32)
-    return [_mul(x, scale) for x in out]
+    return [_mul(x, scale) for x in h128(v, lane, _h4)]
+
+
+def _group_job(first_job, lane, total, blocks) -> tuple:
+    """The lane group's job (``first_job + lane // 8``), whether it exists, its row (clamped to
+    the last job's: a group past the end computes on real data and stores nothing), the word
+    column where its block starts, and the lane's place in its group."""
+    job = first_job + lane // GROUP_LANES
+    safe = cutlass.min(job, total - 1)
+    row = safe // blocks
+    base = (safe - row * blocks) * WORDS_PER_BLOCK
+    return job < total, row, base, lane % GROUP_LANES
+
+
+def _at(tensor, row, col) -> Int64:
+    """The flat word index of ``tensor[row, col]`` (a contiguous 2-D ``int32`` view)."""
+    return Int64(row) * Int64(tensor.shape[1]) + Int64(col)
+
+
+def _values(words: list, bf16: bool) -> list:
+    """The 16 fp32 values of eight 16-bit pairs (exact), in word order, low half first."""
+    vals = []
+    for word in words:
+        vals += list(ptx.half2_to_f32x2(word, bf16=bf16))
+    return vals
 
 
 def _expert(route_expert, r, num_experts) -> Int32:
@@ -215,42 +245,35 @@ class MoeRotateKernel:
 
     @cute.jit
     def _rotate(self, x, suh, route_expert, out, warp_job, lane, top_k, num_experts):
-        """The warp's :data:`ROTATE_JOBS_PER_WARP` consecutive jobs: every load first (a job past
-        the end loads the last job's words and stores nothing), then each job's rotation."""
+        """The warp's :data:`ROTATE_JOBS_PER_WARP` consecutive jobs, one per lane group."""
         blocks = out.shape[1] // WORDS_PER_BLOCK
         total = out.shape[0] * blocks
-        loaded = []
-        for j in cutlass.range_constexpr(ROTATE_JOBS_PER_WARP):
-            safe = cutlass.min(warp_job * ROTATE_JOBS_PER_WARP + j, total - 1)
-            r = safe // blocks
-            col = (safe - r * blocks) * WORDS_PER_BLOCK + 2 * lane
-            token = r // top_k
-            row = _table_row(_expert(route_expert, r, num_experts), suh)
-            words = [Uint32(x[token, col + q]) for q in range(2)]
-            scales = [Uint32(suh[row, col + q]) for q in range(2)]
-            loaded.append((r, col, words, scales))
-        for j in cutlass.range_constexpr(ROTATE_JOBS_PER_WARP):
-            if warp_job * ROTATE_JOBS_PER_WARP + j < total:  # warp-uniform: shuffles converge
-                self._rotate_job(out, lane, *loaded[j])
+        live, r, base, sub = _group_job(warp_job * ROTATE_JOBS_PER_WARP, lane, total, blocks)
+        token = r // top_k
+        row = _table_row(_expert(route_expert, r, num_experts), suh)
+        words = load_lane(x, _at(x, token, base), sub)
+        scales = load_lane(suh, _at(suh, row, base), sub)
+        res = self._rotate_job(lane, words, scales)
+        if live:
+            store_lane(out, _at(out, r, base), sub, res)
 
-    def _rotate_job(self, out, lane, r, col, words, scales):
-        """One job's rotation from its loaded words and scales, stored to route row ``r``."""
-        vals = []
-        for q in range(2):
-            word = words[q]
+    def _rotate_job(self, lane, words, scales) -> list:
+        """One job's eight output words from its loaded words and scales."""
+        products = []
+        for word, scale in zip(words, scales, strict=True):
             if cutlass.const_expr(self.spec.in_bf16):  # fp16(x): the input_f16 rounding
                 lo, hi = ptx.half2_to_f32x2(word, bf16=True)
                 word = ptx.f32x2_to_half2(lo, hi)
-            prod = ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, scales[q])
-            lo, hi = ptx.half2_to_f32x2(prod, bf16=False)  # fp16(x · suh): one rounding
-            vals += [lo, hi]
-        res = _h128(vals, lane)
-        for q in range(2):
-            packed = ptx.f32x2_to_half2(res[2 * q], res[2 * q + 1])  # the fp16 rotation
+            products.append(ptx.asm_u32("mul.rn.f16x2 $0, $1, $2;", word, scale))
+        res = _h128(_values(products, False), lane)  # fp16(x · suh): one rounding
+        packed = []
+        for w in range(8):
+            word = ptx.f32x2_to_half2(res[2 * w], res[2 * w + 1])  # the fp16 rotation
             if cutlass.const_expr(self.spec.out_bf16):
-                lo, hi = ptx.half2_to_f32x2(packed, bf16=False)
-                packed = ptx.f32x2_to_bfloat2(lo, hi)
-            out[r, col + q] = Int32(packed)
+                lo, hi = ptx.half2_to_f32x2(word, bf16=False)
+                word = ptx.f32x2_to_bfloat2(lo, hi)
+            packed.append(Int32(word))
+        return packed
 
 
 class MoeActivateKernel:
@@ -272,35 +295,40 @@ class MoeActivateKernel:
     ):
         w = self.spec.warps
         jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
+        per_cta = w * ACTIVATE_JOBS_PER_WARP
         self.kernel(fc1, rotations, route_expert, out, num_experts).launch(
-            grid=((jobs + w - 1) // w, 1, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, 1, 1), block=(32 * w, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, fc1, rotations, route_expert, out, num_experts):
-        lane, job = _job(self.spec.warps)
+        lane, warp_job = _job(self.spec.warps)
         half_i = out.shape[1]  # I/2 words
         blocks = half_i // WORDS_PER_BLOCK
-        if job < out.shape[0] * blocks:
-            r = job // blocks
-            col = (job - r * blocks) * WORDS_PER_BLOCK + 2 * lane
-            row = _expert(route_expert, r, num_experts)  # [E, 3I]: never broadcast
-            in_bf16 = self.spec.in_bf16
-            g, u, s1, s2, s3 = [], [], [], [], []
-            for q in cutlass.range_constexpr(2):
-                g += list(ptx.half2_to_f32x2(fc1[r, col + q], bf16=in_bf16))
-                u += list(ptx.half2_to_f32x2(fc1[r, half_i + col + q], bf16=in_bf16))
-                s1 += list(ptx.half2_to_f32x2(rotations[row, col + q], bf16=False))
-                s2 += list(ptx.half2_to_f32x2(rotations[row, half_i + col + q], bf16=False))
-                s3 += list(ptx.half2_to_f32x2(rotations[row, 2 * half_i + col + q], bf16=False))
-            hg, hu = _h128(g, lane), _h128(u, lane)
-            act = []
-            for j in cutlass.range_constexpr(4):
-                gj = _silu(_mul(hg[j], s1[j]))
-                act.append(_mul(_mul(gj, _mul(hu[j], s2[j])), s3[j]))
-            res = _h128(act, lane)
-            for q in cutlass.range_constexpr(2):
-                out[r, col + q] = _pack(res[2 * q], res[2 * q + 1], self.spec.out_bf16)
+        total = out.shape[0] * blocks
+        live, r, base, sub = _group_job(warp_job * ACTIVATE_JOBS_PER_WARP, lane, total, blocks)
+        row = _expert(route_expert, r, num_experts)  # [E, 3I]: never broadcast
+        gate = load_lane(fc1, _at(fc1, r, base), sub)
+        up = load_lane(fc1, _at(fc1, r, half_i + base), sub)
+        scales = [
+            load_lane(rotations, _at(rotations, row, p * half_i + base), sub) for p in range(3)
+        ]
+        res = self._activate_job(lane, gate, up, scales)
+        if live:
+            store_lane(out, _at(out, r, base), sub, res)
+
+    def _activate_job(self, lane, gate, up, scales) -> list:
+        """One job's eight output words."""
+        in_bf16 = self.spec.in_bf16
+        hg = _h128(_values(gate, in_bf16), lane)
+        hu = _h128(_values(up, in_bf16), lane)
+        s1, s2, s3 = (_values(words, False) for words in scales)
+        act = []
+        for j in range(16):
+            gj = _silu(_mul(hg[j], s1[j]))
+            act.append(_mul(_mul(gj, _mul(hu[j], s2[j])), s3[j]))
+        res = _h128(act, lane)
+        return [_pack(res[2 * w], res[2 * w + 1], self.spec.out_bf16) for w in range(8)]
 
 
 class MoeReduceKernel:
@@ -324,31 +352,29 @@ class MoeReduceKernel:
     ):
         w = self.spec.warps
         jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
+        per_cta = w * REDUCE_JOBS_PER_WARP
         self.kernel(fc2, svh, route_expert, route_inactive, weights, out, num_experts).launch(
-            grid=((jobs + w - 1) // w, 1, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, 1, 1), block=(32 * w, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, fc2, svh, route_expert, route_inactive, weights, out, num_experts):
-        lane, job = _job(self.spec.warps)
+        lane, warp_job = _job(self.spec.warps)
         blocks = out.shape[1] // WORDS_PER_BLOCK
-        if job < out.shape[0] * blocks:
-            t = job // blocks
-            col = (job - t * blocks) * WORDS_PER_BLOCK + 2 * lane
-            k = self.spec.top_k
-            acc = [Float32(0.0)] * 4
-            for s in cutlass.range_constexpr(k):
-                r = t * k + s
-                active = Int32(route_inactive[r]) == 0
-                row = _table_row(_expert(route_expert, r, num_experts), svh)
-                y, sv = [], []
-                for q in cutlass.range_constexpr(2):
-                    y += list(ptx.half2_to_f32x2(fc2[r, col + q], bf16=self.spec.in_bf16))
-                    sv += list(ptx.half2_to_f32x2(svh[row, col + q], bf16=False))
-                hy = _h128(y, lane)
-                wr = Float32(weights[r])
-                for j in cutlass.range_constexpr(4):
-                    term = _mul(_mul(hy[j], sv[j]), wr)
-                    acc[j] = _add(acc[j], Float32(cutlass.select_(active, term, Float32(0.0))))
-            for q in cutlass.range_constexpr(2):
-                out[t, col + q] = _pack(acc[2 * q], acc[2 * q + 1], self.spec.out_bf16)
+        total = out.shape[0] * blocks
+        live, t, base, sub = _group_job(warp_job * REDUCE_JOBS_PER_WARP, lane, total, blocks)
+        k = self.spec.top_k
+        acc = [Float32(0.0)] * 16
+        for s in cutlass.range_constexpr(k):
+            r = t * k + s
+            active = Int32(route_inactive[r]) == 0
+            row = _table_row(_expert(route_expert, r, num_experts), svh)
+            hy = _h128(_values(load_lane(fc2, _at(fc2, r, base), sub), self.spec.in_bf16), lane)
+            sv = _values(load_lane(svh, _at(svh, row, base), sub), False)
+            wr = Float32(weights[r])
+            for j in cutlass.range_constexpr(16):
+                term = _mul(_mul(hy[j], sv[j]), wr)
+                acc[j] = _add(acc[j], Float32(cutlass.select_(active, term, Float32(0.0))))
+        res = [_pack(acc[2 * w], acc[2 * w + 1], self.spec.out_bf16) for w in range(8)]
+        if live:
+            store_lane(out, _at(out, t, base), sub, res)

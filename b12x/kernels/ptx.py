@@ -57,6 +57,8 @@ __all__ = [
     "ld_shared_v4",
     "st_shared_v4",
     "st_global_v4",
+    "ld_global_v2_u32",
+    "st_global_v2_u32",
     "cp_async_16",
     "cp_async_commit",
     "cp_async_wait",
@@ -404,6 +406,34 @@ def st_global_v4(addr, values, loc=None, ip=None) -> None:
     """Store four u32 at 16-byte-aligned global address ``addr``."""
     ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values(list(values), loc, ip)
     _asm_void(ops, "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def ld_global_v2_u32(addr, offset: int = 0, loc=None, ip=None) -> tuple:
+    """Two u32 at 8-byte-aligned global address ``addr + offset`` (``offset`` a constant byte
+    immediate): an ordinary coherent load (not ``.nc``), so an in-place kernel may read what it
+    later overwrites."""
+    struct = llvm.StructType.get_literal([T.i32()] * 2)
+    res = llvm.inline_asm(
+        struct,
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        f"ld.global.v2.u32 {{$0, $1}}, [$2+{offset}];",
+        "=r,=r,l",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
+
+
+@dsl_user_op
+def st_global_v2_u32(addr, values, offset: int = 0, loc=None, ip=None) -> None:
+    """Store two u32 at 8-byte-aligned global address ``addr + offset`` (``offset`` a constant
+    byte immediate)."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values(list(values), loc, ip)
+    _asm_void(ops, f"st.global.v2.u32 [$0+{offset}], {{$1, $2}};", "l,r,r,~{memory}", loc, ip)
 
 
 @dsl_user_op

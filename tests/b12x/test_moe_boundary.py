@@ -7,11 +7,13 @@ compile, and the kernels' lane butterfly order is bit-identical to the torch pat
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
 import torch
 
+from b12x.kernels.butterfly import GROUP_LANES, GROUP_OFFSETS, lane_words
 from b12x.kernels.moe_boundary import H128_SCALE_FP32, MoeBoundarySpec
 from b12x.launch import kinds
 from b12x.launch.moe_boundary import build_moe_boundary
@@ -50,16 +52,21 @@ def test_boundary_kernels_compile_without_spills(spec, arch):
         # ranks come from ordered walks: no atomic or reduction instruction
         assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M)
         return
-    # Five xor-shuffle stages of 4 values per H128 (activate runs two butterflies per route).
-    butterflies = {"rotate": 1, "activate": 3, "reduce": spec.top_k}[spec.kind]
-    assert ptx.count("shfl.sync.bfly") >= 20 * butterflies
+    # Three xor-shuffle stages of a lane's 16 values per H128 (b12x.kernels.butterfly; activate
+    # runs three butterflies per route, reduce one per slot, rotate one per projection), each
+    # value's stage one shuffle and one explicit fma with a ±1 sign.
+    butterflies = {"rotate": 1 + spec.proj, "activate": 3, "reduce": spec.top_k}[spec.kind]
+    shuffles = ptx.count("shfl.sync.bfly")
+    assert shuffles == 48 * butterflies
     assert "add.rn.f32" in ptx and "sub.rn.f32" in ptx and "mul.rn.f32" in ptx
     if spec.kind == "activate":
         assert "div.rn.f32" in ptx  # silu's IEEE division, as torch's
         assert "ex2.approx" in ptx  # the accurate libm exp (range reduction + ex2), not removed
     else:
-        # Nothing to contract: every product and sum rounds on its own, as the torch glue does.
-        assert "fma" not in ptx
+        # Nothing else to contract: every other product and sum rounds on its own, as the torch
+        # glue does; the only fmas are the butterfly stages, one per shuffle.
+        fmas = re.findall(r"^\s*(?:@%p\d+\s+)?fma\.(\S+)", ptx, re.M)
+        assert fmas == ["rn.f32"] * shuffles, collections.Counter(fmas)
     mma = ptx.count("mma.sync")
     assert mma == 0
 
@@ -182,18 +189,47 @@ def test_launch_wrappers_reject_bad_arguments_before_compiling(monkeypatch):
 # ------------------------------------------------------------------ butterfly order (emulation)
 
 
-def _lane_butterfly(block: torch.Tensor) -> torch.Tensor:
-    """The kernels' ``_h128`` in fp32 torch ops: ``block [R, 128]`` as 32 lanes × 4 values."""
-    v = block.view(-1, 32, 4)
+def _moe_h4(v: torch.Tensor) -> torch.Tensor:
     a, b, c, d = v.unbind(-1)
     s0, s1, s2, s3 = a + b, a - b, c + d, c - d
-    out = torch.stack([s0 + s2, s1 + s3, s0 - s2, s1 - s3], dim=-1)
-    lane = torch.arange(32)
+    return torch.stack([s0 + s2, s1 + s3, s0 - s2, s1 - s3], dim=-1)
+
+
+def _xor_stage(out: torch.Tensor, offset: int) -> torch.Tensor:
+    """One cross-lane stage over dim 1 (lanes): the lower lane keeps lo + hi, the upper lo − hi."""
+    lane = torch.arange(out.shape[1])
+    partner = out[:, lane ^ offset]
+    upper = ((lane & offset) != 0).view(1, -1, 1)
+    return torch.where(upper, partner - out, out + partner)
+
+
+def _lane_butterfly(block: torch.Tensor) -> torch.Tensor:
+    """The four-elements-per-lane schedule in fp32 torch ops: ``block [R, 128]`` as 32 lanes × 4
+    values, index bits 2..6 all across lanes."""
+    out = _moe_h4(block.view(-1, 32, 4))
     for offset in (1, 2, 4, 8, 16):
-        partner = out[:, lane ^ offset]
-        upper = ((lane & offset) != 0).view(1, 32, 1)
-        out = torch.where(upper, partner - out, out + partner)
+        out = _xor_stage(out, offset)
     return (out * H128_SCALE_FP32).view(-1, 128)
+
+
+def _group_butterfly(block: torch.Tensor) -> torch.Tensor:
+    """The kernels' schedule (``b12x.kernels.butterfly.h128``) in fp32 torch ops: 8 lanes × 16
+    values gathered with the kernels' own ``lane_words``, bits 2–4 across lanes, bits 5–6
+    in-thread, then scattered back."""
+    words = torch.tensor([lane_words(s) for s in range(GROUP_LANES)])  # [8 lanes, 8 words]
+    index = torch.stack([2 * words, 2 * words + 1], dim=-1).view(GROUP_LANES, 16)
+    out = _moe_h4(block[:, index].view(-1, GROUP_LANES, 4, 4)).view(-1, GROUP_LANES, 16)
+    for offset in GROUP_OFFSETS:
+        out = _xor_stage(out, offset)
+    for step in (1, 2):  # value quads g and g + step
+        quads = out.view(-1, GROUP_LANES, 4, 4).clone()
+        lower = [g for g in range(4) if not g & step]
+        lo, hi = quads[:, :, lower], quads[:, :, [g + step for g in lower]]
+        quads[:, :, lower], quads[:, :, [g + step for g in lower]] = lo + hi, lo - hi
+        out = quads.view(-1, GROUP_LANES, 16)
+    result = torch.empty_like(block)
+    result[:, index] = out * H128_SCALE_FP32
+    return result
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -201,7 +237,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("spread", [1.0, 1e-30, 1e30])
-def test_lane_butterfly_is_bit_identical_to_the_torch_path(spread):
+def test_both_lane_schedules_are_bit_identical_to_the_torch_path(spread):
     g = torch.Generator().manual_seed(7)
     rows, features = 6, 384
     x = torch.randn(rows, features, generator=g) * spread
@@ -209,8 +245,9 @@ def test_lane_butterfly_is_bit_identical_to_the_torch_path(spread):
     x[0, :5] = torch.tensor([0.0, -0.0, 1e-45, -3.4e38, 3.4e38])  # subnormal, overflow paths
     src, tmp = x.clone(), torch.empty_like(x)
     want = boundary.h128_fp32_(src, tmp)
-    got = _lane_butterfly(x.clone().view(-1, 128)).view(rows, features)
-    assert torch.equal(_bits(got), _bits(want))
+    for schedule in (_lane_butterfly, _group_butterfly):
+        got = schedule(x.clone().view(-1, 128)).view(rows, features)
+        assert torch.equal(_bits(got), _bits(want)), schedule.__name__
     # The order matters: the natural H4 ((a+b)+c)+d differs somewhere from the stage order.
     v = x.view(-1, 32, 4)
     a, b, c, d = v.unbind(-1)
