@@ -41,6 +41,7 @@ class FakeKernels:
 
     def rotate_input(self, x, suh, *, out_dtype, out):
         self.calls.append(("rotate_input", x, out))
+        assert out.dtype == out_dtype == suh.dtype  # the fp16 rotation (no allocation here)
         out.copy_(x)
         out.mul_(suh)
 
@@ -55,8 +56,13 @@ class FakeKernels:
 
     def rotate_output(self, y, svh, *, out_dtype, out):
         self.calls.append(("rotate_output", y, out))
-        out.copy_(y)
-        out.mul_(svh)
+        assert out.dtype == out_dtype
+        if out.dtype == svh.dtype:
+            out.copy_(y)
+            out.mul_(svh)
+        else:  # fp16(y · svh) cast to out's dtype; allocation-free, so y (scratch) is scaled
+            y.mul_(svh)
+            out.copy_(y)
 
     def decode_weight(self, trellis, codebook, *, out):
         self.calls.append(("decode_weight", trellis, out))

@@ -33,9 +33,10 @@ Buffers per path (exact shapes; M, K, N from the plan)
 name               shape / dtype      when
 =================  =================  ==========================================================
 ``output``         [M,N] x.dtype      always (the result)
-``input_f16``      [M,K] fp16         x is bf16 (fp16 copy of x)
+``input_f16``      [M,K] fp16         x is bf16 and the H128 is external (fp16 copy of x)
 ``rotated_f16``    [M,K] fp16         always (input-rotation result; the K6 kernel's ``A_had``)
-``output_f16``     [M,N] fp16         x (= output) is bf16
+``output_f16``     [M,N] fp16         x (= output) is bf16 (the fp16 result: the K6 GEMM's
+                                      output, the bias add's and the external H128's staging)
 ``workspace``      [max(4·SMs+2, N/16)] int32, zeroed   K6 path only (the lock workspace)
 ``gemm_output``    [M,N] compute      generic and decode_matmul
 ``c_tmp``          [S,M,N] fp32       generic with S > 1 split-K slices
@@ -250,7 +251,7 @@ def _buffers(problem: DenseProblem, path: str, split_k: int, sm_count: int) -> t
     x_bf16 = problem.x_dtype == bf16
     compute_bf16 = problem.compute_dtype == bf16
     specs = [BufferSpec("output", (m, n), problem.x_dtype, role="output")]
-    if x_bf16:
+    if x_bf16 and problem.external_rotation:  # the internal rotation reads bf16 x itself
         specs.append(BufferSpec("input_f16", (m, k), f16))
     specs.append(BufferSpec("rotated_f16", (m, k), f16))
     if x_bf16:
@@ -564,16 +565,21 @@ def run_dense(
         return live_rows(buf, name, m)
 
     output = rows("output")
-    x16 = x
-    if p.x_dtype == torch.bfloat16:
-        x16 = rows("input_f16")
-        x16.copy_(x)
     rotated = rows("rotated_f16")
-    if had is None:
-        launchers.rotate_input(x16, suh, out_dtype=torch.float16, out=rotated)
+    if had is None:  # the kernel rounds a bf16 x to fp16 first: the input_f16 rounding point
+        launchers.rotate_input(x, suh, out_dtype=torch.float16, out=rotated)
     else:
+        x16 = x
+        if p.x_dtype == torch.bfloat16:
+            x16 = rows("input_f16")
+            x16.copy_(x)
         had(x16, rotated, suh, None, 1.0)
+    # The internal output rotation writes x.dtype (a bf16 output is rounded from the fp16
+    # value, the output_f16 -> output copy); the fp16 staging is kept for the bias add and the
+    # external H128, both of which act on the fp16 output.
+    direct = had is None and bias is None
     out16 = output if p.x_dtype == torch.float16 else rows("output_f16")
+    final, final_dtype = (output, p.x_dtype) if direct else (out16, torch.float16)
 
     if plan.path == "k6_mcg_small_m":
         launchers.trellis_matmul(
@@ -585,7 +591,7 @@ def run_dense(
             tiles=(plan.m_tiles, plan.n_tiles),
             warps=plan.warps,
         )
-        launchers.rotate_output(out16, svh, out_dtype=torch.float16, out=out16)
+        launchers.rotate_output(out16, svh, out_dtype=final_dtype, out=final)
     else:
         a = rotated
         if p.compute_dtype == torch.bfloat16:
@@ -619,12 +625,12 @@ def run_dense(
             gemm16 = rows("gemm_output_f16")
             gemm16.copy_(gemm)
         if had is None:
-            launchers.rotate_output(gemm16, svh, out_dtype=torch.float16, out=out16)
+            launchers.rotate_output(gemm16, svh, out_dtype=final_dtype, out=final)
         else:
             had(gemm16, out16, None, svh, 1.0)
     if bias is not None:
         out16.add_(bias)
-    if out16 is not output:
+    if final is not output:
         output.copy_(out16)
     return output
 
