@@ -109,6 +109,19 @@ def test_adversarial_distributions(dtype):
     _check_against_reference(empty_middle, 8, 16)
 
 
+@pytest.mark.parametrize("planned_extra", [0, 700])
+def test_the_chunked_scan_spans_chunks(planned_extra):
+    """More routes than one scan chunk, a partial last chunk, a live M below the planned one:
+    the per-chunk scans plus their carries give the reference's ranks and counts."""
+    g = torch.Generator().manual_seed(11)
+    m, top_k, experts = 3 * routing.SCAN_CHUNK // 8 + 3, 8, 16
+    assert m * top_k > 3 * routing.SCAN_CHUNK and (m * top_k) % routing.SCAN_CHUNK
+    ids = torch.randint(0, experts, (m, top_k), generator=g)
+    ids[: m // 2, :4] = 3  # one expert crowded across chunk boundaries
+    ids[5, 2] = -1  # and an inactive route
+    _check_against_reference(ids, experts, 16, planned_m=m + planned_extra)
+
+
 def test_int64_ids_are_not_narrowed():
     # 2**32 narrowed to int32 is expert 0; 2**32 + 3 would be expert 3.
     ids = torch.tensor([[2**32, 2**32 + 3, 1]], dtype=torch.int64)

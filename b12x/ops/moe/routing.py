@@ -24,13 +24,20 @@ Algorithm (O(n·E) memory in ``route_onehot``, no sort)
 1. ``route_expert`` (int64) = the ids **widened, never narrowed**; ids outside ``[0, E)`` (−1,
    E, 2^31, 2^32, ...) are found by comparisons in int64 and replaced by the drop bucket ``E``.
 2. ``route_onehot[e, r] = (route_expert[r] == e)`` for ``e`` in ``[0, E]`` (expert-major, a flat
-   ``(E + 1)·n`` buffer viewed ``[E + 1, n]``, so a live prefix stays contiguous), then an
-   inclusive cumsum over routes along the innermost dim: ``route_onehot[e, r]`` is the number of
-   routes ``<= r`` of expert ``e``, so the last column holds the histogram and ``rank[r] =
-   onehot[expert[r], r] - 1`` is the rank of a route inside its expert in route order (stable,
-   deterministic: no atomics). Expert-major because torch scans an innermost dim with every row
-   in parallel, but an outer dim one element after another per column: route-major, the scan was
-   5.9 ms of a 16 ms step at M = 4096 on the H200 (``benchmarks/profile_launches.py``).
+   buffer viewed ``[E + 1, W]`` with ``W`` = ``n`` padded to whole chunks of :data:`SCAN_CHUNK`
+   routes, so a live prefix stays contiguous), then an inclusive cumsum over routes:
+   ``route_onehot[e, r]`` is the number of routes ``<= r`` of expert ``e``, so column ``n − 1``
+   holds the histogram and ``rank[r] = onehot[expert[r], r] - 1`` is the rank of a route inside
+   its expert in route order (stable, deterministic: no atomics).
+
+   The scan runs per chunk (rows of :data:`SCAN_CHUNK`), then each chunk adds the counts of the
+   chunks before it (``route_chunk_scan``, ``[E + 1, chunks]``): the same integers as one scan
+   per expert. The padding is never written: a scan only carries forward, the padding follows
+   every route of its (last) chunk, and no chunk after it takes its count. Expert-major and
+   chunked because torch scans an innermost dim with every row in parallel but an outer dim one
+   element after another per column: route-major, the scan was 5.9 ms of a 16 ms step at
+   M = 4096 on the H200; expert-major rows of all ``n`` routes, 81 us
+   (``benchmarks/profile_launches.py``).
 3. ``expert_scan[:, 0]`` = exclusive scan of the padded counts (``ceil(c/B)·B``), as a 2-D
    column so the scan is an outer-dim scan (no library temp storage).
 4. ``route_slot = offset[expert] + rank`` with the drop bucket's offset set to ``capacity``;
@@ -57,6 +64,7 @@ __all__ = [
     "ROUTE_ID_DTYPES",
     "ROUTE_BUFFER_NAMES",
     "RoutePlan",
+    "SCAN_CHUNK",
     "capacity_bound",
     "check_route_ids",
     "pack_routes_into",
@@ -73,6 +81,7 @@ ROUTE_BUFFER_NAMES = (
     "route_inactive",
     "expert_range",
     "route_onehot",
+    "route_chunk_scan",
     "expert_scan",
     "route_rank",
     "route_rank64",
@@ -143,6 +152,19 @@ def plan_routes(*, m: int, top_k: int, num_experts: int, block_size: int) -> Rou
     return plan
 
 
+#: Routes per chunk of the one-hot scan (step 2 of the module docstring).
+SCAN_CHUNK = 1024
+
+
+def _scan_chunks(n: int) -> int:
+    return -(-n // SCAN_CHUNK)
+
+
+def _scan_width(n: int) -> int:
+    """The one-hot's row length for ``n`` routes: ``n`` padded to whole scan chunks."""
+    return _scan_chunks(n) * SCAN_CHUNK
+
+
 def route_buffer_specs(plan: RoutePlan) -> tuple[BufferSpec, ...]:
     """Exactly the buffers :func:`pack_routes_into` uses, sized for the planned ``m``."""
     if not isinstance(plan, RoutePlan):
@@ -154,7 +176,8 @@ def route_buffer_specs(plan: RoutePlan) -> tuple[BufferSpec, ...]:
         BufferSpec("route_active", (n,), b),
         BufferSpec("route_inactive", (n,), b),
         BufferSpec("expert_range", (e + 1,), i64),
-        BufferSpec("route_onehot", ((e + 1) * n,), i32),  # [E + 1, n] expert-major
+        BufferSpec("route_onehot", ((e + 1) * _scan_width(n),), i32),  # [E + 1, padded n]
+        BufferSpec("route_chunk_scan", ((e + 1) * _scan_chunks(n),), i32),  # [E + 1, chunks]
         BufferSpec("expert_scan", (e + 1, 2), i32),
         BufferSpec("route_rank", (n,), i32),
         BufferSpec("route_rank64", (n,), i64),
@@ -212,9 +235,17 @@ def pack_routes_into(
 
     expert_range = buffers["expert_range"]
     torch.arange(e + 1, out=expert_range)
-    onehot = live_view(buffers, "route_onehot", e + 1, n)
+    chunks, width = _scan_chunks(n), _scan_width(n)
+    padded = live_view(buffers, "route_onehot", e + 1, width)
+    onehot = padded[:, :n]
     torch.eq(expert_range.view(e + 1, 1), expert.view(1, n), out=onehot)
-    onehot.cumsum_(1)  # innermost-dim scan: rows scanned in parallel
+    per_chunk = padded.view(e + 1, chunks, SCAN_CHUNK)
+    per_chunk.cumsum_(2)  # innermost-dim scan of short rows: (E + 1)·chunks rows in parallel
+    carry = live_view(buffers, "route_chunk_scan", e + 1, chunks)
+    carry.copy_(per_chunk[:, :, SCAN_CHUNK - 1])  # each chunk's count
+    carry.cumsum_(1)
+    carry.sub_(per_chunk[:, :, SCAN_CHUNK - 1])  # the counts of the chunks before it
+    per_chunk.add_(carry.view(e + 1, chunks, 1))  # the inclusive scan over all routes
     histogram = onehot[:, n - 1]
 
     scan = buffers["expert_scan"]
