@@ -74,10 +74,20 @@ def lane_words(sub) -> list:
     return [16 * g + 2 * sub + h for g in range(4) for h in range(2)]
 
 
+def _lane_pairs() -> list:
+    """The word offsets of the lane's four 8-byte pairs relative to its first word, from
+    :func:`lane_words` (at trace time: the layout must pair consecutive words)."""
+    words = lane_words(0)
+    for lo, hi in zip(words[0::2], words[1::2], strict=True):
+        if hi != lo + 1:
+            raise ValueError(f"lane_words: words {lo}, {hi} are not an 8-byte pair")
+    return [lo - words[0] for lo in words[0::2]]
+
+
 def _lane_address(tensor, word0, sub):
     """Byte address of the lane's first word: ``word0`` is the flat ``int32`` index of the block's
     first word in ``tensor`` (contiguous), ``sub`` the lane inside its group."""
-    return tensor.iterator.toint() + (Int64(word0) + Int64(2 * sub)) * 4
+    return tensor.iterator.toint() + (Int64(word0) + Int64(lane_words(sub)[0])) * 4
 
 
 def load_lane(tensor, word0, sub) -> list:
@@ -85,16 +95,16 @@ def load_lane(tensor, word0, sub) -> list:
     order), as four 8-byte loads; the block must be 8-byte aligned (``word0`` even)."""
     addr = _lane_address(tensor, word0, sub)
     words = []
-    for g in range(4):
-        words += list(ptx.ld_global_v2_u32(addr, offset=64 * g))
+    for offset in _lane_pairs():
+        words += list(ptx.ld_global_v2_u32(addr, offset=4 * offset))
     return words
 
 
 def store_lane(tensor, word0, sub, words: list) -> None:
     """Store the lane's eight words (:func:`load_lane`'s order and alignment)."""
     addr = _lane_address(tensor, word0, sub)
-    for g in range(4):
-        ptx.st_global_v2_u32(addr, words[2 * g : 2 * g + 2], offset=64 * g)
+    for g, offset in enumerate(_lane_pairs()):
+        ptx.st_global_v2_u32(addr, words[2 * g : 2 * g + 2], offset=4 * offset)
 
 
 def lane_signs(lane, offsets=GROUP_OFFSETS) -> list:
