@@ -392,8 +392,8 @@ def kernel_specializations() -> list[KernelSpec]:
     specs = []
     for fmt in FORMATS.values():
         for bits in fmt.legal_bits:
-            specs.append(KernelSpec("decode", fmt, bits))
             for bf16 in (False, True):
+                specs.append(KernelSpec("decode", fmt, bits, out_bf16=bf16))
                 for m_tiles, n_tiles in GEMM_TILES:
                     for partials in (False, True):
                         specs.append(

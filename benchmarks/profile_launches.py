@@ -8,7 +8,12 @@ device time, largest first, plus the step's sum. This is a diagnostic for the la
 profiler overhead and are never quoted as ratios.
 
 Usage: ``python benchmarks/profile_launches.py [--m 1,8] [--top 25] [--only dense|moe]
-[--stacks uniform,tiers,pair] [--shared-decode off|wide|tensor]``
+[--stacks uniform,tiers,pair] [--shared-decode off|wide|tensor] [--x-dtype bf16|fp16]
+[--anchor]``
+
+The dense linear runs with bf16 activations by default, as ``dense_trellis.py`` times it;
+``--anchor`` adds the cuBLAS bf16 GEMM that benchmark divides by, under the same profiler, so
+the table shows which launches sit on top of a GEMM as fast as the anchor.
 
 ``--stacks`` picks the MoE stacks tabled: ``uniform`` (MCG K4), ``tiers`` (K3/K4 tiers over a
 seeded half/half split) and ``pair`` (P33 on FC1 and FC2 over the K3 base): the same plans and
@@ -96,17 +101,25 @@ def _moe(cli) -> None:
 
 def _dense(cli) -> None:
     k, n = 8192, 28672
+    x_dtype = torch.bfloat16 if cli.x_dtype == "bf16" else torch.float16
     suh = torch.full((k,), 0.02, device="cuda", dtype=torch.float16)
     svh = torch.ones(n, device="cuda", dtype=torch.float16)
     for bits in cli.bits:
         shape = (k // 16, n // 16, 16 * bits)
         trellis = torch.randint(-(2**15), 2**15, shape, device="cuda").to(torch.int16)
         for m in cli.m:
-            x = torch.randn(m, k, device="cuda").to(torch.float16)
-            plan = plan_dense(m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16)
+            x = torch.randn(m, k, device="cuda").to(x_dtype)
+            plan = plan_dense(m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=x_dtype)
             bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
             run = functools.partial(run_dense, bound, x, trellis, suh, svh)
             _table(f"dense linear M={m} K{bits} ({plan.path})", run, cli.top, plain=cli.plain)
+    if cli.anchor and not cli.plain:  # the ratio denominator of dense_trellis.py, same profiler
+        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        for m in cli.m:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            mm = functools.partial(torch.mm, x, weight.t(), out=out)
+            _table(f"cuBLAS bf16 anchor M={m} (x @ W[N, K]^T)", mm, cli.top)
 
 
 def _stacks(text: str) -> tuple[str, ...]:
@@ -124,6 +137,12 @@ def main() -> None:
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
     parser.add_argument("--bits", type=int_list, default=(4,), help="dense K-bits list (MCG)")
     parser.add_argument("--plain", action="store_true", help="run without torch.profiler (ncu)")
+    parser.add_argument(
+        "--x-dtype", choices=("bf16", "fp16"), default="bf16", help="dense activations (bf16)"
+    )
+    parser.add_argument(
+        "--anchor", action="store_true", help="dense: also table cuBLAS bf16 on a [N, K] weight"
+    )
     parser.add_argument(
         "--stacks", type=_stacks, default=("uniform",), help="MoE stacks: uniform,tiers,pair"
     )

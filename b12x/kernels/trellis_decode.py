@@ -431,7 +431,8 @@ _STRIP_BYTES = 16 * 16 * STRIP * 2
 
 
 class TrellisDecodeKernel:
-    """``payload int32[K/16, N/16, 8b] -> out int16[K, N]`` (fp16 bits).
+    """``payload int32[K/16, N/16, 8b] -> out int16[K, N]`` (fp16 bits, or with ``out_bf16`` the
+    bf16 bits of each fp16 weight rounded to nearest even: the decode the bf16 GEMMs multiply).
 
     One warp per strip of :data:`STRIP` consecutive N16 tiles of one K16 row: the lanes decode
     each tile into a per-warp shared-memory block ``[16][16·STRIP]`` (§1.5 map), then copy it
@@ -439,11 +440,12 @@ class TrellisDecodeKernel:
     skipped.
     """
 
-    def __init__(self, fmt, bits: int, *, warps_per_cta: int = 4):
+    def __init__(self, fmt, bits: int, *, warps_per_cta: int = 4, out_bf16: bool = False):
         fmt.check_bits(bits)
         self.fmt = fmt
         self.bits = bits
         self.warps_per_cta = warps_per_cta
+        self.out_bf16 = out_bf16
 
     @abi_entry
     @cute.jit
@@ -482,7 +484,12 @@ class TrellisDecodeKernel:
                     )
                     states = lane_windows(words, off, self.bits)
                     regs = decode_states_to_half2x4(
-                        self.fmt, self.bits, states, lut_addr, lut_in_smem=False, to_bf16=False
+                        self.fmt,
+                        self.bits,
+                        states,
+                        lut_addr,
+                        lut_in_smem=False,
+                        to_bf16=self.out_bf16,
                     )
                     for j in cutlass.range_constexpr(8):
                         k_local = 2 * r + _K_LOCAL[j % 4]

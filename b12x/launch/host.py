@@ -2,7 +2,7 @@
 
 Layout
 ------
-* :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 ``[K, N]``.
+* :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 (or bf16) ``[K, N]``.
 * :func:`trellis_matmul` — already-rotated activations ``[M, K]`` (fp16/bf16) × decoded Wq →
   ``[M, N]`` in the activation dtype, with optional split-K over an fp32 scratch arena
   ``[S, M, N]`` reduced deterministically. The split is the caller's (default 1): the split-K
@@ -141,15 +141,17 @@ def _check_payload(trellis, codebook: str) -> tuple[DecodeFormat, int]:
 
 
 def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | None = None):
-    """Decode a layer payload ``int16[K/16, N/16, 16b]`` to fp16 ``[K, N]`` on the GPU."""
+    """Decode a layer payload ``int16[K/16, N/16, 16b]`` to ``[K, N]`` on the GPU: fp16, or bf16
+    when ``out`` is bf16 (each fp16 weight rounded to nearest even, as a bf16 GEMM takes it)."""
     fmt, bits = _check_payload(trellis, codebook)
     k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
     if out is None:
         out = _allocate("out", "output", (k, n), torch.float16, trellis.device)
-    _check_tensor("out", out, dtypes=(torch.float16,), ndim=2, device=trellis.device)
+    _check_tensor("out", out, dtypes=_HALF_DTYPES, ndim=2, device=trellis.device)
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
-    fn = _kernel(KernelSpec("decode", fmt, bits), trellis.device)
+    spec = KernelSpec("decode", fmt, bits, out_bf16=out.dtype == torch.bfloat16)
+    fn = _kernel(spec, trellis.device)
     launch = DecodeLaunch(
         payload=trellis.view(torch.int32),
         out=out.view(torch.int16),

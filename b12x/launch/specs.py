@@ -150,7 +150,9 @@ def build_kernel(spec: KernelSpec):
         fmt = spec.fmt
         payload = fake(Int32, (cute.sym_int(), cute.sym_int(), 8 * spec.bits))
         out = fake(Int16, (cute.sym_int(divisibility=16), cute.sym_int(divisibility=16)))
-        kernel = TrellisDecodeKernel(fmt, spec.bits, warps_per_cta=spec.warps)
+        kernel = TrellisDecodeKernel(
+            fmt, spec.bits, warps_per_cta=spec.warps, out_bf16=spec.out_bf16
+        )
         return kernel, (payload, out, Int64(0), stream)
     if spec.kind == "gemm":
         from b12x.kernels.dense_gemm import DenseTrellisGemmKernel

@@ -1,7 +1,7 @@
 """GPU: the decode kernel and the GEMM's in-register decode are bit-exact against the reference.
 
 * Decode kernel: ``torch.equal(decode_weight(payload), reference.trellis.decode(payload))`` for
-  every (codebook, bits) the kernels support.
+  every (codebook, bits) the kernels support, in fp16 and (rounded from it) bf16.
 * GEMM decode: identity activations make ``I @ Wq == Wq`` exactly (one non-zero product per
   output, fp32 accumulation, Wq representable in the compute dtype), so the GEMM output must
   equal the reference decode (rounded to bf16 for bf16 compute), for every tile shape.
@@ -30,11 +30,15 @@ def _payload(k: int, n: int, bits: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("codebook", "bits"), CASES)
-def test_decode_kernel_bit_exact(codebook, bits):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_kernel_bit_exact(codebook, bits, dtype):
+    """fp16, and bf16 (the decode_matmul path's bf16 weight): each fp16 weight rounded to
+    nearest even, the reference decode's ``.to(bf16)``."""
     payload = _payload(64, 128, bits, seed=bits)
-    expected = ref_trellis.decode(payload, codebook)
-    got = host.decode_weight(payload.cuda(), codebook)
-    assert torch.equal(got.cpu(), expected)
+    expected = ref_trellis.decode(payload, codebook).to(dtype)
+    out = torch.full((64, 128), float("nan"), dtype=dtype, device="cuda")
+    got = host.decode_weight(payload.cuda(), codebook, out=out)
+    assert got is out and torch.equal(got.cpu(), expected)
 
 
 @pytest.mark.parametrize(("codebook", "bits"), CASES)

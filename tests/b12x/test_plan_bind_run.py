@@ -88,12 +88,10 @@ CASES = {
         dict(m=63, x_dtype=BF16, compute_dtype=BF16, split_k=2),
         {
             "output": ((63, 4096), BF16),
-            "rotated_f16": ((63, 2048), F16),
             "output_f16": ((63, 4096), F16),
             "gemm_output": ((63, 4096), BF16),
             "c_tmp": ((2, 63, 4096), F32),
             "rotated_compute": ((63, 2048), BF16),
-            "gemm_output_f16": ((63, 4096), F16),
         },
     ),
     "decode_matmul": (
@@ -199,17 +197,19 @@ def test_buffer_contract_rules_hold_on_every_plan(
     assert (plan.path == "k6_mcg_small_m") == k6
     assert ("input_f16" in names) == (x_dtype == BF16 and external)  # the callback's fp16 x
     assert ("output_f16" in names) == (x_dtype == BF16)
-    assert "rotated_f16" in names and plan.buffer("output").dtype == x_dtype
+    assert ("rotated_f16" in names) == (compute_dtype == F16 or external)
+    assert plan.buffer("output").dtype == x_dtype
     assert ("workspace" in names) == k6
     if k6:
         assert not names & GENERIC_SCRATCH
     else:
         assert plan.buffer("gemm_output").dtype == compute_dtype
-        assert (
-            ("rotated_compute" in names) == ("gemm_output_f16" in names) == (compute_dtype == BF16)
-        )
+        assert ("rotated_compute" in names) == (compute_dtype == BF16)
+        assert ("gemm_output_f16" in names) == (compute_dtype == BF16 and external)
         assert ("c_tmp" in names) == (plan.path == "generic" and plan.split_k > 1)
-        assert ("weight_f16" in names) == (plan.path == "decode_matmul") == (m >= 129)
+        decoded = {"weight_f16", "weight_compute"} & names
+        assert bool(decoded) == (plan.path == "decode_matmul") == (m >= 129)
+        assert decoded <= {"weight_compute" if compute_dtype == BF16 else "weight_f16"}
 
 
 # ------------------------------------------------------------------ bind
@@ -353,7 +353,7 @@ def test_bias_is_added_to_the_fp16_output_before_the_bf16_copy(fake_kernels):
     assert torch.equal(buffers["output_f16"].to(BF16), out)
 
 
-def test_generic_run_uses_c_tmp_and_compute_copies(fake_kernels):
+def test_generic_run_uses_c_tmp_and_converting_rotations(fake_kernels):
     plan = plan_dense(device=H200, x_dtype=BF16, compute_dtype=BF16, split_k=2, **SMALL)
     buffers = allocate_dense_buffers(plan, "cpu")
     bound = bind_dense(plan, **buffers)
@@ -363,9 +363,13 @@ def test_generic_run_uses_c_tmp_and_compute_copies(fake_kernels):
     assert gemm[2].data_ptr() == buffers["gemm_output"].data_ptr()
     assert gemm[3] is buffers["c_tmp"] and gemm[4] == plan.split_k == 2
     assert (gemm[5], gemm[6]) == ((plan.m_tiles, plan.n_tiles), plan.warps)
-    rot_out = fake_kernels.calls[-1]
-    assert rot_out[1].data_ptr() == buffers["gemm_output_f16"].data_ptr()
-    assert rot_out[2].data_ptr() == buffers["output"].data_ptr()  # bf16, no fp16 staging
+    rot_in, rot_out = fake_kernels.calls[0], fake_kernels.calls[-1]
+    # The rotations convert on their own: bf16 x in, the bf16 operand out, the bf16 GEMM output
+    # in, the bf16 output out (no fp16 staging and no copy).
+    assert [c[0] for c in fake_kernels.calls] == ["rotate_input", "trellis_matmul", "rotate_output"]
+    assert rot_in[2].data_ptr() == buffers["rotated_compute"].data_ptr()
+    assert rot_out[1].data_ptr() == buffers["gemm_output"].data_ptr()
+    assert rot_out[2].data_ptr() == buffers["output"].data_ptr()
 
 
 def test_external_h128_callback_gets_the_contract_arguments(fake_kernels):
@@ -731,3 +735,36 @@ def test_custom_op_full_opcheck_and_tile_pin_on_cuda():
     assert torch.equal(pinned, _run(bound, args))
     with pytest.raises(ValueError, match="fc2 only"):
         ops.dense_linear(*call[:4], codebook="mcg", tile=[32, 512, 256])
+
+
+# ------------------------------------------------------------------ warm-up set
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("compute_dtype", [F16, BF16])
+@pytest.mark.parametrize("x_dtype", [F16, BF16])
+@pytest.mark.parametrize(("device", "m"), [(RTX, 8), (H200, 8), (H200, 129)])
+def test_plan_kernel_specs_cover_every_kernel_run_resolves(
+    monkeypatch, device, m, x_dtype, compute_dtype, bias
+):
+    """The warm-up set (``plan.kernel_specs``) holds every specialisation ``run_dense`` asks the
+    compile cache for, on every path (K6, generic, decode_matmul), with and without a bias: a
+    frozen cache warmed from the plan never meets an unwarmed spec (the host wrappers run on CPU
+    tensors, their tensor checks off, with the compiled kernel replaced by a recorder)."""
+    from b12x.launch import host
+
+    resolved = []
+    monkeypatch.setattr(host, "_kernel", lambda spec, device: resolved.append(spec) or _no_op)
+    monkeypatch.setattr(host, "_check_tensor", _no_op)  # CPU tensors: the CUDA check would stop
+    kw = dict(SMALL, m=m, x_dtype=x_dtype, compute_dtype=compute_dtype)
+    if m == 8 and device is RTX and compute_dtype == BF16:
+        kw["bits"] = 5  # the K6 row wants fp16 compute; K5 keeps the generic path comparable
+    plan = plan_dense(device=device, **kw)
+    inputs = _inputs(m=m, bits=kw["bits"], x_dtype=x_dtype)
+    bias_t = torch.ones(256, dtype=F16) if bias else None
+    _run(bind_dense(plan, **allocate_dense_buffers(plan, "cpu")), inputs, bias=bias_t)
+    assert resolved and set(resolved) <= set(plan.kernel_specs), (plan.path, resolved)
+
+
+def _no_op(*args, **kwargs):
+    return None

@@ -34,24 +34,27 @@ name               shape / dtype      when
 =================  =================  ==========================================================
 ``output``         [M,N] x.dtype      always (the result)
 ``input_f16``      [M,K] fp16         x is bf16 and the H128 is external (fp16 copy of x)
-``rotated_f16``    [M,K] fp16         always (input-rotation result; the K6 kernel's ``A_had``)
+``rotated_f16``    [M,K] fp16         fp16 compute or an external H128 (input-rotation result;
+                                      the K6 kernel's ``A_had``)
 ``output_f16``     [M,N] fp16         x (= output) is bf16 (the fp16 result: the K6 GEMM's
                                       output, the bias add's and the external H128's staging)
 ``workspace``      [max(4·SMs+2, N/16)] int32, zeroed   K6 path only (the lock workspace)
 ``gemm_output``    [M,N] compute      generic and decode_matmul
 ``c_tmp``          [S,M,N] fp32       generic with S > 1 split-K slices
-``rotated_compute`` [M,K] bf16        generic/decode_matmul with bf16 compute
-``gemm_output_f16`` [M,N] fp16        generic/decode_matmul with bf16 compute
-``weight_f16``     [K,N] fp16         decode_matmul (decoded Wq)
-``weight_compute`` [K,N] bf16         decode_matmul with bf16 compute
+``rotated_compute`` [M,K] bf16        generic/decode_matmul with bf16 compute (the GEMM's A)
+``gemm_output_f16`` [M,N] fp16        bf16 compute with an external H128 (its fp16 input)
+``weight_f16``     [K,N] fp16         decode_matmul with fp16 compute (decoded Wq)
+``weight_compute`` [K,N] bf16         decode_matmul with bf16 compute (decoded Wq, each weight
+                                      rounded from fp16 by the decode kernel)
 =================  =================  ==========================================================
 
 The K6 path uses no generic scratch (no ``gemm_output``, ``c_tmp``, ``rotated_compute``,
 ``gemm_output_f16``), so a consumer that provisions a one-element generic scratch can capture it.
 Until a fused cooperative K6 kernel lands in :mod:`b12x.kernels`, the K6 path is composed from the
 same launches with split-K off: input rotation into ``rotated_f16``, the GEMM straight into the
-fp16 output buffer, and the output rotation in place there (each warp reads its 128-block before
-writing it). The workspace is validated and reserved for that kernel's locks.
+fp16 output buffer (``output_f16`` for bf16 x), and the output rotation from there into the
+output (in place for fp16 x: each lane reads its words before it writes them). The workspace is
+validated and reserved for that kernel's locks.
 
 Invariants
 ----------
@@ -173,11 +176,12 @@ class DensePlan(PlannedBuffers):
         """The kernel specialisations ``run`` launches (the warm-up set)."""
         p = self.problem
         bf16 = p.compute_dtype == torch.bfloat16
+        x_bf16 = p.x_dtype == torch.bfloat16
         specs: list[KernelSpec] = []
-        if not p.external_rotation:
-            specs.append(KernelSpec("rotate_in", in_bf16=False, out_bf16=False))
+        if not p.external_rotation:  # reads x, writes the GEMM's A in the compute dtype
+            specs.append(KernelSpec("rotate_in", in_bf16=x_bf16, out_bf16=bf16))
         if self.path == "decode_matmul":
-            specs.append(KernelSpec("decode", p.fmt, p.bits))
+            specs.append(KernelSpec("decode", p.fmt, p.bits, out_bf16=bf16))
         else:
             specs.append(
                 KernelSpec(
@@ -197,8 +201,10 @@ class DensePlan(PlannedBuffers):
             )
             if self.split_k > 1:
                 specs.append(KernelSpec("reduce", bf16=bf16))
-        if not p.external_rotation:
-            specs.append(KernelSpec("rotate_out", in_bf16=False, out_bf16=False))
+        if not p.external_rotation:  # the K6 GEMM writes fp16; a bias add needs an fp16 result
+            gemm_bf16 = bf16 and self.path != "k6_mcg_small_m"
+            for out_bf16 in sorted({x_bf16, False}):  # x.dtype without a bias, fp16 with one
+                specs.append(KernelSpec("rotate_out", in_bf16=gemm_bf16, out_bf16=out_bf16))
         return tuple(specs)
 
 
@@ -250,10 +256,12 @@ def _buffers(problem: DenseProblem, path: str, split_k: int, sm_count: int) -> t
     f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
     x_bf16 = problem.x_dtype == bf16
     compute_bf16 = problem.compute_dtype == bf16
+    external = problem.external_rotation
     specs = [BufferSpec("output", (m, n), problem.x_dtype, role="output")]
-    if x_bf16 and problem.external_rotation:  # the internal rotation reads bf16 x itself
+    if x_bf16 and external:  # the internal rotation reads bf16 x itself
         specs.append(BufferSpec("input_f16", (m, k), f16))
-    specs.append(BufferSpec("rotated_f16", (m, k), f16))
+    if external or not compute_bf16:  # else the internal rotation writes rotated_compute
+        specs.append(BufferSpec("rotated_f16", (m, k), f16))
     if x_bf16:
         specs.append(BufferSpec("output_f16", (m, n), f16))
     if path == "k6_mcg_small_m":
@@ -265,11 +273,11 @@ def _buffers(problem: DenseProblem, path: str, split_k: int, sm_count: int) -> t
         specs.append(BufferSpec("c_tmp", (split_k, m, n), f32))
     if compute_bf16:
         specs.append(BufferSpec("rotated_compute", (m, k), bf16))
-        specs.append(BufferSpec("gemm_output_f16", (m, n), f16))
-    if path == "decode_matmul":
-        specs.append(BufferSpec("weight_f16", (k, n), f16))
-        if compute_bf16:
-            specs.append(BufferSpec("weight_compute", (k, n), bf16))
+        if external:  # the internal output rotation reads the bf16 GEMM output itself
+            specs.append(BufferSpec("gemm_output_f16", (m, n), f16))
+    if path == "decode_matmul":  # the decoded Wq, in the compute dtype
+        name = "weight_compute" if compute_bf16 else "weight_f16"
+        specs.append(BufferSpec(name, (k, n), problem.compute_dtype))
     return tuple(specs)
 
 
@@ -565,15 +573,22 @@ def run_dense(
         return live_rows(buf, name, m)
 
     output = rows("output")
-    rotated = rows("rotated_f16")
-    if had is None:  # the kernel rounds a bf16 x to fp16 first: the input_f16 rounding point
-        launchers.rotate_input(x, suh, out_dtype=torch.float16, out=rotated)
+    bf16_compute = p.compute_dtype == torch.bfloat16
+    # The GEMM's A operand. The internal rotation rounds a bf16 x to fp16 first (the input_f16
+    # rounding point) and a bf16 operand from the fp16 rotation (the rotated_f16 ->
+    # rotated_compute copy), so it writes the compute dtype directly.
+    a = rows("rotated_compute") if bf16_compute else rows("rotated_f16")
+    if had is None:
+        launchers.rotate_input(x, suh, out_dtype=p.compute_dtype, out=a)
     else:
         x16 = x
         if p.x_dtype == torch.bfloat16:
             x16 = rows("input_f16")
             x16.copy_(x)
+        rotated = rows("rotated_f16")
         had(x16, rotated, suh, None, 1.0)
+        if bf16_compute:
+            a.copy_(rotated)
     # The internal output rotation writes x.dtype (a bf16 output is rounded from the fp16
     # value, the output_f16 -> output copy); the fp16 staging is kept for the bias add and the
     # external H128, both of which act on the fp16 output.
@@ -583,7 +598,7 @@ def run_dense(
 
     if plan.path == "k6_mcg_small_m":
         launchers.trellis_matmul(
-            rotated,
+            a,
             trellis,
             p.codebook,
             split_k=1,
@@ -593,17 +608,10 @@ def run_dense(
         )
         launchers.rotate_output(out16, svh, out_dtype=final_dtype, out=final)
     else:
-        a = rotated
-        if p.compute_dtype == torch.bfloat16:
-            a = rows("rotated_compute")
-            a.copy_(rotated)
         gemm = rows("gemm_output")
-        if plan.path == "decode_matmul":
-            weight = buf["weight_f16"]
+        if plan.path == "decode_matmul":  # the decode writes the compute dtype (bf16 from fp16)
+            weight = buf["weight_compute" if bf16_compute else "weight_f16"]
             launchers.decode_weight(trellis, p.codebook, out=weight)
-            if p.compute_dtype == torch.bfloat16:
-                buf["weight_compute"].copy_(weight)
-                weight = buf["weight_compute"]
             torch.mm(a, weight, out=gemm)
         else:
             launchers.trellis_matmul(
@@ -620,13 +628,13 @@ def run_dense(
                 smem_stages=plan.smem_stages,
                 wgmma=plan.wgmma,
             )
-        gemm16 = gemm
-        if p.compute_dtype == torch.bfloat16:
-            gemm16 = rows("gemm_output_f16")
-            gemm16.copy_(gemm)
-        if had is None:
-            launchers.rotate_output(gemm16, svh, out_dtype=final_dtype, out=final)
+        if had is None:  # a bf16 GEMM output is rounded to fp16 first (gemm_output_f16, §3.3)
+            launchers.rotate_output(gemm, svh, out_dtype=final_dtype, out=final)
         else:
+            gemm16 = gemm
+            if bf16_compute:
+                gemm16 = rows("gemm_output_f16")
+                gemm16.copy_(gemm)
             had(gemm16, out16, None, svh, 1.0)
     if bias is not None:
         out16.add_(bias)
