@@ -359,21 +359,21 @@ def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda:
 SKIP_REASONS_SHOWN = 6
 
 
-def _skip_line(gpu_skips: list) -> str:
-    """One line naming the skipped GPU checks (the first six) and their distinct reasons (the
-    first :data:`SKIP_REASONS_SHOWN`, then how many more: a run with 160 "b12x.support does not
-    declare ..." reasons stays one readable line)."""
-    names = ", ".join(c.name for c in gpu_skips[:6]) + (" …" if len(gpu_skips) > 6 else "")
-    reasons = sorted({c.reason for c in gpu_skips})
+def _skip_line(skips: list, tier: str = "GPU") -> str:
+    """One line naming the skipped checks of a tier (the first six) and their distinct reasons
+    (the first :data:`SKIP_REASONS_SHOWN`, then how many more: a run with 160 "b12x.support does
+    not declare ..." reasons stays one readable line)."""
+    names = ", ".join(c.name for c in skips[:6]) + (" …" if len(skips) > 6 else "")
+    reasons = sorted({c.reason for c in skips})
     shown = "; ".join(reasons[:SKIP_REASONS_SHOWN])
     more = len(reasons) - SKIP_REASONS_SHOWN
     if more > 0:
         shown += f"; and {more} more reason(s) (each in the table without -q, and in --json)"
-    return f"GPU checks skipped ({len(gpu_skips)}): {names} — {shown}"
+    return f"{tier} checks skipped ({len(skips)}): {names} — {shown}"
 
 
 def _finish(report: Any, args: argparse.Namespace) -> int:
-    """Print the table (or summary), write JSON, name the skipped GPU checks; return exit code."""
+    """Print the table (or summary), write JSON, name the skipped checks; return exit code."""
     from rich.console import Console
 
     console = Console(highlight=False)
@@ -390,6 +390,9 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
     gpu_skips = [c for c in report.checks if c.tier == "gpu" and c.status == "skip"]
     if gpu_skips:
         print(_skip_line(gpu_skips))
+    cpu_skips = [c for c in report.checks if c.tier == "cpu" and c.status == "skip"]
+    if cpu_skips:  # e.g. a compile budget spent: checks this run did not do, said at the end
+        print(_skip_line(cpu_skips, "CPU"))
     if args.json:
         try:
             print(f"JSON report: {report.to_json(args.json)}")

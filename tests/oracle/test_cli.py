@@ -553,3 +553,21 @@ def test_the_gpu_skip_line_names_six_reasons_and_counts_the_rest():
     assert "and 4 more reason(s)" in line
     few = cli._skip_line(skips[:2])
     assert few.endswith("— reason 000; reason 001") and "more" not in few
+
+
+def test_a_spent_compile_budget_is_named_at_the_end(monkeypatch, capsys):
+    """A default job whose compile budget ran out passed fewer compile checks than it lists:
+    the closing lines name the CPU skip and its reason, not only the table row."""
+    import argparse
+
+    from oracle import cli
+    from oracle.report import CheckResult, Report
+
+    report = Report()
+    report.extend([CheckResult("compile.gemm", "cpu", "pass", "")])
+    why = "time budget 150 s spent; 5 of 11 specializations not compiled"
+    report.extend([CheckResult("compile.budget", "cpu", "skip", why)])
+    args = argparse.Namespace(quiet=True, json=None)
+    cli._finish(report, args)
+    out = capsys.readouterr().out
+    assert f"CPU checks skipped (1): compile.budget — {why}" in out
