@@ -82,11 +82,11 @@ def trellis_linear(
     return run_dense(bound, x, trellis, suh, svh, hadamard_128=hadamard_128).clone()
 
 
-def _check(y, x, payload, suh, svh, codebook, compute_dtype):
+def _check(y, x, payload, suh, svh, codebook, compute_dtype, bias=None):
     weight = ref_trellis.decode(payload, codebook)
-    exact = ref_linear.forward_decoded(x.cpu(), weight, suh, svh, precision="exact")
+    exact = ref_linear.forward_decoded(x.cpu(), weight, suh, svh, bias, precision="exact")
     faithful = ref_linear.forward_decoded(
-        x.cpu(), weight, suh, svh, precision="faithful", compute_dtype=compute_dtype
+        x.cpu(), weight, suh, svh, bias, precision="faithful", compute_dtype=compute_dtype
     )
     floor = 2e-3 if compute_dtype == torch.float16 else 1e-2
     ref_err = _rel_l2(faithful, exact)
@@ -141,6 +141,41 @@ def test_dense_linear_dtypes_and_splits(x_dtype, compute_dtype, m, split_k):
     )
     assert y.dtype == x_dtype
     _check(y, x, payload, suh, svh, "mcg", compute_dtype)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [17, 129])  # the shared-decode GEMM, and decode_matmul
+def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, with_bias):
+    """The front door's conversions (bf16 x read by the input rotation, the bf16 operand and
+    weight written by the rotation and the decode kernel, the bf16 GEMM output read by the
+    output rotation, x.dtype written by it or, with a bias, the fp16 staging plus the add)
+    against the reference linear with its bias (spec §3.2 step 6, fp32 add rounded to fp16)."""
+    k, n = 256, 512
+    payload, suh, svh = _layer(k, n, 4, seed=40 + m)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen).to(x_dtype)
+    bias = (torch.randn(n, generator=gen) * 0.5).to(torch.float16) if with_bias else None
+    plan = plan_dense(
+        m=m, k=k, n=n, bits=4, codebook="mcg", x_dtype=x_dtype, compute_dtype=compute_dtype,
+        device=torch.device("cuda"),
+    )  # fmt: skip
+    assert plan.path == ("decode_matmul" if m == 129 else "generic")
+    bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
+    y = run_dense(
+        bound, x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(),
+        bias=None if bias is None else bias.cuda(),
+    ).clone()  # fmt: skip
+    assert y.dtype == x_dtype and y.shape == (m, n)
+    _check(y, x, payload, suh, svh, "mcg", compute_dtype, bias)
+    weight = ref_trellis.decode(payload, "mcg")
+    faithful = ref_linear.forward_decoded(
+        x, weight, suh, svh, bias, precision="faithful", compute_dtype=compute_dtype
+    )
+    # Where the reference rounds (fp16 rotations, the GEMM output in the compute dtype, the bias
+    # add, the x.dtype cast) so does the kernel chain; the GEMM's fp32 sums may differ in order.
+    assert float((y.cpu() == faithful).float().mean()) > 0.5
 
 
 def test_decode_matmul_path_matches_references():
