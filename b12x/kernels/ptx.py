@@ -373,23 +373,29 @@ def st_shared_u32(addr, value, loc=None, ip=None) -> None:
     _asm_void(ops, "st.shared.u32 [$0], $1;", "r,r,~{memory}", loc, ip)
 
 
-@dsl_user_op
-def ld_shared_v4(addr, offset: int = 0, loc=None, ip=None) -> tuple:
-    """Four u32 from 16-byte-aligned shared address ``addr + offset`` (``offset`` a constant
-    byte immediate)."""
-    struct = llvm.StructType.get_literal([T.i32()] * 4)
+def _asm_u32s(count: int, operands, text: str, constraints: str, side_effects: bool, loc, ip):
+    """``count`` u32 results of one inline-asm statement (``$0 .. $count-1``)."""
     res = llvm.inline_asm(
-        struct,
-        _u32_values([addr], loc, ip),
-        f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];",
-        "=r,=r,=r,=r,r,~{memory}",
-        has_side_effects=True,
+        llvm.StructType.get_literal([T.i32()] * count),
+        operands,
+        text,
+        constraints,
+        has_side_effects=side_effects,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
     )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(count))
+
+
+@dsl_user_op
+def ld_shared_v4(addr, offset: int = 0, loc=None, ip=None) -> tuple:
+    """Four u32 from 16-byte-aligned shared address ``addr + offset`` (``offset`` a constant
+    byte immediate)."""
+    text = f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];"
+    constraints = "=r,=r,=r,=r,r,~{memory}"
+    return _asm_u32s(4, _u32_values([addr], loc, ip), text, constraints, True, loc, ip)
 
 
 @dsl_user_op
@@ -413,19 +419,9 @@ def ld_global_v2_u32(addr, offset: int = 0, loc=None, ip=None) -> tuple:
     """Two u32 at 8-byte-aligned global address ``addr + offset`` (``offset`` a constant byte
     immediate): an ordinary coherent load (not ``.nc``), so an in-place kernel may read what it
     later overwrites."""
-    struct = llvm.StructType.get_literal([T.i32()] * 2)
-    res = llvm.inline_asm(
-        struct,
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        f"ld.global.v2.u32 {{$0, $1}}, [$2+{offset}];",
-        "=r,=r,l",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
+    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    text = f"ld.global.v2.u32 {{$0, $1}}, [$2+{offset}];"
+    return _asm_u32s(2, operands, text, "=r,=r,l", False, loc, ip)
 
 
 @dsl_user_op
