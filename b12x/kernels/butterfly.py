@@ -53,11 +53,13 @@ __all__ = [
     "BLOCKS_PER_WARP",
     "GROUP_LANES",
     "GROUP_OFFSETS",
+    "group_job",
     "h128",
     "lane_signs",
     "lane_words",
     "load_lane",
     "store_lane",
+    "word_at",
     "xor_stages",
 ]
 
@@ -72,6 +74,23 @@ def lane_words(sub) -> list:
     """The eight word offsets (``int32`` view) of lane ``sub`` (``lane % 8``) inside its block,
     in :func:`h128`'s value order (two elements per word)."""
     return [16 * g + 2 * sub + h for g in range(4) for h in range(2)]
+
+
+def group_job(first_job, lane, total, blocks) -> tuple:
+    """The lane group's job (``first_job + lane // 8``) over ``total`` jobs of ``blocks``
+    128-element blocks per row: whether it exists, its row (clamped to the last job's: a group
+    past the end computes on real data and stores nothing), the word column where its block
+    starts, and the lane's place in its group."""
+    job = first_job + lane // GROUP_LANES
+    safe = cutlass.min(job, total - 1)
+    row = safe // blocks
+    base = (safe - row * blocks) * 64
+    return job < total, row, base, lane % GROUP_LANES
+
+
+def word_at(tensor, row, col) -> Int64:
+    """The flat word index of ``tensor[row, col]`` (a contiguous 2-D ``int32`` view)."""
+    return Int64(row) * Int64(tensor.shape[1]) + Int64(col)
 
 
 def _lane_pairs() -> list:

@@ -30,11 +30,19 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Uint32
 
 from b12x.abi import abi_entry
 from b12x.kernels import ptx
-from b12x.kernels.butterfly import BLOCKS_PER_WARP, GROUP_LANES, h128, load_lane, store_lane
+from b12x.kernels.butterfly import (
+    BLOCKS_PER_WARP,
+    GROUP_LANES,
+    group_job,
+    h128,
+    load_lane,
+    store_lane,
+    word_at,
+)
 
 __all__ = ["InputRotationKernel", "OutputRotationKernel", "INV_SQRT_128", "JOBS_PER_WARP"]
 
@@ -66,16 +74,11 @@ def _load_job(src, scale, warps: int) -> tuple:
     butterfly doubled the SASS with ``WARPSYNC``/``ENDCOLLECTIVE`` fallbacks)."""
     tid = cute.arch.thread_idx()[0]
     lane = tid % 32
-    sub = lane % GROUP_LANES
-    job = (cute.arch.block_idx()[0] * warps + tid // 32) * JOBS_PER_WARP + lane // GROUP_LANES
+    first = (cute.arch.block_idx()[0] * warps + tid // 32) * JOBS_PER_WARP
     blocks = src.shape[1] // 64
-    safe = cutlass.min(job, src.shape[0] * blocks - 1)
-    row = safe // blocks
-    base = (safe - row * blocks) * 64
-    word0 = Int64(row) * Int64(src.shape[1]) + Int64(base)
-    words = load_lane(src, word0, sub)
-    scales = load_lane(scale, base, sub)
-    return lane, job < src.shape[0] * blocks, word0, words, scales
+    live, row, base, sub = group_job(first, lane, src.shape[0] * blocks, blocks)
+    word0 = word_at(src, row, base)
+    return lane, live, word0, load_lane(src, word0, sub), load_lane(scale, base, sub)
 
 
 def _to_f16_word(word, bf16: bool):

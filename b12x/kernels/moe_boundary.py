@@ -51,7 +51,14 @@ from cutlass import Float32, Int32, Int64
 
 from b12x.abi import abi_entry
 from b12x.kernels import ptx
-from b12x.kernels.butterfly import BLOCKS_PER_WARP, GROUP_LANES, h128, load_lane, store_lane
+from b12x.kernels.butterfly import (
+    BLOCKS_PER_WARP,
+    group_job,
+    h128,
+    load_lane,
+    store_lane,
+    word_at,
+)
 
 __all__ = [
     "BOUNDARY_KINDS",
@@ -158,22 +165,6 @@ def _h128(v: list, lane) -> list:
     return [_mul(x, scale) for x in h128(v, lane, _h4)]
 
 
-def _group_job(first_job, lane, total, blocks) -> tuple:
-    """The lane group's job (``first_job + lane // 8``), whether it exists, its row (clamped to
-    the last job's: a group past the end computes on real data and stores nothing), the word
-    column where its block starts, and the lane's place in its group."""
-    job = first_job + lane // GROUP_LANES
-    safe = cutlass.min(job, total - 1)
-    row = safe // blocks
-    base = (safe - row * blocks) * WORDS_PER_BLOCK
-    return job < total, row, base, lane % GROUP_LANES
-
-
-def _at(tensor, row, col) -> Int64:
-    """The flat word index of ``tensor[row, col]`` (a contiguous 2-D ``int32`` view)."""
-    return Int64(row) * Int64(tensor.shape[1]) + Int64(col)
-
-
 def _values(words: list, bf16: bool) -> list:
     """The 16 fp32 values of eight 16-bit pairs (exact), in word order, low half first."""
     vals = []
@@ -248,14 +239,14 @@ class MoeRotateKernel:
         """The warp's :data:`ROTATE_JOBS_PER_WARP` consecutive jobs, one per lane group."""
         blocks = out.shape[1] // WORDS_PER_BLOCK
         total = out.shape[0] * blocks
-        live, r, base, sub = _group_job(warp_job * ROTATE_JOBS_PER_WARP, lane, total, blocks)
+        live, r, base, sub = group_job(warp_job * ROTATE_JOBS_PER_WARP, lane, total, blocks)
         token = r // top_k
         row = _table_row(_expert(route_expert, r, num_experts), suh)
-        words = load_lane(x, _at(x, token, base), sub)
-        scales = load_lane(suh, _at(suh, row, base), sub)
+        words = load_lane(x, word_at(x, token, base), sub)
+        scales = load_lane(suh, word_at(suh, row, base), sub)
         res = self._rotate_job(lane, words, scales)
         if live:
-            store_lane(out, _at(out, r, base), sub, res)
+            store_lane(out, word_at(out, r, base), sub, res)
 
     def _rotate_job(self, lane, words, scales) -> list:
         """One job's eight output words from its loaded words and scales."""
@@ -306,16 +297,16 @@ class MoeActivateKernel:
         half_i = out.shape[1]  # I/2 words
         blocks = half_i // WORDS_PER_BLOCK
         total = out.shape[0] * blocks
-        live, r, base, sub = _group_job(warp_job * ACTIVATE_JOBS_PER_WARP, lane, total, blocks)
+        live, r, base, sub = group_job(warp_job * ACTIVATE_JOBS_PER_WARP, lane, total, blocks)
         row = _expert(route_expert, r, num_experts)  # [E, 3I]: never broadcast
-        gate = load_lane(fc1, _at(fc1, r, base), sub)
-        up = load_lane(fc1, _at(fc1, r, half_i + base), sub)
+        gate = load_lane(fc1, word_at(fc1, r, base), sub)
+        up = load_lane(fc1, word_at(fc1, r, half_i + base), sub)
         scales = [
-            load_lane(rotations, _at(rotations, row, p * half_i + base), sub) for p in range(3)
+            load_lane(rotations, word_at(rotations, row, p * half_i + base), sub) for p in range(3)
         ]
         res = self._activate_job(lane, gate, up, scales)
         if live:
-            store_lane(out, _at(out, r, base), sub, res)
+            store_lane(out, word_at(out, r, base), sub, res)
 
     def _activate_job(self, lane, gate, up, scales) -> list:
         """One job's eight output words."""
@@ -362,19 +353,19 @@ class MoeReduceKernel:
         lane, warp_job = _job(self.spec.warps)
         blocks = out.shape[1] // WORDS_PER_BLOCK
         total = out.shape[0] * blocks
-        live, t, base, sub = _group_job(warp_job * REDUCE_JOBS_PER_WARP, lane, total, blocks)
+        live, t, base, sub = group_job(warp_job * REDUCE_JOBS_PER_WARP, lane, total, blocks)
         k = self.spec.top_k
         acc = [Float32(0.0)] * 16
         for s in cutlass.range_constexpr(k):
             r = t * k + s
             active = Int32(route_inactive[r]) == 0
             row = _table_row(_expert(route_expert, r, num_experts), svh)
-            hy = _h128(_values(load_lane(fc2, _at(fc2, r, base), sub), self.spec.in_bf16), lane)
-            sv = _values(load_lane(svh, _at(svh, row, base), sub), False)
+            hy = _h128(_values(load_lane(fc2, word_at(fc2, r, base), sub), self.spec.in_bf16), lane)
+            sv = _values(load_lane(svh, word_at(svh, row, base), sub), False)
             wr = Float32(weights[r])
             for j in cutlass.range_constexpr(16):
                 term = _mul(_mul(hy[j], sv[j]), wr)
                 acc[j] = _add(acc[j], Float32(cutlass.select_(active, term, Float32(0.0))))
         res = [_pack(acc[2 * w], acc[2 * w + 1], self.spec.out_bf16) for w in range(8)]
         if live:
-            store_lane(out, _at(out, t, base), sub, res)
+            store_lane(out, word_at(out, t, base), sub, res)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "WINDOW_REGIMES",
     "MoeChoices",
     "X_SCALE",
     "dense_inputs",
@@ -40,6 +41,21 @@ __all__ = [
     "stack_to",
     "trellis_experts",
 ]
+
+#: One (codebook, bits) per lane-window regime of the decode (rates 1-8, each with its own ring
+#: geometry) plus the two LUT decoders: the sample the kernel identity tests parametrise over.
+WINDOW_REGIMES = (
+    ("mcg", 1),
+    ("mcg", 2),
+    ("3inst", 3),
+    ("mcg", 4),
+    ("mul1", 5),
+    ("mcg", 6),
+    ("3inst", 7),
+    ("mul1", 8),
+    ("sqg_e4m3", 3),
+    ("sqg_fp16", 5),
+)
 
 X_SCALE = 0.1
 MOE_X_SCALE = 0.1

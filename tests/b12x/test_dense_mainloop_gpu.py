@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from b12x.launch import host
+from oracle.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu
@@ -58,18 +59,7 @@ def _identity_gemm(
     return got.cpu(), expected
 
 
-REGIMES = [
-    ("mcg", 1),
-    ("mcg", 2),
-    ("3inst", 3),
-    ("mcg", 4),
-    ("mul1", 5),
-    ("mcg", 6),
-    ("3inst", 7),
-    ("mul1", 8),
-    ("sqg_e4m3", 3),
-    ("sqg_fp16", 5),
-]
+REGIMES = case_inputs.WINDOW_REGIMES
 
 
 @pytest.mark.parametrize("split_k", [1, 2, 3])

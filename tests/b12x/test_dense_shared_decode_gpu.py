@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from b12x.launch import host
+from oracle.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu
@@ -38,18 +39,7 @@ GEOMETRIES = [
     ((1, 1, 4, 4), (4, 3)),
     ((1, 2, 4, 2), (1, 4)),
 ]
-REGIMES = [
-    ("mcg", 1),
-    ("mcg", 2),
-    ("3inst", 3),
-    ("mcg", 4),
-    ("mul1", 5),
-    ("mcg", 6),
-    ("3inst", 7),
-    ("mul1", 8),
-    ("sqg_e4m3", 3),
-    ("sqg_fp16", 5),
-]
+REGIMES = case_inputs.WINDOW_REGIMES
 
 
 def _payload(bits: int, seed: int, k_rows: int = K_ROWS, n: int = N) -> torch.Tensor:

@@ -31,18 +31,7 @@ K_ROWS = 7
 N = 256
 #: (m_tiles, n_tiles) of the warpgroup geometries (8 warps, every warp multiplies).
 GEOMETRIES = [(1, 1), (2, 1), (1, 2)]
-REGIMES = [
-    ("mcg", 1),
-    ("mcg", 2),
-    ("3inst", 3),
-    ("mcg", 4),
-    ("mul1", 5),
-    ("mcg", 6),
-    ("3inst", 7),
-    ("mul1", 8),
-    ("sqg_e4m3", 3),
-    ("sqg_fp16", 5),
-]
+REGIMES = case_inputs.WINDOW_REGIMES
 
 
 @pytest.fixture(scope="module", autouse=True)
