@@ -88,6 +88,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
 from b12x.kernels import ptx
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 from b12x.kernels.mainloop import (
     a_chunk_offset,
     a_fragment_offsets,
@@ -262,6 +263,7 @@ class DenseTrellisGemmKernel:
             block=(32 * self.warps, 1, 1),
             smem=self.smem_bytes,
             stream=stream,
+            **launch_options(),
         )
 
     def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
@@ -372,6 +374,7 @@ class DenseTrellisGemmKernel:
         lut_addr: Int64,
         k_rows_per_split: Int32,
     ):
+        await_upstream()
         if cutlass.const_expr(self.m_warps > 0):
             self._shared_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
         else:
@@ -595,11 +598,12 @@ class SplitKReduceKernel:
         pairs = out.shape[0] * out.shape[1]
         grid = (pairs + self.threads - 1) // self.threads
         self.kernel(partials, out).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, **launch_options()
         )
 
     @cute.kernel
     def kernel(self, partials: cute.Tensor, out: cute.Tensor):
+        await_upstream()
         idx = cute.arch.block_idx()[0] * self.threads + cute.arch.thread_idx()[0]
         half_n = out.shape[1]
         if idx < out.shape[0] * half_n:

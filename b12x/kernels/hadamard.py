@@ -43,6 +43,7 @@ from b12x.kernels.butterfly import (
     store_lane,
     word_at,
 )
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 
 __all__ = ["InputRotationKernel", "OutputRotationKernel", "INV_SQRT_128", "JOBS_PER_WARP"]
 
@@ -114,11 +115,15 @@ class InputRotationKernel:
     def __call__(self, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor, stream):
         jobs = x.shape[0] * (x.shape[1] // 64)
         self.kernel(x, suh, out).launch(
-            grid=_grid(jobs, self.warps), block=(32 * self.warps, 1, 1), stream=stream
+            grid=_grid(jobs, self.warps),
+            block=(32 * self.warps, 1, 1),
+            stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor):
+        await_upstream()
         lane, live, word0, words, scales = _load_job(x, suh, self.warps)
         vals = []
         for w in cutlass.range_constexpr(8):
@@ -145,11 +150,15 @@ class OutputRotationKernel:
     def __call__(self, y: cute.Tensor, svh: cute.Tensor, out: cute.Tensor, stream):
         jobs = y.shape[0] * (y.shape[1] // 64)
         self.kernel(y, svh, out).launch(
-            grid=_grid(jobs, self.warps), block=(32 * self.warps, 1, 1), stream=stream
+            grid=_grid(jobs, self.warps),
+            block=(32 * self.warps, 1, 1),
+            stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, svh: cute.Tensor, out: cute.Tensor):
+        await_upstream()
         lane, live, word0, words, scales = _load_job(y, svh, self.warps)
         vals = []
         for w in cutlass.range_constexpr(8):  # a bf16 GEMM output: gemm_output_f16 first (§3.3)

@@ -59,6 +59,7 @@ from b12x.kernels.butterfly import (
     store_lane,
     word_at,
 )
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 
 __all__ = [
     "BOUNDARY_KINDS",
@@ -218,11 +219,15 @@ class MoeRotateKernel:
         per_cta = w * ROTATE_JOBS_PER_WARP
         projs = 2 if cutlass.const_expr(self.spec.proj) else 1
         self.kernel(x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts).launch(
-            grid=((jobs + per_cta - 1) // per_cta, projs, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, projs, 1),
+            block=(32 * w, 1, 1),
+            stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, x, gate_suh, up_suh, route_expert, out_gate, out_up, top_k, num_experts):
+        await_upstream()
         lane, warp_job = _job(self.spec.warps)
         if cutlass.const_expr(self.spec.proj):
             if cute.arch.block_idx()[1] == 0:
@@ -288,11 +293,15 @@ class MoeActivateKernel:
         jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
         per_cta = w * ACTIVATE_JOBS_PER_WARP
         self.kernel(fc1, rotations, route_expert, out, num_experts).launch(
-            grid=((jobs + per_cta - 1) // per_cta, 1, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, 1, 1),
+            block=(32 * w, 1, 1),
+            stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, fc1, rotations, route_expert, out, num_experts):
+        await_upstream()
         lane, warp_job = _job(self.spec.warps)
         half_i = out.shape[1]  # I/2 words
         blocks = half_i // WORDS_PER_BLOCK
@@ -345,11 +354,15 @@ class MoeReduceKernel:
         jobs = out.shape[0] * (out.shape[1] // WORDS_PER_BLOCK)
         per_cta = w * REDUCE_JOBS_PER_WARP
         self.kernel(fc2, svh, route_expert, route_inactive, weights, out, num_experts).launch(
-            grid=((jobs + per_cta - 1) // per_cta, 1, 1), block=(32 * w, 1, 1), stream=stream
+            grid=((jobs + per_cta - 1) // per_cta, 1, 1),
+            block=(32 * w, 1, 1),
+            stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, fc2, svh, route_expert, route_inactive, weights, out, num_experts):
+        await_upstream()
         lane, warp_job = _job(self.spec.warps)
         blocks = out.shape[1] // WORDS_PER_BLOCK
         total = out.shape[0] * blocks

@@ -90,6 +90,7 @@ from cutlass import Float32, Int32, Int64
 from b12x.abi import abi_entry
 from b12x.formats import DecodeFormat, resolve_format
 from b12x.kernels.dense_gemm import decode_and_accumulate
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 from b12x.kernels.mainloop import (
     accumulate_staged,
     lane_coords,
@@ -416,6 +417,7 @@ class MoeGroupedGemmKernel:
             block=(self.spec.cta_threads, 1, 1),
             smem=self.spec.smem_bytes,
             stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
@@ -433,6 +435,7 @@ class MoeGroupedGemmKernel:
         expert_base: Int32,
         out_col_word: Int32,
     ):
+        await_upstream()
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
         row_base = by * self.spec.block_size

@@ -49,6 +49,7 @@ from cutlass import Int32, Int64, Uint8, Uint32
 
 from b12x.abi import abi_entry
 from b12x.kernels import ptx
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 
 __all__ = ["PACK_MAX_EXPERTS", "PACK_MAX_ROUTES", "PACK_THREADS", "MoePackKernel"]
 
@@ -91,7 +92,8 @@ class MoePackKernel:
             route_expert, route_active, route_inactive, packed_route_slots, route_slot,
             route_gather, block_expert_ids, route_count, expert_counts, expert_offsets, block_size,
         ).launch(
-            grid=(1, 1, 1), block=(PACK_THREADS, 1, 1), smem=_SMEM_BYTES, stream=stream
+            grid=(1, 1, 1), block=(PACK_THREADS, 1, 1), smem=_SMEM_BYTES, stream=stream,
+            **launch_options(),
         )  # fmt: skip
 
     @cute.kernel
@@ -99,6 +101,7 @@ class MoePackKernel:
         self, route_expert, route_active, route_inactive, packed, route_slot, route_gather,
         block_expert_ids, route_count, expert_counts, expert_offsets, block_size,
     ):  # fmt: skip
+        await_upstream()
         tid = cute.arch.thread_idx()[0]
         n = route_expert.shape[0]
         experts = expert_counts.shape[0]

@@ -38,6 +38,7 @@ from cutlass import Int32, Int64
 from b12x.abi import abi_entry
 from b12x.formats import resolve_format
 from b12x.kernels.dense_gemm import decode_and_accumulate
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 from b12x.kernels.mainloop import (
     accumulate_staged,
     lane_coords,
@@ -171,6 +172,7 @@ class MoePairGemmKernel:
             grid=(grid_x, block_expert_ids.shape[0], 1),
             block=(32 * self.warps, 1, 1),
             stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
@@ -189,6 +191,7 @@ class MoePairGemmKernel:
         expert_base: Int32,
         out_col_word: Int32,
     ):
+        await_upstream()
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
         row_base = by * (16 * self.m_tiles)

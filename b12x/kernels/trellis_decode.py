@@ -49,6 +49,7 @@ from cutlass import Int32, Int64, Uint32
 
 from b12x.abi import abi_entry
 from b12x.kernels import ptx
+from b12x.kernels.dependent_launch import await_upstream, launch_options
 
 __all__ = [
     "ring_words_per_lane",
@@ -458,10 +459,12 @@ class TrellisDecodeKernel:
             block=(32 * self.warps_per_cta, 1, 1),
             smem=self.warps_per_cta * _STRIP_BYTES,
             stream=stream,
+            **launch_options(),
         )
 
     @cute.kernel
     def kernel(self, payload: cute.Tensor, out: cute.Tensor, lut_addr: Int64):
+        await_upstream()
         tid = cute.arch.thread_idx()[0]
         lane = tid % 32
         warp = tid // 32

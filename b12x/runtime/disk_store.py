@@ -105,6 +105,10 @@ def _key_record(key: CompileKey) -> dict[str, Any]:
 
 
 _TOOLCHAIN: dict[str, Any] | None = None
+#: b12x's own environment switches that change generated code (kernels read them while tracing):
+#: ``B12X_DEPENDENT_LAUNCH`` (:mod:`b12x.kernels.dependent_launch`). Their values are part of
+#: :func:`toolchain`, so a kernel exported under one setting is never loaded under another.
+CODEGEN_ENV = ("B12X_DEPENDENT_LAUNCH",)
 
 
 def toolchain() -> dict[str, Any]:
@@ -114,7 +118,7 @@ def toolchain() -> dict[str, Any]:
     CUDA flavour, the DSL's own compile-affecting settings (its ``cache_key_str``: arch, lineinfo,
     assertions, compiler options, runtime library...) and the host machine. If the DSL cannot
     report its settings, every ``CUTE_DSL_*`` variable is recorded instead (stricter, never
-    looser).
+    looser). b12x's codegen switches (:data:`CODEGEN_ENV`) are recorded as set (None: unset).
     """
     global _TOOLCHAIN
     if _TOOLCHAIN is not None:
@@ -127,6 +131,7 @@ def toolchain() -> dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.system(),
         "packages": packages,
+        "codegen_env": {name: os.environ.get(name) for name in CODEGEN_ENV},
     }
     try:
         import cutlass
