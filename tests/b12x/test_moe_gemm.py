@@ -94,13 +94,14 @@ def test_the_wave_balanced_tile_needs_an_unpaired_fc2_and_a_device():
     assert wave.spec.n_group == 512 and wave.decisions[-1].path == "wave_balanced"
     case = dict(wave.decisions[-1].case)
     assert FC2_TILE.explain(case).path == "wave_balanced" and case["hidden"] == 5120
-    assert plan_moe_gemm(**glm).spec.n_group == 128  # no device: the default geometry
-    assert plan_moe_gemm(**{**glm, "phase": "fc1"}, device=H200).spec.n_group == 128
+    assert plan_moe_gemm(**glm).spec.n_group == 64  # no device: the default (2, 2, 8) at k_split 2
+    # FC1 never takes the wave tile: the default geometry at k_split 2, (2, 2, 8)
+    assert plan_moe_gemm(**{**glm, "phase": "fc1"}, device=H200).spec.n_group == 64
     paired = plan_moe_gemm(**{**glm, "pair": "P24"}, device=H200)
     assert paired.spec.pair == "P24" and paired.spec.n_group != 512
     assert MoeGemmOp(device=H200).plan(glm).spec == wave.spec  # the op's (simulated) device
     few = plan_moe_gemm(**{**glm, "m": 128}, device=H200)  # 1024 routes: measured slower
-    assert few.spec.n_group == 128 and few.decisions[-1].path == "default"
+    assert few.spec.n_group == 64 and few.decisions[-1].path == "default"
 
 
 @pytest.mark.parametrize(

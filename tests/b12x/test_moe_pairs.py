@@ -413,7 +413,7 @@ def test_plan_takes_the_wave_balanced_fc2_tile_through_qualify():
     assert fc1.n_group != 512 and fc1 == plan_moe(**glm).fc1_spec[0]  # FC1 never takes it
     fc1_problem = tiles.TileProblem("fc1", 129, 5120, 1536, 3)
     assert not tiles.qualify(tiles.WAVE_BALANCED_FC2, fc1_problem, h200)[0]
-    assert plan_moe(**glm).fc2_spec[0].n_group == 128  # no device: the default geometry
+    assert plan_moe(**glm).fc2_spec[0].n_group == 64  # no device: the default, (2, 2, 8) at k2
     odd = plan_moe(**{**glm, "hidden": 5120 + 128}, device=h200)  # H % 512 != 0: rejected
     assert odd.fc2_spec[0].n_group != 512
     tiny = plan_moe(**{**glm, "m": 1, "top_k": 1}, device=h200)  # one block: one wave anyway

@@ -42,6 +42,7 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    :data:`MIN_K_SLICE` = 512 (32 K16 rows per warp). Field ``k``.
 3. :data:`GEMM_GEOMETRY` ``moe_gemm_geometry`` — ``(n_tiles, warps, depth)`` of an unpaired
    grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
+   ``single_block_split_2`` (m_tiles 1, ``k_split`` 2) → (2, :data:`SPLIT_2_GROUP_WARPS` = 2, 8);
    ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks share :data:`WIDE_CTA_WARPS` = 4 warps
    over the groups (``W = max(1, 4 // k_split)``, 128-thread CTAs: the wide accumulators need
    ~250 registers) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a decoder tile hint below 4,
@@ -174,6 +175,19 @@ PAIR_CHANNELS = 256
 #: experts, k_split 4) M = 8: 187.6 / 144.7, 64: 265.8 / 211.8 (16-32 % slower). It wins only on
 #: the widest N measured, so no rule was drawn from one shape.
 WAVE_FC2_MIN_ROUTES = 1025
+#: Warps per K group of a single-block launch whose K splits in two (``single_block_split_2``):
+#: twice the CTAs of the 4-warp default, the same per-warp work and K order (bit-identical).
+#: Measured (2026-12-05, H100 80GB HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``, GLM-like
+#: FC2: K = 1536, N = 5120, 128 experts, top-8, MCG K4, graphed, us) against (2, 4, 8): M = 1:
+#: 42.2 / 48.6, 8: 148.2 / 150.2, 64: 329.3 / 335.0. FC1 (K = 5120, k_split 4) keeps 4 warps:
+#: (2, 2, 8) there ran 72.7 / 70.0 at M = 1.
+#:
+#: Measured in the same run and not taken: deeper K splits. FC2 with four groups, (4, 2, 8) x 4:
+#: 36.8 / 146.6 / 328.7 us at M = 1 / 8 / 64; FC1 with eight, (2, 2, 8) x 8: 58.8 / 281.4 / 655.3
+#: against 70.0 / 289.7 / 645.8. K_SPLIT keys on K alone (batch invariance), so either would also
+#: move every larger M (the wide blocks' group width, the shared decode's fold count, the wave
+#: FC2 tile at k_split 4), none of which was measured.
+SPLIT_2_GROUP_WARPS = 2
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -395,6 +409,23 @@ GEMM_GEOMETRY = _table(
     ),
     (
         (
+            "single_block_split_2",
+            "one M16 block, K in two groups: 2 warps × 2 tiles per group, deep loads (128 threads)",
+            (
+                _cond(
+                    "m_tiles==1",
+                    lambda c: c["m_tiles"] == 1,
+                    lambda c: f"m_tiles={c['m_tiles']} != 1",
+                ),
+                _cond(
+                    "k_split==2",
+                    lambda c: c["k_split"] == 2,
+                    lambda c: f"k_split={c['k_split']} != 2",
+                ),
+            ),
+            GemmGeometry(2, SPLIT_2_GROUP_WARPS, 8),
+        ),
+        (
             "single_block",
             "one M16 block: 4 warps × 2 tiles per group, deep loads (128·k_split threads)",
             (
@@ -447,6 +478,33 @@ GEMM_GEOMETRY = _table(
     (
         Boundary(
             "geometry_single_block", _geo(), "m_tiles", 1, 2, "single_block", "wide_four_tiles"
+        ),
+        Boundary(
+            "geometry_single_block_split_2",
+            _geo(m_tiles=1),
+            "k_split",
+            4,
+            2,
+            "single_block",
+            "single_block_split_2",
+        ),
+        Boundary(
+            "geometry_single_block_unsplit",
+            _geo(m_tiles=1),
+            "k_split",
+            1,
+            2,
+            "single_block",
+            "single_block_split_2",
+        ),
+        Boundary(
+            "geometry_split_2_single_block_only",
+            _geo(k_split=2),
+            "m_tiles",
+            1,
+            2,
+            "single_block_split_2",
+            "wide_four_tiles",
         ),
         Boundary("geometry_wide_n", _geo(), "n", 3072, 3200, "wide_four_tiles", "wide_two_tiles"),
         # k_split narrows the group (W = 4 / k_split), so 64·W divides more N
