@@ -355,7 +355,7 @@ def test_legacy_helpers_answer_from_the_tables(monkeypatch):
     from b12x.ops.moe import pairs
 
     assert plan_mod.choose_m_tiles(385, 8, 128) == 2
-    assert plan_mod.choose_k_split(5120, 1) == 4
+    assert plan_mod.choose_k_split(5120, 1) == 8
     assert plan_mod.gemm_geometry(4, 3072, 1, wide_tile_cap=2) == (2, 4, 2)
     assert pairs.pair_geometry(phase="fc2", m_tiles=4, n=512) == (2, 4, 1, "k")
     spec = plan_moe(**dict(PROBLEMS[3], device=H200)).fc2_spec[0]  # M = 256: 2048 routes

@@ -63,7 +63,7 @@ def test_plan_takes_its_geometry_from_the_tables():
         {"m_tiles": m_tiles, "n": 3072, "k_split": k_split, "wide_tile_cap": 4}
     )
     spec = plan.spec
-    assert (m_tiles, k_split) == (4, 4) and plan.routes.block_size == 64
+    assert (m_tiles, k_split) == (4, 8) and plan.routes.block_size == 64
     assert (spec.m_tiles, spec.k_split, spec.n_tiles, spec.warps, spec.depth) == (
         m_tiles, k_split, *geometry,
     )  # fmt: skip

@@ -37,16 +37,19 @@ The tables (:data:`TABLES`, in the order a plan consults them)
    ``m_tiles`` (None).
 2. :data:`K_SPLIT` ``moe_k_split`` — the intra-CTA K split by K alone (never M, m_tiles or
    routing: it fixes each output's fp32 summation order, so the MoE stays batch invariant):
-   ``k_split_4`` (``K % 512 == 0`` and ``K/4 ≥ 512``), ``k_split_2`` (``K % 256 == 0`` and
-   ``K/2 ≥ 512``), ``k_split_1``. Whole 8-row units (128 K) per group, never a slice below
-   :data:`MIN_K_SLICE` = 512 (32 K16 rows per warp). Field ``k``.
+   ``k_split_8`` (``K % 1024 == 0`` and ``K/8 ≥ 512``), ``k_split_4`` (``K % 512 == 0`` and
+   ``K/4 ≥ 512``), ``k_split_2`` (``K % 256 == 0`` and ``K/2 ≥ 512``), ``k_split_1``. Whole
+   8-row units (128 K) per group, never a slice below :data:`MIN_K_SLICE` = 512 (32 K16 rows per
+   warp). Field ``k``.
 3. :data:`GEMM_GEOMETRY` ``moe_gemm_geometry`` — ``(n_tiles, warps, depth)`` of an unpaired
    grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
-   ``single_block_split_2`` (m_tiles 1, ``k_split`` 2) → (2, :data:`SPLIT_2_GROUP_WARPS` = 2, 8);
-   ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks share :data:`WIDE_CTA_WARPS` = 4 warps
-   over the groups (``W = max(1, 4 // k_split)``, 128-thread CTAs: the wide accumulators need
-   ~250 registers) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a decoder tile hint below 4,
-   the D3L decoder's 2: 4 × 4 spills) → (cap, W, 2), ``wide_four_tiles`` (``N % (64·W) == 0``)
+   ``single_block_narrow_groups`` (m_tiles 1, ``k_split`` 2 or 8) → (2,
+   :data:`NARROW_GROUP_WARPS` = 2, 8); ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks
+   share :data:`WIDE_CTA_WARPS` = 4 warps over the groups (``W = max(1, 4 // k_split)``,
+   128-thread CTAs: the wide accumulators need ~220 registers; at ``k_split`` 8, one warp per
+   group, 256 threads and one CTA per SM) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a
+   decoder tile hint below 4, the D3L decoder's 2: 4 × 4 spills) → (cap, W, 2),
+   ``wide_four_tiles`` (``N % (64·W) == 0``)
    → (4, W, 2), ``wide_two_tiles`` → (2, W, 2). Fields ``m_tiles, n, k_split``,
    ``wide_tile_cap`` (the format's tile hint :attr:`b12x.formats.DecodeFormat.wide_tile_cap`,
    default 4), ``compute_dtype``.
@@ -139,8 +142,8 @@ M_TILES = dense_tiles.GROUPED_M_TILES
 K_UNIT = 128
 #: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
 MIN_K_SLICE = 512
-#: Largest planned K split (the kernel compiles 8 too; 4 already halves FC1's chain twice).
-MAX_K_SPLIT = 4
+#: Largest planned K split (the kernel's largest too).
+MAX_K_SPLIT = 8
 #: K splits a geometry case may carry (the kernel's ``K_SPLITS``).
 K_SPLITS = (1, 2, 4, 8)
 #: Warps of a CTA at m_tiles ≥ 2 (all groups together): the 255-register budget per thread that
@@ -175,19 +178,20 @@ PAIR_CHANNELS = 256
 #: experts, k_split 4) M = 8: 187.6 / 144.7, 64: 265.8 / 211.8 (16-32 % slower). It wins only on
 #: the widest N measured, so no rule was drawn from one shape.
 WAVE_FC2_MIN_ROUTES = 1025
-#: Warps per K group of a single-block launch whose K splits in two (``single_block_split_2``):
-#: twice the CTAs of the 4-warp default, the same per-warp work and K order (bit-identical).
-#: Measured (2026-12-05, H100 80GB HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``, GLM-like
-#: FC2: K = 1536, N = 5120, 128 experts, top-8, MCG K4, graphed, us) against (2, 4, 8): M = 1:
-#: 42.2 / 48.6, 8: 148.2 / 150.2, 64: 329.3 / 335.0. FC1 (K = 5120, k_split 4) keeps 4 warps:
-#: (2, 2, 8) there ran 72.7 / 70.0 at M = 1.
+#: Warps per K group of a single-block launch whose K splits in two or eight
+#: (``single_block_narrow_groups``): the same per-warp work and K order as wider groups
+#: (bit-identical), more and smaller CTAs (128 threads at k_split 2, 512 at 8, where 4 warps would
+#: be 1024). Measured (2026-12-05, H100 80GB HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``,
+#: GLM-like MoE, MCG K4, graphed, us) against (2, 4, 8): FC2 (K = 1536, N = 5120, k_split 2)
+#: M = 1: 42.2 / 48.6, 8: 148.2 / 150.2, 64: 329.3 / 335.0. At k_split 4 the 4-warp groups stay:
+#: GLM-like FC1 (K = 5120, N = 3072) ran (2, 2, 8) x 4 at 72.7 / 70.0 us (M = 1); FC1 at
+#: k_split 8 (``k_split_8``, same run): (2, 2, 8) x 8 58.8 / 281.4 / 655.3 at M = 1 / 8 / 64.
 #:
-#: Measured in the same run and not taken: deeper K splits. FC2 with four groups, (4, 2, 8) x 4:
-#: 36.8 / 146.6 / 328.7 us at M = 1 / 8 / 64; FC1 with eight, (2, 2, 8) x 8: 58.8 / 281.4 / 655.3
-#: against 70.0 / 289.7 / 645.8. K_SPLIT keys on K alone (batch invariance), so either would also
-#: move every larger M (the wide blocks' group width, the shared decode's fold count, the wave
-#: FC2 tile at k_split 4), none of which was measured.
-SPLIT_2_GROUP_WARPS = 2
+#: The whole GLM-like step with FC1 at k_split 8 (H200, ``moe_trellis.py``, graphed, same run,
+#: FC2 at k_split 4 too): M = 1 94.1 us against 113.8 (k_split 4), 8: 436.6 / 435.6, 64:
+#: 1001.8 / 988.0, 256: 1653.8 / 1657.2, 512 (wide blocks, 256 threads): 1946.5 / 1876.0, 1024
+#: and 4096 (shared decode, eight slices folded): 2421.8 / 2326.4, 6567.3 / 6361.2.
+NARROW_GROUP_WARPS = 2
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -361,11 +365,14 @@ K_SPLIT = _table(
     "intra-CTA K split of a grouped GEMM by its reduction length K alone (batch invariance)",
     (Field("k", positive_int, doc="reduction length (FC1: hidden, FC2: intermediate)"),),
     (
+        ("k_split_8", "eight K groups: whole units, slices ≥ 512", _split_rows(8), 8),
         ("k_split_4", "four K groups: whole units, slices ≥ 512", _split_rows(4), 4),
         ("k_split_2", "two K groups: whole units, slices ≥ 512", _split_rows(2), 2),
         ("k_split_1", "a single K group", (), 1),
     ),
     (
+        Boundary("k_split_8_min_slice", {}, "k", 3072, 4096, "k_split_4", "k_split_8"),
+        Boundary("k_split_8_whole_units", {}, "k", 4608, 5120, "k_split_4", "k_split_8"),
         Boundary("k_split_4_min_slice", {}, "k", 1536, 2048, "k_split_2", "k_split_4"),
         Boundary("k_split_4_whole_units", {}, "k", 2304, 2560, "k_split_2", "k_split_4"),
         Boundary("k_split_2_min_slice", {}, "k", 768, 1024, "k_split_1", "k_split_2"),
@@ -409,8 +416,9 @@ GEMM_GEOMETRY = _table(
     ),
     (
         (
-            "single_block_split_2",
-            "one M16 block, K in two groups: 2 warps × 2 tiles per group, deep loads (128 threads)",
+            "single_block_narrow_groups",
+            "one M16 block, K in two or eight groups: 2 warps × 2 tiles per group, deep loads "
+            "(64·k_split threads)",
             (
                 _cond(
                     "m_tiles==1",
@@ -418,12 +426,12 @@ GEMM_GEOMETRY = _table(
                     lambda c: f"m_tiles={c['m_tiles']} != 1",
                 ),
                 _cond(
-                    "k_split==2",
-                    lambda c: c["k_split"] == 2,
-                    lambda c: f"k_split={c['k_split']} != 2",
+                    "k_split∈(2,8)",
+                    lambda c: c["k_split"] in (2, 8),
+                    lambda c: f"k_split={c['k_split']} is not 2 or 8",
                 ),
             ),
-            GemmGeometry(2, SPLIT_2_GROUP_WARPS, 8),
+            GemmGeometry(2, NARROW_GROUP_WARPS, 8),
         ),
         (
             "single_block",
@@ -480,13 +488,22 @@ GEMM_GEOMETRY = _table(
             "geometry_single_block", _geo(), "m_tiles", 1, 2, "single_block", "wide_four_tiles"
         ),
         Boundary(
-            "geometry_single_block_split_2",
+            "geometry_single_block_split_4",
             _geo(m_tiles=1),
             "k_split",
             4,
             2,
             "single_block",
-            "single_block_split_2",
+            "single_block_narrow_groups",
+        ),
+        Boundary(
+            "geometry_single_block_split_8",
+            _geo(m_tiles=1),
+            "k_split",
+            4,
+            8,
+            "single_block",
+            "single_block_narrow_groups",
         ),
         Boundary(
             "geometry_single_block_unsplit",
@@ -495,15 +512,15 @@ GEMM_GEOMETRY = _table(
             1,
             2,
             "single_block",
-            "single_block_split_2",
+            "single_block_narrow_groups",
         ),
         Boundary(
-            "geometry_split_2_single_block_only",
+            "geometry_narrow_groups_single_block_only",
             _geo(k_split=2),
             "m_tiles",
             1,
             2,
-            "single_block_split_2",
+            "single_block_narrow_groups",
             "wide_four_tiles",
         ),
         Boundary("geometry_wide_n", _geo(), "n", 3072, 3200, "wide_four_tiles", "wide_two_tiles"),

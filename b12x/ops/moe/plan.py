@@ -200,10 +200,10 @@ def choose_k_split(k: int, n: int) -> int:
 
     **Weight geometry only** (never M, m_tiles or the routing): the split fixes each output's
     fp32 summation order (slice sums, then group 0 + 1 + 2 + … in index order), so a route's
-    result at batch M must equal its batch-1 result bit for bit. The rule: the largest of 4, 2, 1
-    with ``k % (128·k_split) == 0`` (whole 8-row units per group, any ``depth`` divides them)
-    and ``k / k_split >= MIN_K_SLICE`` (32 K16 rows per warp, so the slice loop stays deep).
-    GLM-like shapes: FC1 K = 5120 → 4 (80 rows per warp instead of 320), FC2 K = 1536 → 2.
+    result at batch M must equal its batch-1 result bit for bit. The rule: the largest of 8, 4,
+    2, 1 with ``k % (128·k_split) == 0`` (whole 8-row units per group, any ``depth`` divides
+    them) and ``k / k_split >= MIN_K_SLICE`` (32 K16 rows per warp, so the slice loop stays
+    deep). GLM-like shapes: FC1 K = 5120 → 8 (40 rows per warp instead of 320), FC2 K = 1536 → 2.
     ``n`` is deliberately unused: the serial load→decode→mma chain per warp, which bounds small
     M latency, is a K property; N only changes how many CTAs run it side by side.
     """
