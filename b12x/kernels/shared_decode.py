@@ -38,10 +38,7 @@ order, ``((s_0 + s_1) + s_2) + …``: exactly the per-warp grouped kernel's fixe
 reduction, so a route's result does not depend on which mainloop ran it (the MoE's batch
 invariance). The running sum lives in the layout's fold region (each thread its own 16-byte
 groups, no barrier), not in a second register set: 64 more registers would halve the CTAs per
-SM. A slice is folded when the next one starts, just before that step's MMAs (for ``wgmma``:
-after the step's usual wait for the previous step's MMAs), so a slice's last MMAs overlap the
-next step's decode like any others. Without a split (dense) one chain runs over the whole K
-range.
+SM. Without a split (dense) one chain runs over the whole K range.
 """
 
 from __future__ import annotations
@@ -227,12 +224,12 @@ class SharedDecodeMainloop:
                         self._decode((s + 1) % stages, (s + 1) % 2, i, word_rd, lut_addr, off,
                                      frag_st)  # fmt: skip
                 if live_rows:
-                    if cutlass.const_expr(self.k_split > 1):
-                        self._slice_start(acc, fold, step=step, k_begin=k_begin, k_end=k_end,
-                                          slice_rows=slice_rows)  # fmt: skip
                     for i in cutlass.range_constexpr(rows):
                         if step + i < k_end:
                             self._multiply(s % stages, s % 2, i, a_rd, frag_rd, acc)
+                    if cutlass.const_expr(self.k_split > 1):
+                        self._slice_end(acc, fold, nxt=nxt, k_begin=k_begin, k_end=k_end,
+                                        slice_rows=slice_rows)  # fmt: skip
         # No copy may still be writing shared memory when the CTA exits.
         ptx.cp_async_wait(0)
         if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
@@ -250,16 +247,19 @@ class SharedDecodeMainloop:
         cute.arch.sync_threads()
 
     @cute.jit
-    def _slice_start(self, acc, fold, *, step, k_begin, k_end, slice_rows):
-        """Fold the accumulators when K16 row ``step`` starts a K slice other than the first
-        (the last slice stays in registers): called before the step's MMAs, once the previous
-        step's are settled, so the last step of a slice overlaps the decode of the next step
-        as any other step does (the fold waits for nothing of its own)."""
-        if (step - k_begin) % slice_rows == 0 and k_begin < step and step < k_end:
-            if step - k_begin == slice_rows:
+    def _slice_end(self, acc, fold, *, nxt, k_begin, k_end, slice_rows):
+        """Fold the accumulators when a K slice ends before K16 row ``nxt`` (not the last slice:
+        it stays in registers): :meth:`_settle` first, then :meth:`_fold`."""
+        if (nxt - k_begin) % slice_rows == 0 and nxt < k_end:
+            self._settle(acc)
+            if nxt - k_begin == slice_rows:
                 self._fold(acc, fold, add=False)
             else:
                 self._fold(acc, fold, add=True)
+
+    def _settle(self, acc) -> None:
+        """Make the accumulators final before they are read: nothing to do for ``mma.sync``
+        (its results are in registers when it retires); the wgmma mainloop waits here."""
 
     def _fold(self, acc, fold, *, add: bool) -> None:
         """End of a K slice: the lane's partial sums = ``acc`` (first slice) or partial sums +

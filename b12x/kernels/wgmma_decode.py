@@ -29,14 +29,12 @@ Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte 
 Ordering per step ``s``: ``wgmma.wait_group 0`` (this warpgroup's MMAs of step ``s - 1`` are
 done, so their slot and buffer may be reused), ``cp.async.wait_group``, ``fence.proxy.async``
 (this thread's decoded tiles and landed copies become visible to the MMA's async proxy), the
-CTA barrier, the refill, the K-slice fold if step ``s`` starts a slice after the first (the
-wait above made the accumulators final), then the MMAs of step ``s`` (``wgmma.fence`` ...
-``commit_group``),
+CTA barrier, the refill, then the MMAs of step ``s`` (``wgmma.fence`` ... ``commit_group``),
 then the decode of step ``s + 1``. A warpgroup whose rows are all dead skips its MMAs (the
 caller's ``live_rows`` must be uniform over the warpgroup: :meth:`live_row0`).
 
 Summation order: within an output element, K16 rows in order, fp32, and with ``k_split`` > 1
-the shared decode's K-slice fold (at the first step of the next slice, after its wait):
+the shared decode's K-slice fold (the MMAs of a slice's last step are waited for, then folded):
 the same order as the ``mma.sync`` mainloops. A K16 product is summed inside the tensor core;
 on the H200 ``wgmma`` and ``mma.sync`` give bit-identical results (measured by
 ``tests/b12x/test_dense_wgmma_gpu.py``; PTX does not promise it, so that test watches it).
@@ -191,13 +189,13 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
                 self._fill(refill, step + (stages - 1) * rows, k_end, row_bytes, fill)
                 ptx.cp_async_commit()
                 if live_rows:
-                    if cutlass.const_expr(self.k_split > 1):
-                        self._slice_start(acc, fold, step=step, k_begin=k_begin, k_end=k_end,
-                                          slice_rows=slice_rows)  # fmt: skip
                     wgmma.fence()
                     for i in cutlass.range_constexpr(rows):
                         self._mma_row(s % stages, s % 2, i, a_desc, b_desc, acc)
                     wgmma.commit()
+                    if cutlass.const_expr(self.k_split > 1):
+                        self._slice_end(acc, fold, nxt=step + rows, k_begin=k_begin,
+                                        k_end=k_end, slice_rows=slice_rows)  # fmt: skip
                 self._decode_step((s + 1) % stages, (s + 1) % 2, word_rd, lut_addr, off, frag_st)
         self._settle(acc)
         ptx.cp_async_wait(0)  # no copy may still be writing shared memory at exit

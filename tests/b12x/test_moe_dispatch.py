@@ -102,7 +102,8 @@ def test_explain_gives_one_reason_per_row_considered(table):
 PLANTS = [
     ("moe_route_block", D, "M_TILES_1_MAX_ROUTES", 25, "m_tiles_1_max_routes"),
     ("moe_route_block", D, "M_TILES_2_MAX_ROUTES", 47, "m_tiles_2_max_routes"),
-    ("moe_k_split", D, "MIN_K_SLICE", 384, "k_split_4_min_slice"),
+    ("moe_k_split", D, "MIN_K_SLICE", 384, "k_split_8_min_slice"),
+    ("moe_k_split", D, "MIN_K_SLICE_FOUR_GROUPS", 512, "k_split_4_min_slice"),
     ("moe_k_split", D, "K_UNIT", 64, "k_split_4_whole_units"),
     ("moe_gemm_geometry", D, "WIDE_CTA_WARPS", 8, "geometry_group_width"),
     ("moe_gemm_geometry", D, "WIDE_TILE_CAP", 2, "geometry_tile_cap"),

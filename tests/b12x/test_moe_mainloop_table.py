@@ -47,7 +47,7 @@ def test_glm_prefill_plans_the_wgmma_shared_decode_on_an_h200():
     fc1, fc2 = plan.fc1_spec[0], plan.fc2_spec[0]
     assert all(s.wgmma for s in (fc1, fc2))
     assert (fc1.m_tiles, fc1.n_tiles, fc1.warps, fc1.m_warps) == (1, 2, 8, 8)  # 128 x 256
-    assert (fc1.shared_rows, fc1.smem_stages, fc1.k_split, fc2.k_split) == (2, 4, 8, 2)
+    assert (fc1.shared_rows, fc1.smem_stages, fc1.k_split, fc2.k_split) == (2, 4, 8, 4)
     # 4 slots x 2 rows x (2 KB payload + 4 KB rows) + 2 x 2 x 16 decoded tiles + the fold
     # (128 accumulators x 256 threads x 4 B)
     assert fc1.smem_bytes == 4 * 2 * (2048 + 4096) + 2 * 2 * 16 * 512 + 128 * 1024
@@ -63,7 +63,7 @@ def test_glm_prefill_plans_the_shared_decode_on_an_sm80():
     assert _mainloop(plan).path == "shared_wide"
     assert plan.routes.block_size == 128
     fc1, fc2 = plan.fc1_spec[0], plan.fc2_spec[0]
-    assert (fc1.m_warps, fc1.k_split, fc2.k_split) == (4, 8, 2)  # K_SPLIT: the fold order
+    assert (fc1.m_warps, fc1.k_split, fc2.k_split) == (4, 8, 4)  # K_SPLIT: the fold order
     assert fc1.block_size == fc2.block_size == 128
     assert fc1.smem_bytes == fc2.smem_bytes == SMEM_LIMIT - 2048 + 64 * 1024  # 46 KB + fold
     below = plan_moe(m=1023, **GLM, device=A100)

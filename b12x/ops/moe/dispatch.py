@@ -38,13 +38,13 @@ The tables (:data:`TABLES`, in the order a plan consults them)
 2. :data:`K_SPLIT` ``moe_k_split`` — the intra-CTA K split by K alone (never M, m_tiles or
    routing: it fixes each output's fp32 summation order, so the MoE stays batch invariant):
    ``k_split_8`` (``K % 1024 == 0`` and ``K/8 ≥ 512``), ``k_split_4`` (``K % 512 == 0`` and
-   ``K/4 ≥ 512``), ``k_split_2`` (``K % 256 == 0`` and ``K/2 ≥ 512``), ``k_split_1``. Whole
+   ``K/4 ≥ 384``), ``k_split_2`` (``K % 256 == 0`` and ``K/2 ≥ 512``), ``k_split_1``. Whole
    8-row units (128 K) per group, never a slice below :data:`MIN_K_SLICE` = 512 (32 K16 rows per
-   warp). Field ``k``.
+   warp), :data:`MIN_K_SLICE_FOUR_GROUPS` = 384 with four groups. Field ``k``.
 3. :data:`GEMM_GEOMETRY` ``moe_gemm_geometry`` — ``(n_tiles, warps, depth)`` of an unpaired
    grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
-   ``single_block_narrow_groups`` (m_tiles 1, ``k_split`` 2 or 8) → (2,
-   :data:`NARROW_GROUP_WARPS` = 2, 8); ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks
+   ``single_block_split`` (m_tiles 1, ``k_split`` > 1) → (2, :data:`SPLIT_GROUP_WARPS` = 2,
+   8); ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks
    share :data:`WIDE_CTA_WARPS` = 4 warps over the groups (``W = max(1, 4 // k_split)``,
    128-thread CTAs: the wide accumulators need ~220 registers; at ``k_split`` 8, one warp per
    group, 256 threads and one CTA per SM) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a
@@ -142,6 +142,9 @@ M_TILES = dense_tiles.GROUPED_M_TILES
 K_UNIT = 128
 #: The intra-CTA K split never leaves a warp group fewer K elements than this (32 K16 rows).
 MIN_K_SLICE = 512
+#: ... except with four groups: GLM-like FC2 (K = 1536) sums in four slices of 24 K16 rows
+#: (measured with :data:`SPLIT_GROUP_WARPS`).
+MIN_K_SLICE_FOUR_GROUPS = 384
 #: Largest planned K split (the kernel's largest too).
 MAX_K_SPLIT = 8
 #: K splits a geometry case may carry (the kernel's ``K_SPLITS``).
@@ -178,20 +181,25 @@ PAIR_CHANNELS = 256
 #: experts, k_split 4) M = 8: 187.6 / 144.7, 64: 265.8 / 211.8 (16-32 % slower). It wins only on
 #: the widest N measured, so no rule was drawn from one shape.
 WAVE_FC2_MIN_ROUTES = 1025
-#: Warps per K group of a single-block launch whose K splits in two or eight
-#: (``single_block_narrow_groups``): the same per-warp work and K order as wider groups
-#: (bit-identical), more and smaller CTAs (128 threads at k_split 2, 512 at 8, where 4 warps would
-#: be 1024). Measured (2026-12-05, H100 80GB HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``,
-#: GLM-like MoE, MCG K4, graphed, us) against (2, 4, 8): FC2 (K = 1536, N = 5120, k_split 2)
-#: M = 1: 42.2 / 48.6, 8: 148.2 / 150.2, 64: 329.3 / 335.0. At k_split 4 the 4-warp groups stay:
-#: GLM-like FC1 (K = 5120, N = 3072) ran (2, 2, 8) x 4 at 72.7 / 70.0 us (M = 1); FC1 at
-#: k_split 8 (``k_split_8``, same run): (2, 2, 8) x 8 58.8 / 281.4 / 655.3 at M = 1 / 8 / 64.
+#: Warps per K group of a single-block launch whose K splits (``single_block_split``): the same
+#: per-warp work and K order as 4-warp groups (bit-identical), twice the CTAs at half the size
+#: (512 threads at k_split 8, where 4 warps would be 1024). Measured (2026-12-05, H100 80GB
+#: HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``, GLM-like MoE, MCG K4, graphed, us)
+#: against (2, 4, 8): FC2 (K = 1536, N = 5120) at k_split 2, M = 1: 42.2 / 48.6, 8: 148.2 /
+#: 150.2, 64: 329.3 / 335.0; at k_split 4: 38.3 / 39.1 (M = 1); FC1 (K = 5120, N = 3072) at
+#: k_split 8: 58.8 / 281.4 / 655.3 at M = 1 / 8 / 64 (k_split 4 with 4 warps: 70.0 / 289.7 /
+#: 645.8). The one loss seen: FC1 at k_split 4 ran 72.7 / 70.0 at M = 1 (GLM-like FC1 now takes
+#: eight groups; four-group FC1s are K = 2048 .. 3584, 4608).
 #:
-#: The whole GLM-like step with FC1 at k_split 8 (H200, ``moe_trellis.py``, graphed, same run,
-#: FC2 at k_split 4 too): M = 1 94.1 us against 113.8 (k_split 4), 8: 436.6 / 435.6, 64:
-#: 1001.8 / 988.0, 256: 1653.8 / 1657.2, 512 (wide blocks, 256 threads): 1946.5 / 1876.0, 1024
-#: and 4096 (shared decode, eight slices folded): 2421.8 / 2326.4, 6567.3 / 6361.2.
-NARROW_GROUP_WARPS = 2
+#: The K_SPLIT and geometry rows of 2026-12-05 (FC1 K = 5120 in eight groups, FC2 K = 1536 in
+#: four, a split single block at two warps per group), whole GLM-like step, H200,
+#: ``moe_trellis.py --m 1,8,64,256,512,1024,4096 --no-tiers --no-pair``, graphed, same run, us,
+#: against the rows before (FC1 four groups, FC2 two): M = 1: 94.1 / 113.8, 8: 436.6 / 435.6,
+#: 64: 1001.8 / 988.0, 256: 1653.8 / 1657.2, 512 (wide blocks; FC1 one warp per group, 256
+#: threads, one CTA per SM): 1946.5 / 1876.0, 1024 and 4096 (shared decode, eight and four
+#: slices folded): 2421.8 / 2326.4, 6567.3 / 6361.2. Taken for M = 1 (2.22x -> 2.68x of bf16);
+#: prefill pays 3-4 % (the folds and the 256-thread wide CTA), recorded in the session note.
+SPLIT_GROUP_WARPS = 2
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
 COMPUTE_DTYPES = ("float16", "bfloat16")
@@ -341,8 +349,11 @@ ROUTE_BLOCK = _table(
 # ---------------------------------------------------------------------------- 2. K split
 
 
-def _split_rows(k_split: int):
+def _split_rows(k_split: int, min_slice: str = "MIN_K_SLICE"):
+    """The two conditions of ``k_split`` groups; ``min_slice`` names the module constant (read
+    when a case is decided, so a planted value reaches the table)."""
     unit = K_UNIT * k_split
+    floor = {"MIN_K_SLICE": 512, "MIN_K_SLICE_FOUR_GROUPS": 384}[min_slice]
     return (
         _cond(
             f"k%{unit}==0",
@@ -353,9 +364,11 @@ def _split_rows(k_split: int):
             ),
         ),
         _cond(
-            f"k/{k_split}>=512",
-            lambda c: c["k"] // k_split >= MIN_K_SLICE,
-            lambda c: f"K/{k_split} = {c['k'] // k_split} < {MIN_K_SLICE} (slice too shallow)",
+            f"k/{k_split}>={floor}",
+            lambda c: c["k"] // k_split >= globals()[min_slice],
+            lambda c: (
+                f"K/{k_split} = {c['k'] // k_split} < {globals()[min_slice]} (slice too shallow)"
+            ),
         ),
     )
 
@@ -366,14 +379,19 @@ K_SPLIT = _table(
     (Field("k", positive_int, doc="reduction length (FC1: hidden, FC2: intermediate)"),),
     (
         ("k_split_8", "eight K groups: whole units, slices ≥ 512", _split_rows(8), 8),
-        ("k_split_4", "four K groups: whole units, slices ≥ 512", _split_rows(4), 4),
+        (
+            "k_split_4",
+            "four K groups: whole units, slices ≥ 384",
+            _split_rows(4, "MIN_K_SLICE_FOUR_GROUPS"),
+            4,
+        ),
         ("k_split_2", "two K groups: whole units, slices ≥ 512", _split_rows(2), 2),
         ("k_split_1", "a single K group", (), 1),
     ),
     (
         Boundary("k_split_8_min_slice", {}, "k", 3072, 4096, "k_split_4", "k_split_8"),
         Boundary("k_split_8_whole_units", {}, "k", 4608, 5120, "k_split_4", "k_split_8"),
-        Boundary("k_split_4_min_slice", {}, "k", 1536, 2048, "k_split_2", "k_split_4"),
+        Boundary("k_split_4_min_slice", {}, "k", 1024, 1536, "k_split_2", "k_split_4"),
         Boundary("k_split_4_whole_units", {}, "k", 2304, 2560, "k_split_2", "k_split_4"),
         Boundary("k_split_2_min_slice", {}, "k", 768, 1024, "k_split_1", "k_split_2"),
         Boundary("k_split_2_whole_units", {}, "k", 1152, 1280, "k_split_1", "k_split_2"),
@@ -416,8 +434,8 @@ GEMM_GEOMETRY = _table(
     ),
     (
         (
-            "single_block_narrow_groups",
-            "one M16 block, K in two or eight groups: 2 warps × 2 tiles per group, deep loads "
+            "single_block_split",
+            "one M16 block, K in groups: 2 warps × 2 tiles per group, deep loads "
             "(64·k_split threads)",
             (
                 _cond(
@@ -426,12 +444,12 @@ GEMM_GEOMETRY = _table(
                     lambda c: f"m_tiles={c['m_tiles']} != 1",
                 ),
                 _cond(
-                    "k_split∈(2,8)",
-                    lambda c: c["k_split"] in (2, 8),
-                    lambda c: f"k_split={c['k_split']} is not 2 or 8",
+                    "k_split>1",
+                    lambda c: c["k_split"] > 1,
+                    lambda c: f"k_split={c['k_split']} (a single K group)",
                 ),
             ),
-            GemmGeometry(2, NARROW_GROUP_WARPS, 8),
+            GemmGeometry(2, SPLIT_GROUP_WARPS, 8),
         ),
         (
             "single_block",
@@ -488,39 +506,21 @@ GEMM_GEOMETRY = _table(
             "geometry_single_block", _geo(), "m_tiles", 1, 2, "single_block", "wide_four_tiles"
         ),
         Boundary(
-            "geometry_single_block_split_4",
-            _geo(m_tiles=1),
-            "k_split",
-            4,
-            2,
-            "single_block",
-            "single_block_narrow_groups",
-        ),
-        Boundary(
-            "geometry_single_block_split_8",
-            _geo(m_tiles=1),
-            "k_split",
-            4,
-            8,
-            "single_block",
-            "single_block_narrow_groups",
-        ),
-        Boundary(
             "geometry_single_block_unsplit",
             _geo(m_tiles=1),
             "k_split",
             1,
             2,
             "single_block",
-            "single_block_narrow_groups",
+            "single_block_split",
         ),
         Boundary(
-            "geometry_narrow_groups_single_block_only",
+            "geometry_split_single_block_only",
             _geo(k_split=2),
             "m_tiles",
             1,
             2,
-            "single_block_narrow_groups",
+            "single_block_split",
             "wide_four_tiles",
         ),
         Boundary("geometry_wide_n", _geo(), "n", 3072, 3200, "wide_four_tiles", "wide_two_tiles"),

@@ -203,7 +203,8 @@ def choose_k_split(k: int, n: int) -> int:
     result at batch M must equal its batch-1 result bit for bit. The rule: the largest of 8, 4,
     2, 1 with ``k % (128·k_split) == 0`` (whole 8-row units per group, any ``depth`` divides
     them) and ``k / k_split >= MIN_K_SLICE`` (32 K16 rows per warp, so the slice loop stays
-    deep). GLM-like shapes: FC1 K = 5120 → 8 (40 rows per warp instead of 320), FC2 K = 1536 → 2.
+    deep; ``MIN_K_SLICE_FOUR_GROUPS`` = 384 with four groups). GLM-like shapes: FC1 K = 5120 → 8
+    (40 rows per warp instead of 320), FC2 K = 1536 → 4.
     ``n`` is deliberately unused: the serial load→decode→mma chain per warp, which bounds small
     M latency, is a K property; N only changes how many CTAs run it side by side.
     """

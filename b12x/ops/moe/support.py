@@ -32,7 +32,7 @@ def moe_kernel_specializations():
         MoeGemmSpec("sqg_fp16", 5, True, m_tiles=2, n_tiles=2, depth=2),
         MoeGemmSpec("3inst", 2, False, m_tiles=1, n_tiles=2, depth=8),
         MoeGemmSpec("mul1", 8, False, m_tiles=4, n_tiles=2, depth=2),
-        # intra-CTA K split (plan: FC1 K = 5120 -> 8, FC2 K = 1536 -> 2; b12x.ops.moe.plan)
+        # intra-CTA K split (plan: FC1 K = 5120 -> 8, FC2 K = 1536 -> 4; b12x.ops.moe.plan)
         MoeGemmSpec("mcg", 4, False, m_tiles=1, n_tiles=2, warps=2, depth=8, k_split=8),
         MoeGemmSpec("mcg", 4, True, m_tiles=4, n_tiles=4, warps=2, depth=2, k_split=2),
         # QSRT pairs (the plan's geometries, b12x.ops.moe.pairs.pair_geometry)
