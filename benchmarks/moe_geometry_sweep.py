@@ -18,7 +18,7 @@ from one replay to the next (the weights of 8 experts at M = 1 are 63 MB for FC1
 L2).
 
 This is the evidence for the MoE geometry table's small-M rows
-(:data:`b12x.ops.moe.dispatch.GEMM_GEOMETRY`, :data:`b12x.ops.moe.dispatch.FC2_TILE`), not a
+(:data:`b12x.ops.moe.dispatch.GEMM_GEOMETRY`, :data:`b12x.ops.moe.fc2_tile.FC2_TILE`), not a
 benchmark of the whole step (``moe_trellis.py``).
 
 Usage: ``python benchmarks/moe_geometry_sweep.py [--m 1,8] [--phases fc1,fc2]

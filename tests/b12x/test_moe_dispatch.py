@@ -26,6 +26,7 @@ from b12x.formats import resolve_format
 from b12x.kernels.shared_layout import fitting_slots
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.moe import dispatch as D
+from b12x.ops.moe import fc2_tile as FT
 from b12x.ops.moe import mainloop as ML
 from b12x.ops.moe import plan as plan_mod
 from b12x.ops.moe.plan import plan_moe
@@ -59,8 +60,8 @@ GRIDS = {
         for ph, mt, n in itertools.product(("fc1", "fc2"), (1, 2, 4), (256, 384, 1024))
     ],
     "moe_fc2_tile": [
-        {**D._ft(), "sm_count": None, "max_shared_mem": None},
-        D._ft(m=4096, m_tiles=4, k_split=1, default_n_group=256),
+        {**FT._ft(), "sm_count": None, "max_shared_mem": None},
+        FT._ft(m=4096, m_tiles=4, k_split=1, default_n_group=256),
     ],
 }
 
@@ -109,6 +110,7 @@ PLANTS = [
     ("moe_gemm_geometry", D, "WIDE_TILE_CAP", 2, "geometry_tile_cap"),
     ("moe_pair_geometry", D, "PAIR_CHANNELS", 128, "pair_k_axis_2_n"),
     ("moe_fc2_tile", dense_tiles, "SMEM_RESERVE", 0, "fc2_tile_shared_memory"),
+    ("moe_fc2_tile", FT, "WAVE_FC2_MIN_ROUTES", 1033, "fc2_tile_measured_routes"),
     ("moe_mainloop", ML, "SHARED_MIN_ROUTES", 65, "mainloop_min_routes"),
     ("moe_mainloop", ML, "SHARED_WIDE_SMEM", 114689, "mainloop_smem"),
 ]
@@ -149,9 +151,9 @@ def test_a_moved_threshold_fails_its_boundary(table_name, module, constant, plan
         (D.PAIR_GEOMETRY, {"phase": "fc3", "m_tiles": 1, "n": 256}, ValueError,
          r"phase: expected one of \('fc1', 'fc2'\)"),
         (D.PAIR_GEOMETRY, {"phase": 1, "m_tiles": 1, "n": 256}, TypeError, "phase"),
-        (D.FC2_TILE, {**D._ft(), "pair": "P55"}, ValueError, "pair: expected None or one of"),
-        (D.FC2_TILE, {**D._ft(), "sm_count": 0}, ValueError, "sm_count"),
-        (D.FC2_TILE, {**D._ft(), "max_shared_mem": "big"}, TypeError, "max_shared_mem"),
+        (D.FC2_TILE, {**FT._ft(), "pair": "P55"}, ValueError, "pair: expected None or one of"),
+        (D.FC2_TILE, {**FT._ft(), "sm_count": 0}, ValueError, "sm_count"),
+        (D.FC2_TILE, {**FT._ft(), "max_shared_mem": "big"}, TypeError, "max_shared_mem"),
     ],
 )  # fmt: skip
 def test_cases_are_validated_naming_the_field(table, case, error, match):

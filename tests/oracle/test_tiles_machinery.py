@@ -241,7 +241,7 @@ def test_the_wave_fc2_tile_pins_moe_cases_planned_for_a_simulated_h200():
     """``run --tile 32x512x256`` keeps the uniform unpaired MoE cases whose FC2 plans the wave
     tile on the device: a simulated part plans like a real one (no CUDA needed), and only cases
     past ``WAVE_FC2_MIN_ROUTES`` routes take it."""
-    from b12x.ops.moe.dispatch import WAVE_FC2_MIN_ROUTES
+    from b12x.ops.moe.fc2_tile import WAVE_FC2_MIN_ROUTES
     from oracle import grids
     from oracle.checks.gpu import pinned_cases
     from oracle.tiles import DEVICES

@@ -335,14 +335,14 @@ def kernel_geometry(tile: Tile) -> tuple[int, int]:
 def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
     """Whether the wave-balanced FC2 tile can keep a launch of ``m_tiles`` M16 blocks and an
     intra-CTA K split ``k_split``: 256·k_split threads cannot keep wide accumulators, so not
-    both (the ``not_split_and_wide`` condition of ``b12x.ops.moe.dispatch.FC2_TILE``)."""
+    both (the ``not_split_and_wide`` condition of ``b12x.ops.moe.fc2_tile.FC2_TILE``)."""
     return not (k_split > 1 and m_tiles > 1)
 
 
 def wave_fc2_takes_decoder(wide_tile_cap: int) -> bool:
     """Whether a decoder with this tile hint (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`)
     can take the wave-balanced FC2 tile's N16 tiles per warp: D3L's cap 2 spilled 400-700 B
-    there (the ``decoder_takes_four_tiles`` condition of ``b12x.ops.moe.dispatch.FC2_TILE``)."""
+    there (the ``decoder_takes_four_tiles`` condition of ``b12x.ops.moe.fc2_tile.FC2_TILE``)."""
     return wide_tile_cap >= kernel_geometry(WAVE_BALANCED_FC2)[1]
 
 

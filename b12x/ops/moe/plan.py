@@ -289,7 +289,7 @@ def fc2_tile_case(
     spec: MoeGemmSpec, *, limits: Any, m: int, top_k: int, num_experts: int, hidden: int,
     intermediate: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """The :data:`~b12x.ops.moe.dispatch.FC2_TILE` case of an FC2 launch planned as ``spec`` (its
+    """The :data:`~b12x.ops.moe.fc2_tile.FC2_TILE` case of an FC2 launch planned as ``spec`` (its
     default geometry) on a device (``limits``: :class:`b12x.ops.dense.tiles.DeviceLimits` or
     None)."""
     return {
@@ -612,10 +612,10 @@ def check_grid(routes: routing.RoutePlan, m: int) -> None:
 def wave_balanced_fc2(problem: MoeProblem, routes, spec: MoeGemmSpec, device: Any) -> bool:
     """Does an FC2 planned as ``spec`` (its default geometry) take
     :data:`b12x.ops.dense.tiles.WAVE_BALANCED_FC2` (512 columns per CTA, 256 threads) on ``device``
-    (a CUDA device or a simulated one)? The :data:`~b12x.ops.moe.dispatch.FC2_TILE` table's answer:
+    (a CUDA device or a simulated one)? The :data:`~b12x.ops.moe.fc2_tile.FC2_TILE` table's answer:
     THE tile predicate (:func:`b12x.ops.dense.tiles.qualify`, phase ``"fc2"``) accepts it for this
     FC2 (K = I, N = H), the launch is unpaired and not both split and wide, the step has at
-    least :data:`~b12x.ops.moe.dispatch.WAVE_FC2_MIN_ROUTES` routes (below, the default geometry
+    least :data:`~b12x.ops.moe.fc2_tile.WAVE_FC2_MIN_ROUTES` routes (below, the default geometry
     measured faster on the H200), and the default launch has more live CTAs than the device has
     SMs (at most ``min(blocks, M·top_k)`` live route blocks: a second wave that 4× wider CTAs
     shorten). Opt-in (``plan_moe(device=...)``)."""

@@ -1,0 +1,36 @@
+"""The value types and decoder tile hints the MoE geometry tables share.
+
+:mod:`b12x.ops.moe.dispatch` (route block, K split, GEMM and pair geometry) and
+:mod:`b12x.ops.moe.fc2_tile` (the wave-balanced FC2 tile) both answer with a
+:class:`GemmGeometry` and read the tile hints; they live here so neither table module imports
+the other's module (dispatch lists every table, so it imports the FC2 tile's).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["WIDE_TILE_CAP", "WIDE_TILE_CAPS", "GemmGeometry", "PairGeometry"]
+
+#: Tile hints a decoder may carry (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`): the most N16
+#: tiles per warp of a four-block CTA. The D3L decoder carries 2 (4 × 4 spills 440 B on sm_90).
+WIDE_TILE_CAPS = (2, 4)
+#: The cap of a decoder without a hint (four tiles whenever N allows).
+WIDE_TILE_CAP = 4
+
+
+class GemmGeometry(NamedTuple):
+    """``(n_tiles, warps, depth)``: N16 tiles per warp, warps per K group, K16 rows in flight."""
+
+    n_tiles: int
+    warps: int
+    depth: int
+
+
+class PairGeometry(NamedTuple):
+    """A pair launch's geometry and its rate axis (``"n"``: FC1, ``"k"``: FC2)."""
+
+    n_tiles: int
+    warps: int
+    depth: int
+    rate_axis: str
