@@ -116,7 +116,7 @@ class SharedDecodeMainloop:
         n_warps = self.warps // self.m_warps
         return warp // n_warps, warp % n_warps
 
-    def setup(self, *, tid, lane, warp, g, r, first, pay_cta, a, a_row_source):
+    def setup(self, *, tid, lane, warp, g, r, first, pay_cta, a, a_row_source, smem=None):
         """The lane's copy plan and read addresses, as one tuple for :meth:`run`.
 
         ``pay_cta``: byte address (Int64) of the CTA's payload run in K16 row 0 (``cta_tiles``
@@ -128,12 +128,14 @@ class SharedDecodeMainloop:
         Payload chunks: chunk ``tid + j·threads`` of the run (16 B), the partial round's
         predicate built once. A chunks: ``c = tid + j·threads`` is half ``c % 2`` of tile row
         ``c // 2``, stored at :meth:`_a_chunk_offset` of the row's A region. The tuple ends with
-        the shared-memory base address (a subclass derives its own addresses from it).
+        the shared-memory base address (a subclass derives its own addresses from it). ``smem``:
+        that base when the caller allocated it (a kernel tracing two bodies allocates once),
+        else :meth:`allocate` here.
         """
         lay = self.layout
         bits = self.bits
-        allocator = cutlass.memory.SmemAllocator()
-        smem = Uint32(allocator.allocate(lay.total, byte_alignment=16).toint())
+        if smem is None:
+            smem = self.allocate()
         fill = self._copy_plan(smem, tid=tid, pay_cta=pay_cta, a=a, a_row_source=a_row_source)
         wm, wn = self.warp_coords(warp)
         warp_run = smem + Uint32(warp * (self.n_tiles * 32 * bits))  # its tiles in a row
@@ -145,6 +147,11 @@ class SharedDecodeMainloop:
         frag_rd = frag + Uint32(wn * (lay.mma_tiles * FRAG_TILE_BYTES))
         fold = smem + Uint32(lay.fold_offset + tid * 16)  # its partial sums (k_split > 1)
         return fill, word_rd, a_rd, frag_st, frag_rd, fold, smem
+
+    def allocate(self):
+        """The CTA's shared memory for this layout (16-byte aligned): its base address."""
+        allocator = cutlass.memory.SmemAllocator()
+        return Uint32(allocator.allocate(self.layout.total, byte_alignment=16).toint())
 
     def live_row0(self, warp):
         """First CTA row of the unit whose MMAs are skipped together when all its rows are dead
@@ -292,11 +299,7 @@ class SharedDecodeMainloop:
             kt = k0 + i
             live = kt < k_end
             k_row = cutlass.min(kt, k_end - 1)
-            size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
-            pay_off = slot * lay.slot_bytes + i * lay.row_pay
-            for dst, src, en in pay:
-                src_k = src + Int64(k_row) * row_bytes
-                ptx.cp_async_16(dst, src_k, size, dst_offset=pay_off, enable=en)
+            self._fill_payload(pay, slot * lay.slot_bytes + i * lay.row_pay, k_row, live, row_bytes)
             a_off = slot * lay.slot_bytes + i * lay.row_a
             for dst, src, a_size, en in chunks:
                 a_live = Uint32(cutlass.select_(live, a_size, Uint32(0)))
@@ -304,6 +307,14 @@ class SharedDecodeMainloop:
                     dst, src + Int64(k_row) * 32, a_live, dst_offset=a_off, cache_global=False,
                     enable=en,
                 )  # fmt: skip
+
+    def _fill_payload(self, pay, pay_off: int, k_row, live, row_bytes) -> None:
+        """Copy K16 row ``k_row``'s payload run to ``pay_off`` (zero bytes when not ``live``):
+        rows ``row_bytes`` apart."""
+        size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
+        for dst, src, en in pay:
+            src_k = src + Int64(k_row) * row_bytes
+            ptx.cp_async_16(dst, src_k, size, dst_offset=pay_off, enable=en)
 
     def _decode(self, slot: int, buf: int, row: int, word_rd, lut_addr, off, frag_st) -> None:
         """Decode the warp's N16 tiles of K16 row ``row`` of ``slot`` (ring words read from

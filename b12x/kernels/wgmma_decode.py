@@ -62,6 +62,7 @@ from b12x.kernels.shared_layout import (
     WARPGROUP,
     check_wgmma_geometry,
 )
+from b12x.kernels.trellis_decode import decode_states_to_half2x4, lane_windows
 
 __all__ = ["A_TILE_BYTES", "WgmmaDecodeMainloop"]
 
@@ -103,12 +104,12 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
             + (i % 8) * 16
         )
 
-    def setup(self, *, tid, lane, warp, g, r, first, pay_cta, a, a_row_source):
+    def setup(self, *, tid, lane, warp, g, r, first, pay_cta, a, a_row_source, smem=None):
         """:meth:`SharedDecodeMainloop.setup`'s tuple plus the warpgroup's A descriptor (its
         first A tile in slot 0, K16 row 0) and the fragment buffers' B descriptor."""
         lanes = super().setup(
             tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, pay_cta=pay_cta, a=a,
-            a_row_source=a_row_source,
+            a_row_source=a_row_source, smem=smem,
         )  # fmt: skip
         lay = self.layout
         smem = lanes[-1]
@@ -117,16 +118,36 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         b_desc = wgmma.descriptor(smem + Uint32(lay.frag_offset))
         return (*lanes, a_desc, b_desc)
 
-    def _decode_step(self, slot: int, buf: int, word_rd, lut_addr, off, frag_st) -> None:
-        """Decode the warp's tiles of every K16 row of a step: all ring-word loads first (the
-        shared loads and stores are ordered, so a load issued after a store would wait for
-        it), then every decode, then one ``stmatrix`` per tile."""
+    def _decode_step(self, slot: int, buf: int, step, word_rd, lut_addr, off, frag_st) -> None:
+        """Decode the warp's ``n_tiles`` tiles of every K16 row of the step that starts at K16
+        row ``step`` (one rate: the step does not matter; the pair decode overrides this)."""
+        tiles = [
+            (row, word_rd, nt * 32 * self.bits, self.fmt, self.bits, off, nt)
+            for row in range(self.rows)
+            for nt in range(self.n_tiles)
+        ]
+        self._decode_tiles(slot, buf, tiles, lut_addr, frag_st)
+
+    def _decode_tiles(self, slot: int, buf: int, tiles, lut_addr, frag_st) -> None:
+        """Decode ``tiles`` of ``slot`` into fragment buffer ``buf``: all ring-word loads first
+        (the shared loads and stores are ordered, so a load issued after a store would wait for
+        it), then every decode, then one ``stmatrix`` per tile. A tile is ``(row, word_rd,
+        word_off, fmt, bits, off, t)``: its K16 row in the step, the lane's ring-word addresses
+        and the tile's byte offset from them in the row's run, its decoder, rate and window
+        offset, and ``t``, its N16 tile index from the warp's first fragment tile."""
         lay = self.layout
-        tiles = [(row, nt) for row in range(self.rows) for nt in range(self.n_tiles)]
-        words = [self._tile_words(slot, row, nt, word_rd) for row, nt in tiles]
-        for (row, nt), tile_words in zip(tiles, words, strict=True):
-            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + nt) * FRAG_TILE_BYTES
-            self._store_tile(frag_st, self._tile_regs(tile_words, lut_addr, off), frag_off)
+        words = [
+            [ptx.ld_shared_u32_imm(w, slot * lay.slot_bytes + row * lay.row_pay + w_off)
+             for w in word_rd]
+            for row, word_rd, w_off, *_ in tiles
+        ]  # fmt: skip
+        for (row, _, _, fmt, bits, off, t), tile_words in zip(tiles, words, strict=True):
+            regs = decode_states_to_half2x4(
+                fmt, bits, lane_windows(tile_words, off, bits), lut_addr, lut_in_smem=False,
+                to_bf16=self.bf16,
+            )  # fmt: skip
+            frag_off = buf * lay.frag_bytes + (row * lay.cta_tiles + t) * FRAG_TILE_BYTES
+            self._store_tile(frag_st, regs, frag_off)
 
     def _store_tile(self, frag_st, regs, frag_off: int) -> None:
         """The tile's four core matrices: lane ``l`` addresses ``16·l`` (module docstring)."""
@@ -177,7 +198,7 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         stages = self.stages
         rows = self.rows
         self._prologue(k_begin, k_end, row_bytes, fill)
-        self._decode_step(0, 0, word_rd, lut_addr, off, frag_st)
+        self._decode_step(0, 0, k_begin, word_rd, lut_addr, off, frag_st)
         for k0 in cutlass.range(k_begin, k_end, lay.period * rows, unroll=1):
             for s in cutlass.range_constexpr(lay.period):
                 step = k0 + s * rows
@@ -196,7 +217,9 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
                     if cutlass.const_expr(self.k_split > 1):
                         self._slice_end(acc, fold, nxt=step + rows, k_begin=k_begin,
                                         k_end=k_end, slice_rows=slice_rows)  # fmt: skip
-                self._decode_step((s + 1) % stages, (s + 1) % 2, word_rd, lut_addr, off, frag_st)
+                self._decode_step(
+                    (s + 1) % stages, (s + 1) % 2, step + rows, word_rd, lut_addr, off, frag_st
+                )
         self._settle(acc)
         ptx.cp_async_wait(0)  # no copy may still be writing shared memory at exit
         if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
