@@ -693,7 +693,8 @@ class CudaMoeBench:
             m=m, top_k=a.top_k, hidden=a.hidden, intermediate=a.intermediate,
             codebook=a.codebook, bits=PAIR_BASE_BITS, num_experts=a.experts,
             w13_layout=a.layout, x_dtype=torch.bfloat16, compute_dtype=torch.float16,
-            fc1_pair=kind, fc2_pair=kind, device=torch.device("cuda"),
+            fc1_pair=kind, fc2_pair=kind, shared_decode=a.shared_decode,
+            device=torch.device("cuda"),
         )  # fmt: skip
         fields = {}
         if kind == "dynamic":  # per expert P33 (0) or P24 (1), seeded

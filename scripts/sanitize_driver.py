@@ -25,6 +25,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``dense_wgmma``: the sm_90 tensor-core row, planned M 100, live M 70, bf16 compute.
 * ``moe_tensor_decode``: the shared decode's wgmma geometry pinned, M 300 / 290. These two plan
   the wgmma mainloops, so off sm_90 they are skipped and counted (``driver: … skipped``).
+* ``moe_pair_tensor_decode``: QSRT pairs on the pair wgmma shared decode (dynamic FC1, P43
+  FC2), M 300 / 290, skipped off sm_90 like the two above.
 * ``moe_tiered``: K3/K4 tiers (5 + 3 experts of 10 global ids), unmapped and out-of-range ids.
 
 Usage: ``python3 scripts/sanitize_driver.py [--only S] [--list]`` (needs a CUDA device; the
@@ -196,6 +198,30 @@ def moe_tensor_decode():
     )  # fmt: skip
 
 
+def moe_pair_tensor_decode():
+    """QSRT pairs on the pair wgmma shared decode: dynamic FC1 (N axis, both bodies in one
+    allocation) and P43 FC2 (K axis: a record run shorter than the slot), planned M 300, live
+    M 290, inactive ids."""
+    from oracle.runners.inputs import MoeChoices, paired_experts, stack_to
+
+    e, top_k, h, i, m_plan, m_live = 8, 4, 1024, 512, 300, 290
+    g = _gen(13)
+    choices = MoeChoices("proj", F16, torch.int64, "dynamic", "P43")
+    ex = stack_to(paired_experts(g, e, h, i, choices, "mcg"), DEV)
+    plan = plan_moe(
+        m=m_plan, top_k=top_k, hidden=h, intermediate=i, codebook="mcg", bits=3, num_experts=e,
+        w13_layout="proj", x_dtype=F16, compute_dtype=BF16, fc1_pair="dynamic", fc2_pair="P43",
+        shared_decode="tensor", device=torch.device(DEV),
+    )  # fmt: skip
+    bound = bind_moe(plan, **allocate_moe_buffers(plan, DEV))
+    x, w, ids = _routes(g, m_live, top_k, e, F16, h)
+    inputs = MoeInputs(
+        x, w, ids, (ex.w13,), (ex.w2,), ex.gate_suh, ex.up_suh, ex.intermediate_rotations,
+        ex.down_svh, None, None, ex.fc1_modes, ex.fc2_modes,
+    )  # fmt: skip
+    return run_moe(bound, inputs)
+
+
 def moe_tiered():
     h, i, top_k, m = 256, 128, 2, 16
     g = _gen(7)
@@ -222,7 +248,7 @@ def moe_tiered():
 
 
 #: Cases whose plans need sm_90 (the wgmma mainloops): skipped, and counted, elsewhere.
-WGMMA_CASES = ("dense_wgmma", "moe_tensor_decode")
+WGMMA_CASES = ("dense_wgmma", "moe_tensor_decode", "moe_pair_tensor_decode")
 CASES = {
     f.__name__: f
     for f in (
@@ -237,6 +263,7 @@ CASES = {
         moe_k_split,
         moe_shared_decode,
         moe_tensor_decode,
+        moe_pair_tensor_decode,
         moe_tiered,
     )
 }

@@ -102,6 +102,7 @@ from b12x.kernels.mainloop import (
     tile_row_words,
     zero_accumulators,
 )
+from b12x.kernels.pair_decode import pair_layout_bits
 from b12x.kernels.shared_decode import SharedDecodeMainloop
 from b12x.kernels.shared_layout import (
     WGMMA_SMEM_LIMIT,
@@ -215,8 +216,11 @@ class MoeGemmSpec:
                 f"smem_stages: the per-warp grouped GEMM has no shared-memory ring, got "
                 f"{self.smem_stages} (set m_warps for the shared decode)"
             )
-        if self.m_warps and self.pair is not None:
-            raise ValueError(f"m_warps: the paired kernel has no shared decode, got {self.m_warps}")
+        if self.m_warps and self.pair is not None and not self.wgmma:
+            raise ValueError(
+                f"m_warps: the paired kernel's shared decode multiplies with wgmma (sm_90), got "
+                f"m_warps={self.m_warps} without it"
+            )
         check_wgmma(self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
 
     @functools.cached_property
@@ -225,10 +229,18 @@ class MoeGemmSpec:
         if not self.m_warps:
             return None
         return shared_decode_layout(
-            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
+            bits=self.shared_bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
             m_warps=self.m_warps, rows=self.shared_rows, stages=self.smem_stages,
             fold=self.k_split > 1,
         )  # fmt: skip
+
+    @property
+    def shared_bits(self) -> int:
+        """The rate the shared decode's slots are sized at: ``bits``, or for a pair launch
+        :func:`~b12x.kernels.pair_decode.pair_layout_bits` over its bodies' record rates."""
+        if self.pair is None:
+            return self.bits
+        return pair_layout_bits(self.rate_axis, tuple(PAIR_KINDS[k] for k in self.body_kinds))
 
     def _check_pair(self) -> None:
         if self.pair not in PAIR_CHOICES:

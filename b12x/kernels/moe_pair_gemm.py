@@ -46,6 +46,7 @@ from b12x.kernels.mainloop import (
     ring_word_pointers,
     routed_a_pointers,
     routed_epilogue,
+    routed_rows,
     stage_rows,
     tile_row_words,
     zero_accumulators,
@@ -60,6 +61,7 @@ from b12x.kernels.moe_gemm import (
     MoeGemmSpec,
     block_liveness,
 )
+from b12x.kernels.pair_decode import PairWgmmaDecode
 from b12x.kernels.trellis_decode import lane_ring_start
 
 __all__ = ["MoePairGemmKernel"]
@@ -133,6 +135,24 @@ class MoePairGemmKernel:
         }
         self.dynamic = spec.pair == DYNAMIC
         self.n_axis = spec.rate_axis == "n"
+        #: Per body, its ``wgmma`` shared decode (``spec.m_warps`` set), else None.
+        self.shared_bodies = None
+        if spec.m_warps:
+            self.shared_bodies = tuple(
+                PairWgmmaDecode(
+                    tuple(resolve_format(spec.codebook, rate) for rate in rates),
+                    rates,
+                    axis=spec.rate_axis,
+                    layout_bits=spec.shared_bits,
+                    bf16=spec.bf16,
+                    m_tiles=spec.m_tiles,
+                    n_tiles=spec.n_tiles,
+                    warps=spec.warps,
+                    rows=spec.shared_rows,
+                    stages=spec.smem_stages,
+                )  # fmt: skip
+                for rates in self.body_rates
+            )
 
     @abi_entry
     @cute.jit
@@ -171,6 +191,7 @@ class MoePairGemmKernel:
         ).launch(
             grid=(grid_x, block_expert_ids.shape[0], 1),
             block=(32 * self.warps, 1, 1),
+            smem=self.spec.smem_bytes,
             stream=stream,
             **launch_options(),
         )
@@ -192,9 +213,12 @@ class MoePairGemmKernel:
         out_col_word: Int32,
     ):
         await_upstream()
+        smem = None  # both bodies of a dynamic launch share one allocation (the spec's layout)
+        if cutlass.const_expr(self.shared_bodies is not None):
+            smem = self.shared_bodies[0].allocate()
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
-        row_base = by * (16 * self.m_tiles)
+        row_base = by * self.spec.block_size
         expert, live = block_liveness(block_expert_ids, route_count, descriptors, by, row_base)
         if live == 1:
             descriptor = descriptors[expert]
@@ -206,19 +230,19 @@ class MoePairGemmKernel:
                         self._pair_tile(
                             a=a, payload=payload, out=out, route_rows=route_rows,
                             lut_addr=lut_addr, payload_expert=payload_expert, row_base=row_base,
-                            bx=bx, tid=tid, out_col_word=out_col_word, body=1,
+                            bx=bx, tid=tid, out_col_word=out_col_word, body=1, smem=smem,
                         )  # fmt: skip
                     else:
                         self._pair_tile(
                             a=a, payload=payload, out=out, route_rows=route_rows,
                             lut_addr=lut_addr, payload_expert=payload_expert, row_base=row_base,
-                            bx=bx, tid=tid, out_col_word=out_col_word, body=0,
+                            bx=bx, tid=tid, out_col_word=out_col_word, body=0, smem=smem,
                         )  # fmt: skip
                 else:
                     self._pair_tile(
                         a=a, payload=payload, out=out, route_rows=route_rows, lut_addr=lut_addr,
                         payload_expert=payload_expert, row_base=row_base, bx=bx, tid=tid,
-                        out_col_word=out_col_word, body=0,
+                        out_col_word=out_col_word, body=0, smem=smem,
                     )  # fmt: skip
 
     @cute.jit
@@ -236,8 +260,116 @@ class MoePairGemmKernel:
         tid: Int32,
         out_col_word: Int32,
         body: cutlass.Constexpr,
+        smem=None,
     ):
-        """One live block with the rates of body ``body`` (compile-time)."""
+        """One live block with the rates of body ``body`` (compile-time); ``smem``: the shared
+        decode's allocation (None for the per-warp mainloop)."""
+        if cutlass.const_expr(self.shared_bodies is not None):
+            self._shared_pair_tile(a=a, payload=payload, out=out, route_rows=route_rows,
+                                   lut_addr=lut_addr, payload_expert=payload_expert,
+                                   row_base=row_base, bx=bx, tid=tid, out_col_word=out_col_word,
+                                   body=body, smem=smem)  # fmt: skip
+        else:
+            self._per_warp_pair_tile(a=a, payload=payload, out=out, route_rows=route_rows,
+                                     lut_addr=lut_addr, payload_expert=payload_expert,
+                                     row_base=row_base, bx=bx, tid=tid,
+                                     out_col_word=out_col_word, body=body)  # fmt: skip
+
+    @cute.jit
+    def _shared_pair_tile(
+        self,
+        *,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        route_rows: cute.Tensor,
+        lut_addr: Int64,
+        payload_expert: Int32,
+        row_base: Int32,
+        bx: Int32,
+        tid: Int32,
+        out_col_word: Int32,
+        body: cutlass.Constexpr,
+        smem,
+    ):
+        """One route block of body ``body`` through the pair ``wgmma`` shared decode
+        (:mod:`b12x.kernels.pair_decode`): the slots gathered, each K16 row decoded once at its
+        records' rates, then the scatter epilogue of the CTA's 16 N16 tiles."""
+        shared = self.shared_bodies[body]
+        lay = shared.layout
+        b_lo, b_hi = self.body_rates[body]
+        lane, warp, r, g = lane_coords(tid)
+        k_rows = a.shape[1] // 8
+        n_rows = a.shape[0]
+        first_lo, off_lo = lane_ring_start(lane, b_lo)
+        first_hi, off_hi = lane_ring_start(lane, b_hi)
+        pay = payload.iterator.toint()
+        pair_bytes = 4 * self.spec.pair_words
+
+        def slot_row(local):
+            route = route_rows[row_base + local]
+            live = route < n_rows
+            return Int32(cutlass.select_(live, route, Int32(0))), live
+
+        if cutlass.const_expr(self.n_axis):
+            # [E·K/16, pairs, 64·s]: K16 row kt of the expert holds every pair's run
+            row_bytes = Int64(payload.shape[1]) * pair_bytes
+            pay_cta = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
+            pay_cta = pay_cta + Int64(bx) * pair_bytes
+        else:
+            # [E·pairs, N/16, 64·s]: per pair the record planes, row t of record rc at t·plane
+            n16 = payload.shape[1]
+            pair_run = Int64(n16) * pair_bytes
+            plane_lo = Int64(n16) * (32 * b_lo)
+            plane_hi = Int64(n16) * (32 * b_hi)
+            expert = pay + Int64(payload_expert) * Int64(k_rows // 16) * pair_run
+            tile0 = Int64(bx * lay.cta_tiles)
+            row_bytes = (
+                expert + tile0 * (32 * b_lo),
+                expert + plane_lo * RECORD_TILES + tile0 * (32 * b_hi),
+                pair_run,
+                plane_lo,
+                plane_hi,
+            )
+            pay_cta = Int64(0)
+        lanes = shared.setup(
+            tid=tid, lane=lane, warp=warp, g=g, r=r, first=(first_lo, first_hi), a=a,
+            a_row_source=slot_row, pay_cta=pay_cta, smem=smem,
+        )  # fmt: skip
+        live = route_rows[row_base + shared.live_row0(warp)] < n_rows
+        acc = shared.run(
+            lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
+            off=(off_lo, off_hi), live_rows=live,
+        )  # fmt: skip
+        tile0 = bx * lay.cta_tiles
+        routed_epilogue(
+            out,
+            acc,
+            list(routed_rows(route_rows, row_base + warp * (16 * self.m_tiles), self.m_tiles, g)),
+            n_rows,
+            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
+            self.m_tiles,
+            lay.mma_tiles,
+            self.spec.bf16,
+        )
+
+    @cute.jit
+    def _per_warp_pair_tile(
+        self,
+        *,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        route_rows: cute.Tensor,
+        lut_addr: Int64,
+        payload_expert: Int32,
+        row_base: Int32,
+        bx: Int32,
+        tid: Int32,
+        out_col_word: Int32,
+        body: cutlass.Constexpr,
+    ):
+        """One live block of body ``body`` through the per-warp pair mainloop."""
         b_lo, b_hi = self.body_rates[body]
         lane, warp, r, g = lane_coords(tid)
         acc = zero_accumulators(self.m_tiles, self.n_tiles)

@@ -36,6 +36,7 @@ __all__ = [
     "moe_choices",
     "moe_inputs",
     "moved",
+    "paired_experts",
     "payload",
     "random_scales",
     "stack_to",
@@ -179,7 +180,10 @@ def trellis_experts(gen, e, h, i, bits, layout, codebook):
     )  # fmt: skip
 
 
-def _paired_experts(gen, e, h, i, choices: MoeChoices, codebook):
+def paired_experts(gen, e, h, i, choices: MoeChoices, codebook):
+    """A paired reference stack (``reference.moe_pairs.PairedExperts``, on the CPU): random
+    payloads of the phases' pair choices (uniform K3 words for an unpaired phase), scales as
+    :func:`trellis_experts`, a random mode table per dynamic phase with both kinds present."""
     from reference.moe_pairs import PairedExperts
     from reference.pairs import PAIR_KINDS
 
@@ -250,7 +254,7 @@ def moe_inputs(case: Any, device: str | torch.device) -> dict[str, Any]:
         )
         num_ids = num_global
     elif v.pair_kind is not None:
-        experts = _paired_experts(gen, e, h, i, choices, v.codebook)
+        experts = paired_experts(gen, e, h, i, choices, v.codebook)
         num_ids = e
     else:
         experts = trellis_experts(gen, e, h, i, v.bits, choices.layout, v.codebook)

@@ -216,6 +216,7 @@ def _check_plan_against_tables(problem, device):
     paired = (problem.get("fc1_pair"), problem.get("fc2_pair")) != (None, None)
     shared = ML.MAINLOOP.decide({
         **route_case, "shared_decode": problem.get("shared_decode"), "paired": paired,
+        "fc1_pair_odd": problem.get("fc1_pair") == "P43",
         "fc1_n": fc1_n, "fc2_n": h, "max_shared_mem": device and device.max_shared_mem,
         "capability": device and tuple(device.capability),
     })  # fmt: skip
@@ -261,15 +262,18 @@ def _check_shared_plan(plan, shared, problem, bits, fc1_n):
     tier's bits; no route block, geometry or FC2 tile decision (none of them would be used)."""
     assert plan.routes.block_size == shared.block_size
     h, i = problem["hidden"], problem["intermediate"]
-    for specs, k in ((plan.fc1_spec, h), (plan.fc2_spec, i)):
-        assert len(specs) == len(bits)
-        for spec, b in zip(specs, bits, strict=True):
+    for phase, specs, k in (("fc1", plan.fc1_spec, h), ("fc2", plan.fc2_spec, i)):
+        pair = problem.get(f"{phase}_pair")
+        assert len(specs) == (1 if pair is not None else len(bits))
+        for spec, b in zip(specs, bits, strict=False):
             rows, stages = shared.slots or fitting_slots(
                 bits=b, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles, warps=shared.warps,
                 m_warps=shared.m_warps,
             )  # fmt: skip
             got = (spec.m_tiles, spec.n_tiles, spec.warps, spec.m_warps, spec.wgmma, spec.k_split)
-            want = (*shared[:5], D.K_SPLIT.decide({"k": k}))
+            # a pair launch (the pair shared decode) has no K split
+            want = (*shared[:5], 1 if pair is not None else D.K_SPLIT.decide({"k": k}))
+            assert spec.pair == pair
             assert got == want and (spec.shared_rows, spec.smem_stages) == (rows, stages)
             assert spec.block_size == plan.routes.block_size
     tables = {d.table for d in plan.decisions}
@@ -300,6 +304,10 @@ def _problems():
     out.append(dict(small, m=100, w13_layout="proj", intermediate=384))  # N % 256 != 0, wide
     for m, (fc1, fc2) in itertools.product((1, 400, 4096), (("P24", "dynamic"), (None, "P33"))):
         out.append(dict(glm, m=m, bits=3, fc1_pair=fc1, fc2_pair=fc2, w13_layout="proj"))
+    # per-warp pairs at m_tiles 4 (on sm_90 the table plans the pair shared decode there)
+    out.append(dict(glm, m=4096, bits=3, fc1_pair="P24", fc2_pair="dynamic", w13_layout="proj",
+                    shared_decode="off"))  # fmt: skip
+    out.append(dict(glm, m=4096, bits=3, fc1_pair="P43", fc2_pair="P33", w13_layout="proj"))
     out.append(dict(glm, m=60, bits=3, num_experts=16, fc2_pair="P44", hidden=5248))
     return out
 

@@ -119,7 +119,10 @@ def test_a_pin_is_refused_before_launch_where_it_cannot_run():
 
 def test_pairs_pins_and_tiers():
     paired = plan_moe(m=4096, **{**GLM, "bits": 3}, fc2_pair="P33", device=H200)
-    assert _mainloop(paired).path == "paired"
+    assert _mainloop(paired).path == "tensor_core"  # the pair shared decode (pair_decode)
+    assert all(s.wgmma and s.m_warps == 8 for s in paired.kernel_specs)
+    odd = plan_moe(m=4096, **{**GLM, "bits": 3}, fc1_pair="P43", device=H200)
+    assert _mainloop(odd).path == "paired_odd" and not any(s.m_warps for s in odd.kernel_specs)
     pinned = plan_moe(m=4096, **GLM, m_tiles=2, device=H200)
     assert _mainloop(pinned).path == "pinned_m_tiles" and pinned.routes.block_size == 32
     tiers = plan_tiered_moe(
@@ -139,7 +142,9 @@ def test_spec_refusals_name_the_field():
         MoeGemmSpec(**base, smem_stages=3)
     with pytest.raises(ValueError, match="m_warps: 3 does not divide warps=8"):
         MoeGemmSpec(**base, m_warps=3, smem_stages=3)
-    with pytest.raises(ValueError, match="m_warps: the paired kernel has no shared decode"):
+    with pytest.raises(
+        ValueError, match="m_warps: the paired kernel.s shared decode multiplies with wgmma"
+    ):
         MoeGemmSpec(
             "mcg", 3, False, m_tiles=1, n_tiles=2, warps=8, pair="P33", rate_axis="n",
             m_warps=2, smem_stages=3,

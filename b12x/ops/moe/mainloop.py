@@ -16,21 +16,25 @@ Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
 1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`,
    ``"tensor"`` → :data:`SHARED_TENSOR` (the plan refuses it off sm_90).
 2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.
-3. ``paired`` — a QSRT phase (the pair kernel has no shared decode): None.
+3. ``paired_odd`` — FC1 runs a pair kind with an odd rate sum (P43: its pair's run does not
+   split into two equal halves per warp, :mod:`b12x.kernels.pair_decode`): None.
 4. ``n_not_128`` — FC1 or FC2 columns not a multiple of 128: None.
 5. ``tensor_core`` — capability (9, 0), FC1 and FC2 columns multiples of 256, ``m·top_k >=
    48·E`` (:data:`TENSOR_MIN_ROUTES`, measured) and :data:`SHARED_TENSOR_SMEM` (224 KB at K8)
    granted: :data:`SHARED_TENSOR`, 128 route slots x 256 columns per CTA, every warp decoding,
    two warpgroups multiplying with ``wgmma`` (bit-identical to the mma.sync shared decode on
    the H200, so a route's result does not depend on which of the three mainloops ran it).
-6. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
-7. ``no_room`` — the device's opt-in shared memory per block unknown or below
+   QSRT pair phases take it too (:class:`~b12x.kernels.pair_decode.PairWgmmaDecode`, the
+   records' rates per tile or per K16 row; bit-identical to the per-warp pair kernel).
+6. ``paired`` — any other paired step: the pair shared decode is ``wgmma`` only: None.
+7. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
+8. ``no_room`` — the device's opt-in shared memory per block unknown or below
    :data:`SHARED_WIDE_SMEM` (112 KB: slots, fragment buffers and the K-slice fold): None.
-8. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
+9. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
 
-Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_n, fc2_n, max_shared_mem,
-capability``; both sides of every threshold are literal :class:`~b12x.ops.tables.Boundary`
-records.
+Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_pair_odd, fc1_n, fc2_n,
+max_shared_mem, capability``; both sides of every threshold are literal
+:class:`~b12x.ops.tables.Boundary` records.
 """
 
 from __future__ import annotations
@@ -143,8 +147,8 @@ def _per_expert(c) -> str:
 
 def _mainloop_case(**changes: Any) -> dict:
     base = {"m": 4096, "top_k": 8, "num_experts": 128, "m_tiles": None, "shared_decode": None}
-    base |= {"paired": False, "fc1_n": 3072, "fc2_n": 5120, "max_shared_mem": 232448}
-    base |= {"capability": (9, 0)}
+    base |= {"paired": False, "fc1_pair_odd": False, "fc1_n": 3072, "fc2_n": 5120}
+    base |= {"max_shared_mem": 232448, "capability": (9, 0)}
     return {**base, **changes}
 
 
@@ -170,6 +174,12 @@ MAINLOOP = DecisionTable.build(
         ),
         Field("shared_decode", str_choice(SHARED_PINS, optional=True), None, "an explicit pin"),
         Field("paired", check_bool, False, "a phase runs QSRT pairs"),
+        Field(
+            "fc1_pair_odd",
+            check_bool,
+            False,
+            "FC1 runs a pair kind whose record rates sum to an odd number (P43)",
+        ),
         Field("fc1_n", positive_int, doc="FC1's output columns per launch"),
         Field("fc2_n", positive_int, doc="FC2's output columns (hidden)"),
         Field(
@@ -206,9 +216,16 @@ MAINLOOP = DecisionTable.build(
             None,
         ),
         (
-            "paired",
-            "QSRT pair kernels have no shared decode",
-            (Condition("paired", lambda c: bool(c["paired"]), lambda c: "no phase is paired"),),
+            "paired_odd",
+            "an FC1 pair kind with an odd rate sum (P43) has no shared decode",
+            (
+                Condition("paired", lambda c: bool(c["paired"]), lambda c: "no phase is paired"),
+                Condition(
+                    "fc1_pair_odd",
+                    lambda c: bool(c["fc1_pair_odd"]),
+                    lambda c: "FC1's pair rate sum is even",
+                ),
+            ),
             None,
         ),
         (
@@ -249,6 +266,12 @@ MAINLOOP = DecisionTable.build(
                 ),
             ),
             SHARED_TENSOR,
+        ),
+        (
+            "paired",
+            "the pair shared decode multiplies with wgmma only (sm_90, the tensor_core row)",
+            (Condition("paired", lambda c: bool(c["paired"]), lambda c: "no phase is paired"),),
+            None,
         ),
         (
             "few_routes",
@@ -332,7 +355,31 @@ MAINLOOP = DecisionTable.build(
             "pinned_m_tiles",
         ),
         Boundary(
-            "mainloop_paired", _mainloop_case(), "paired", False, True, "tensor_core", "paired"
+            "mainloop_paired_off_sm90",
+            _mainloop_case(m=1024, capability=(8, 0)),
+            "paired",
+            False,
+            True,
+            "shared_wide",
+            "paired",
+        ),
+        Boundary(
+            "mainloop_paired_few_routes",
+            _mainloop_case(m=768, paired=True),
+            "m",
+            768,
+            767,
+            "tensor_core",
+            "paired",
+        ),
+        Boundary(
+            "mainloop_paired_odd",
+            _mainloop_case(paired=True),
+            "fc1_pair_odd",
+            False,
+            True,
+            "tensor_core",
+            "paired_odd",
         ),
         Boundary(
             "mainloop_fc1_n", _mainloop_case(), "fc1_n", 3072, 3136, "tensor_core", "n_not_128"

@@ -52,6 +52,7 @@ from b12x.launch import host as launchers
 from b12x.launch.kinds import compiled
 from b12x.launch.records import PairGemmLaunch
 from b12x.ops.moe.dispatch import PAIR_GEOMETRY, PairGeometry
+from b12x.ops.moe.mainloop import SharedGeometry
 from b12x.runtime.compile_cache import capture_active
 from b12x.runtime.validate import check_tensor
 
@@ -141,10 +142,22 @@ def pair_geometry(*, phase: str, m_tiles: int, n: int) -> PairGeometry:
 
 
 def pair_spec(
-    *, codebook: str, bf16: bool, m_tiles: int, choice: str, geometry: PairGeometry
-) -> MoeGemmSpec:
+    *, codebook: str, bf16: bool, m_tiles: int, choice: str, geometry: PairGeometry,
+    shared: SharedGeometry | None = None,
+) -> MoeGemmSpec:  # fmt: skip
     """The compile-time spec of a paired phase from its decided geometry (``k_split`` is 1: the
-    paired kernel has no K split, its K-axis records interleave rates per pair)."""
+    paired kernel has no K split, its K-axis records interleave rates per pair). ``shared``:
+    the mainloop table's ``wgmma`` geometry, which replaces the per-warp one
+    (:mod:`b12x.kernels.pair_decode`)."""
+    if shared is not None:
+        if not shared.wgmma:
+            raise ValueError(f"shared: the pair shared decode is wgmma only, got {shared}")
+        rows, stages = shared.slots
+        return MoeGemmSpec(
+            codebook, PAIR_BASE_BITS, bf16, m_tiles=shared.m_tiles, n_tiles=shared.n_tiles,
+            warps=shared.warps, pair=choice, rate_axis=geometry.rate_axis,
+            m_warps=shared.m_warps, shared_rows=rows, smem_stages=stages, wgmma=True,
+        )  # fmt: skip
     return MoeGemmSpec(
         codebook,
         PAIR_BASE_BITS,

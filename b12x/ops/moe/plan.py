@@ -64,6 +64,7 @@ from b12x.ops.moe.pairs import (
     PAIR_CHANNELS,
     check_pair_choice,
     check_pair_codebook,
+    pair_rate_sum,
     pair_spec,
 )
 from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers
@@ -257,7 +258,12 @@ def plan_gemm_spec(
         case = {"phase": phase, "m_tiles": m_tiles, "n": n, "compute_dtype": compute_dtype}
         geometry = decide(decisions, f"{role}.pair_geometry", PAIR_GEOMETRY, case)
         return pair_spec(
-            codebook=fmt.name, bf16=bf16, m_tiles=m_tiles, choice=choice, geometry=geometry
+            codebook=fmt.name,
+            bf16=bf16,
+            m_tiles=m_tiles,
+            choice=choice,
+            geometry=geometry,
+            shared=shared,
         )
     k_split = decide(decisions, f"{role}.k_split", K_SPLIT, {"k": k})
     if shared is not None:
@@ -529,6 +535,7 @@ def plan_moe(
     fc1_n = 2 * intermediate if w13_layout == "packed" else intermediate
     mainloop_case = {
         **route_case, "shared_decode": shared_decode, "paired": pairs != (None, None),
+        "fc1_pair_odd": pairs[0] is not None and pair_rate_sum(pairs[0]) % 2 == 1,
         "fc1_n": fc1_n, "fc2_n": hidden,
         "max_shared_mem": None if limits is None else limits.max_shared_mem,
         "capability": None if limits is None else tuple(limits.capability),
@@ -538,6 +545,15 @@ def plan_moe(
         raise ValueError(
             f"shared_decode: {shared_decode!r} multiplies with wgmma, which needs an sm_90 device; "
             f"got {'no device' if limits is None else limits.name}"
+        )
+    if (
+        shared is not None
+        and pairs != (None, None)
+        and not (shared.wgmma and not mainloop_case["fc1_pair_odd"])
+    ):
+        raise ValueError(
+            f"shared_decode: {shared_decode!r} cannot run QSRT pairs {pairs}: the pair shared "
+            f"decode multiplies with wgmma and needs an even FC1 rate sum (not P43); use 'off'"
         )
     if shared is None:
         m_tiles = decide(decisions, "route_block", ROUTE_BLOCK, route_case)
