@@ -124,6 +124,9 @@ __all__ = [
     "TIER_SHIFT",
     "accumulate_tile",
     "block_liveness",
+    "shared_block_epilogue",
+    "shared_slot_source",
+    "shared_unit_live",
 ]
 
 TIER_SHIFT = 8
@@ -343,6 +346,42 @@ def block_liveness(block_expert_ids, route_count, descriptors, block, row_base):
     low_ok = Int32(cutlass.select_(expert >= 0, Int32(1), Int32(0)))
     high_ok = Int32(cutlass.select_(expert < descriptors.shape[0], Int32(1), Int32(0)))
     return expert, in_count * low_ok * high_ok
+
+
+def shared_slot_source(route_rows, row_base, n_rows):
+    """The gather source of a shared-decode route block (``a_row_source`` of
+    :meth:`~b12x.kernels.shared_decode.SharedDecodeMainloop.setup`): slot ``local`` reads its
+    route's row of ``a``, or row 0 and not live for a padding slot (zero-filled, never read)."""
+
+    def slot_row(local):
+        route = route_rows[row_base + local]
+        live = route < n_rows
+        return Int32(cutlass.select_(live, route, Int32(0))), live
+
+    return slot_row
+
+
+def shared_unit_live(shared, route_rows, row_base, n_rows, warp):
+    """Whether the warp's unit whose MMAs are skipped together
+    (:meth:`~b12x.kernels.shared_decode.SharedDecodeMainloop.live_row0`: a warp, a warpgroup on
+    ``wgmma``) has a route: padding sits at the end of a block, so its first slot decides."""
+    return route_rows[row_base + shared.live_row0(warp)] < n_rows
+
+
+def shared_block_epilogue(shared, spec, *, out, acc, route_rows, warp_row0, n_rows, tile0, r, g,
+                          out_col_word):  # fmt: skip
+    """The scatter epilogue of a shared-decode warp: its ``m_tiles`` M16 blocks from CTA row
+    ``warp_row0`` x ``mma_tiles`` N16 tiles from ``tile0``, each row to its route's output row."""
+    routed_epilogue(
+        out,
+        acc,
+        list(routed_rows(route_rows, warp_row0, spec.m_tiles, g)),
+        n_rows,
+        lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
+        spec.m_tiles,
+        shared.layout.mma_tiles,
+        spec.bf16,
+    )
 
 
 def accumulate_tile(bundle: MainloopBundle, lut_addr, a_frags, words, lane_off, acc, nt: int):
@@ -585,33 +624,21 @@ class MoeGroupedGemmKernel:
         expert_bytes = Int64(payload_expert) * Int64(k_rows) * row_bytes
         cta_run = Int64(bx * (lay.cta_tiles * 32 * bits))
 
-        def slot_row(local):
-            route = route_rows[row_base + local]
-            live = route < n_rows
-            return Int32(cutlass.select_(live, route, Int32(0))), live
-
         lanes = shared.setup(
-            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a, a_row_source=slot_row,
+            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a,
+            a_row_source=shared_slot_source(route_rows, row_base, n_rows),
             pay_cta=payload.iterator.toint() + expert_bytes + cta_run,
         )  # fmt: skip
-        # Padding sits at the end of a block: a warp (wgmma: a warpgroup) whose first slot is
-        # padding has no route.
-        live = route_rows[row_base + shared.live_row0(warp)] < n_rows
+        live = shared_unit_live(shared, route_rows, row_base, n_rows, warp)
         acc = shared.run(
             lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
             off=off, live_rows=live, slice_rows=k_rows // self.k_split,
         )  # fmt: skip
-        tile0 = bx * lay.cta_tiles + wn * lay.mma_tiles
-        routed_epilogue(
-            out,
-            acc,
-            list(routed_rows(route_rows, warp_row0, self.m_tiles, g)),
-            n_rows,
-            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
-            self.m_tiles,
-            lay.mma_tiles,
-            self.spec.bf16,
-        )
+        shared_block_epilogue(
+            shared, self.spec, out=out, acc=acc, route_rows=route_rows, warp_row0=warp_row0,
+            n_rows=n_rows, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles, r=r, g=g,
+            out_col_word=out_col_word,
+        )  # fmt: skip
 
     @cute.jit
     def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):

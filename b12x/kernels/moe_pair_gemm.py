@@ -46,7 +46,6 @@ from b12x.kernels.mainloop import (
     ring_word_pointers,
     routed_a_pointers,
     routed_epilogue,
-    routed_rows,
     stage_rows,
     tile_row_words,
     zero_accumulators,
@@ -60,6 +59,9 @@ from b12x.kernels.moe_gemm import (
     MainloopBundle,
     MoeGemmSpec,
     block_liveness,
+    shared_block_epilogue,
+    shared_slot_source,
+    shared_unit_live,
 )
 from b12x.kernels.pair_decode import PairWgmmaDecode
 from b12x.kernels.trellis_decode import lane_ring_start
@@ -306,11 +308,6 @@ class MoePairGemmKernel:
         pay = payload.iterator.toint()
         pair_bytes = 4 * self.spec.pair_words
 
-        def slot_row(local):
-            route = route_rows[row_base + local]
-            live = route < n_rows
-            return Int32(cutlass.select_(live, route, Int32(0))), live
-
         if cutlass.const_expr(self.n_axis):
             # [E·K/16, pairs, 64·s]: K16 row kt of the expert holds every pair's run
             row_bytes = Int64(payload.shape[1]) * pair_bytes
@@ -334,24 +331,19 @@ class MoePairGemmKernel:
             pay_cta = Int64(0)
         lanes = shared.setup(
             tid=tid, lane=lane, warp=warp, g=g, r=r, first=(first_lo, first_hi), a=a,
-            a_row_source=slot_row, pay_cta=pay_cta, smem=smem,
+            a_row_source=shared_slot_source(route_rows, row_base, n_rows), pay_cta=pay_cta,
+            smem=smem,
         )  # fmt: skip
-        live = route_rows[row_base + shared.live_row0(warp)] < n_rows
+        live = shared_unit_live(shared, route_rows, row_base, n_rows, warp)
         acc = shared.run(
             lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
             off=(off_lo, off_hi), live_rows=live,
         )  # fmt: skip
-        tile0 = bx * lay.cta_tiles
-        routed_epilogue(
-            out,
-            acc,
-            list(routed_rows(route_rows, row_base + warp * (16 * self.m_tiles), self.m_tiles, g)),
-            n_rows,
-            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
-            self.m_tiles,
-            lay.mma_tiles,
-            self.spec.bf16,
-        )
+        shared_block_epilogue(
+            shared, self.spec, out=out, acc=acc, route_rows=route_rows,
+            warp_row0=row_base + warp * (16 * self.m_tiles), n_rows=n_rows,
+            tile0=bx * lay.cta_tiles, r=r, g=g, out_col_word=out_col_word,
+        )  # fmt: skip
 
     @cute.jit
     def _per_warp_pair_tile(
