@@ -216,11 +216,11 @@ class DenseTrellisGemmKernel:
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
-        check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps)
+        check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)
         if wgmma:
             self.shared = WgmmaDecodeMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-                rows=shared_rows, stages=smem_stages,
+                m_warps=m_warps, rows=shared_rows, stages=smem_stages,
             )  # fmt: skip
         elif m_warps:
             self.shared = SharedDecodeMainloop(
@@ -444,14 +444,28 @@ class DenseTrellisGemmKernel:
                 cutlass.min(cta_row0 + local, m - 1), cta_row0 + local < m
             ),
         )  # fmt: skip
-        acc = self.shared.run(
+        loop = dict(
             lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=off, live_rows=cta_row0 + self.shared.live_row0(warp) < m,  # past M: idle
+            off=off,
         )  # fmt: skip
-        self._epilogue(
-            out=out, acc=acc, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
-            bz=bz, g=g, r=r, n_tiles=lay.mma_tiles,
-        )  # fmt: skip
+        tile0 = bx * lay.cta_tiles + wn * lay.mma_tiles
+        live_rows = cta_row0 + self.shared.live_row0(warp) < m  # past M: idle
+        if cutlass.const_expr(getattr(self.shared, "helpers", 0)):
+            # Warp specialised (warpgroup-uniform roles): warps < m_warps decode and multiply,
+            # the helpers only decode; each role keeps the registers it needs (setmaxnreg).
+            mma_regs, helper_regs = self.shared.registers
+            if warp < self.m_warps:
+                cute.arch.setmaxregister_increase(mma_regs)
+                acc = self.shared.run(**loop, live_rows=live_rows)
+                self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz,
+                               g=g, r=r, n_tiles=lay.mma_tiles)  # fmt: skip
+            else:
+                cute.arch.setmaxregister_decrease(helper_regs)
+                self.shared.run(**loop, live_rows=False, multiply=False)
+        else:
+            acc = self.shared.run(**loop, live_rows=live_rows)
+            self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g,
+                           r=r, n_tiles=lay.mma_tiles)  # fmt: skip
 
     @cute.jit
     def _register_mainloop(

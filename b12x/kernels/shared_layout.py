@@ -37,6 +37,7 @@ __all__ = [
     "check_shared_decode",
     "check_wgmma",
     "check_wgmma_geometry",
+    "helper_registers",
     "fitting_slots",
     "fold_bytes",
     "shared_decode_layout",
@@ -84,29 +85,72 @@ WGMMA_CAPABILITY = (9, 0)
 WGMMA_MAX_N = 256
 
 
-def check_wgmma(wgmma, *, n_tiles: int, warps: int, m_warps: int) -> None:
+def check_wgmma(wgmma, *, n_tiles: int, warps: int, m_warps: int, helpers: bool = False) -> None:
     """Validate the ``wgmma`` flag (a bool) and, when set, its shared-decode geometry
     (:mod:`b12x.kernels.wgmma_decode`, "Geometry"); ``ValueError`` naming the field. The one rule
-    the specs, the launcher and the kernels apply."""
+    the specs, the launcher and the kernels apply. ``helpers``: the caller's kernel runs
+    decode-only helper warps (``m_warps < warps``; the dense GEMM does, the MoE GEMM does not)."""
     if not isinstance(wgmma, bool):
         raise ValueError(f"wgmma: expected a bool, got {wgmma!r}")
     if wgmma:
-        check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps)
+        check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=helpers)
 
 
-def check_wgmma_geometry(*, n_tiles: int, warps: int, m_warps: int) -> None:
+def check_wgmma_geometry(*, n_tiles: int, warps: int, m_warps: int, helpers: bool = False) -> None:
     """Validate a ``wgmma`` shared-decode geometry (:mod:`b12x.kernels.wgmma_decode`, "Geometry");
-    ``ValueError`` naming the field."""
+    ``ValueError`` naming the field. Every warp decodes; the first ``m_warps`` (whole
+    warpgroups) also multiply, the rest are decode-only helpers (only where ``helpers``)."""
     if warps % WARPGROUP:
         raise ValueError(f"warps: the wgmma mainloop needs whole warpgroups of 4, got {warps}")
-    if m_warps != warps:
-        raise ValueError(f"m_warps: every warp multiplies in the wgmma mainloop ({warps}), got "
+    if not helpers and m_warps != warps:
+        raise ValueError(f"m_warps: every warp multiplies in this wgmma mainloop ({warps}), got "
                          f"{m_warps}")  # fmt: skip
+    if m_warps % WARPGROUP or not WARPGROUP <= m_warps <= warps:
+        raise ValueError(
+            f"m_warps: the warps that multiply with wgmma are whole warpgroups of 4 among the "
+            f"{warps}, got "
+            f"{m_warps}"
+        )
     if 16 * n_tiles * warps > WGMMA_MAX_N:
         raise ValueError(
             f"n_tiles: one wgmma covers at most {WGMMA_MAX_N} columns, "
             f"{n_tiles} x {warps} warps x 16 = {16 * n_tiles * warps}"
         )
+    if m_warps < warps:
+        helper_registers(warps=warps, m_warps=m_warps)  # the register split must exist
+
+
+#: Registers per SM (sm_90) that one CTA of a helper geometry divides between its warps.
+SM_REGISTERS = 64 * 1024
+#: Registers a multiplying thread asks for in a helper geometry (``setmaxnreg.inc``): the
+#: 128 fp32 accumulators of one m64n256 ``wgmma`` plus its decode (the all-multiplying 128 x 256
+#: geometry compiles to 180 without a cap).
+MMA_THREAD_REGISTERS = 184
+#: Fewest registers a decode-only helper thread may be left with (``setmaxnreg`` minimum).
+MIN_HELPER_REGISTERS = 24
+
+
+def helper_registers(*, warps: int, m_warps: int) -> tuple[int, int]:
+    """``(mma, helper)``: the per-thread register counts a helper geometry's multiplying and
+    decode-only warps set with ``setmaxnreg`` (multiples of 8, ``mma`` =
+    :data:`MMA_THREAD_REGISTERS`, the helpers share what one CTA per SM leaves, at most 256).
+    ``ValueError`` when the helpers would get fewer than :data:`MIN_HELPER_REGISTERS`."""
+    per_warp = SM_REGISTERS // 32
+    launch = per_warp // warps // 8 * 8  # what every thread starts with (the launch's cap)
+    left = per_warp - m_warps * MMA_THREAD_REGISTERS
+    helper = min(256, (left // (warps - m_warps)) // 8 * 8)
+    if helper < MIN_HELPER_REGISTERS:
+        raise ValueError(
+            f"warps: {warps - m_warps} helper warps beside {m_warps} multiplying ones get "
+            f"{helper} registers per thread, fewer than {MIN_HELPER_REGISTERS}"
+        )
+    if not helper <= launch <= MMA_THREAD_REGISTERS:
+        raise ValueError(
+            f"warps: {warps} warps start with {launch} registers per thread; setmaxnreg can "
+            f"only raise the multiplying warps to {MMA_THREAD_REGISTERS} and lower the helpers "
+            f"to {helper} from there"
+        )
+    return MMA_THREAD_REGISTERS, helper
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,21 @@ apply unchanged; the CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles, one ``
 16·mt ..`` of its warps ``w = 4v + q`` (q = 0..3), as the accumulator layout wants (warp q of
 the warpgroup owns rows 16q.. of the MMA).
 
+**Decode-only helper warps** (the dense GEMM only; ``m_warps < warps``): every warp still
+decodes its ``n_tiles`` N16 tiles, but only warps ``0 .. m_warps - 1`` multiply and own rows;
+warps ``m_warps ..`` run :meth:`WgmmaDecodeMainloop.run` with ``multiply=False`` (the same
+copies, fences and one CTA barrier per step, no accumulators, no MMAs). The kernel splits the
+roles warpgroup-uniformly and moves registers between them with ``setmaxnreg``
+(:func:`~b12x.kernels.shared_layout.helper_registers`: at 16 warps, 184 for a multiplying thread
+and 72 for a helper, from the launch's 128), so a CTA of 128 x 256 decodes with 16 warps instead
+of 8 while keeping its 128 accumulators per multiplying thread. ptxas sizes one instruction's
+operands by the launch's register count (128 at 512 threads; an m64n256 fp32 ``wgmma`` needs
+154), so the helper geometries issue the CTA width as m64n128 ``wgmma`` s
+(:data:`HELPER_MMA_N`); each output element still gets one K16 product per instruction, in K
+order. Measured on an H100 (:mod:`b12x.ops.dense.mainloop`, "Step depth and warp
+specialisation"), twice the decoding warps did not make the step faster, so the dense table does
+not plan it; it is kept as a GPU-tested geometry for the next experiment.
+
 Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts)
 -----------------------------------------------------------------------------------------
 * **A region** of a K16 row: A tiles of 2048 B (64 rows x 32 B), tile ``t`` at ``2048·t``,
@@ -49,6 +64,8 @@ fails on it); without them, and with the warpgroup-uniform ``live_rows`` branch,
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Uint32
@@ -61,6 +78,7 @@ from b12x.kernels.shared_layout import (
     FRAG_TILE_BYTES,
     WARPGROUP,
     check_wgmma_geometry,
+    helper_registers,
 )
 from b12x.kernels.trellis_decode import decode_states_to_half2x4, lane_windows
 
@@ -68,20 +86,40 @@ __all__ = ["A_TILE_BYTES", "WgmmaDecodeMainloop"]
 
 #: Bytes of one 64-row A tile in one K16 row.
 A_TILE_BYTES = 4 * A_BLOCK_BYTES
+#: Widest ``wgmma`` a geometry with decode-only helper warps issues (``mma_n``).
+HELPER_MMA_N = 128
 
 
 class WgmmaDecodeMainloop(SharedDecodeMainloop):
     """One ``wgmma`` shared-decode geometry (module docstring); built at trace time."""
 
     def __init__(self, fmt, bits: int, *, bf16: bool, m_tiles: int, n_tiles: int, warps: int,
-                 rows: int, stages: int, k_split: int = 1):  # fmt: skip
-        check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=warps)
+                 rows: int, stages: int, k_split: int = 1, m_warps: int | None = None):  # fmt: skip
+        m_warps = warps if m_warps is None else m_warps
+        check_wgmma_geometry(n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)
+        if m_warps < warps and k_split > 1:
+            raise ValueError("k_split: a geometry with decode-only helper warps has no K split")
         super().__init__(
-            fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=warps,
+            fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
             rows=rows, stages=stages, k_split=k_split,
         )  # fmt: skip
+        # every multiplying warp's accumulators span the CTA width (one wgmma per warpgroup)
+        self.layout = dataclasses.replace(self.layout, mma_tiles=self.layout.cta_tiles)
         #: Columns of one ``wgmma`` (the CTA width).
         self.n = 16 * self.layout.cta_tiles
+        #: Decode-only helper warps (warps ``m_warps ..``), 0 when every warp multiplies.
+        self.helpers = warps - m_warps
+        #: Columns of one issued ``wgmma``: the CTA width, or with helpers at most
+        #: :data:`HELPER_MMA_N` (ptxas sizes an instruction's operands by the launch's register
+        #: count, 128 at 16 warps, and an m64n256 takes 154; the fp32 order is the same).
+        self.mma_n = min(self.n, HELPER_MMA_N) if self.helpers else self.n
+        #: ``(mma, helper)`` registers per thread the two roles set (``setmaxnreg``), or None.
+        self.registers = helper_registers(warps=warps, m_warps=m_warps) if self.helpers else None
+
+    def warp_coords(self, warp):
+        """``(wm, wn)``: a multiplying warp owns CTA rows ``wm·16·m_tiles ..`` over the whole
+        CTA width (``wn = 0``); a helper warp's coordinates are never used."""
+        return warp, 0
 
     def live_row0(self, warp):
         """First CTA row of the warp's warpgroup (its MMAs are skipped together)."""
@@ -165,17 +203,22 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         lay = self.layout
         b_off = buf * lay.frag_bytes + row * lay.cta_tiles * FRAG_TILE_BYTES
         b = wgmma.descriptor_at(b_desc, b_off)
+        chunk_tiles = self.mma_n // 16
         for mt in range(self.m_tiles):
             a_off = slot * lay.slot_bytes + row * lay.row_a + mt * A_TILE_BYTES
-            idx = [
-                nt * self.m_tiles * 8 + mt * 8 + j for nt in range(lay.cta_tiles) for j in range(8)
-            ]
-            out = wgmma.mma(
-                [acc[i] for i in idx], wgmma.descriptor_at(a_desc, a_off), b, n=self.n,
-                bf16=self.bf16,
-            )  # fmt: skip
-            for i, v in zip(idx, out, strict=True):
-                acc[i] = v
+            for t0 in range(0, lay.cta_tiles, chunk_tiles):
+                idx = [
+                    nt * self.m_tiles * 8 + mt * 8 + j
+                    for nt in range(t0, t0 + chunk_tiles)
+                    for j in range(8)
+                ]
+                out = wgmma.mma(
+                    [acc[i] for i in idx], wgmma.descriptor_at(a_desc, a_off),
+                    b if t0 == 0 else wgmma.descriptor_at(b_desc, b_off + t0 * FRAG_TILE_BYTES),
+                    n=self.mma_n, bf16=self.bf16,
+                )  # fmt: skip
+                for i, v in zip(idx, out, strict=True):
+                    acc[i] = v
 
     @cute.jit
     def run(
@@ -189,12 +232,17 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         off,
         live_rows,
         slice_rows=None,
+        multiply: bool = True,
     ):
         """The mainloop over K16 rows ``[k_begin, k_end)``; returns the accumulators (the
-        shared decode's order). ``live_rows`` must be warpgroup-uniform."""
+        shared decode's order). ``live_rows`` must be warpgroup-uniform. ``multiply=False`` is a
+        helper warp's loop (``m_warps < warps``): the same copies, barriers and decodes, no
+        accumulators and no MMAs (returns None), so its registers stay few."""
         lay = self.layout
         fill, word_rd, _, frag_st, _, fold, _, a_desc, b_desc = lanes
-        acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
+        acc = None
+        if cutlass.const_expr(multiply):
+            acc = zero_accumulators(self.m_tiles, lay.mma_tiles)
         stages = self.stages
         rows = self.rows
         self._prologue(k_begin, k_end, row_bytes, fill)
@@ -202,25 +250,28 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         for k0 in cutlass.range(k_begin, k_end, lay.period * rows, unroll=1):
             for s in cutlass.range_constexpr(lay.period):
                 step = k0 + s * rows
-                self._settle(acc)  # step - 1's MMAs are done: its slot and buffer are free
+                if cutlass.const_expr(multiply):
+                    self._settle(acc)  # step - 1's MMAs are done: its slot and buffer are free
                 ptx.cp_async_wait(stages - 3)  # step + 1 has landed
                 wgmma.fence_proxy_async()
                 cute.arch.sync_threads()
                 refill = (s + stages - 1) % stages
                 self._fill(refill, step + (stages - 1) * rows, k_end, row_bytes, fill)
                 ptx.cp_async_commit()
-                if live_rows:
-                    wgmma.fence()
-                    for i in cutlass.range_constexpr(rows):
-                        self._mma_row(s % stages, s % 2, i, a_desc, b_desc, acc)
-                    wgmma.commit()
-                    if cutlass.const_expr(self.k_split > 1):
-                        self._slice_end(acc, fold, nxt=step + rows, k_begin=k_begin,
-                                        k_end=k_end, slice_rows=slice_rows)  # fmt: skip
+                if cutlass.const_expr(multiply):  # noqa: SIM102 (trace-time if)
+                    if live_rows:
+                        wgmma.fence()
+                        for i in cutlass.range_constexpr(rows):
+                            self._mma_row(s % stages, s % 2, i, a_desc, b_desc, acc)
+                        wgmma.commit()
+                        if cutlass.const_expr(self.k_split > 1):
+                            self._slice_end(acc, fold, nxt=step + rows, k_begin=k_begin,
+                                            k_end=k_end, slice_rows=slice_rows)  # fmt: skip
                 self._decode_step(
                     (s + 1) % stages, (s + 1) % 2, step + rows, word_rd, lut_addr, off, frag_st
                 )
-        self._settle(acc)
+        if cutlass.const_expr(multiply):
+            self._settle(acc)
         ptx.cp_async_wait(0)  # no copy may still be writing shared memory at exit
         if cutlass.const_expr(self.k_split > 1):  # noqa: SIM102 (trace-time if)
             if live_rows:

@@ -205,7 +205,7 @@ def trellis_matmul(
     )
 
     check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
-    check_wgmma(wgmma, n_tiles=tiles[1] if tiles else 1, warps=warps, m_warps=m_warps)
+    check_wgmma(wgmma, n_tiles=tiles[1] if tiles else 1, warps=warps, m_warps=m_warps, helpers=True)
     if wgmma and tiles is None:
         raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
     if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:

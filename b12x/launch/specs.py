@@ -95,7 +95,9 @@ class KernelSpec:
             rows=self.shared_rows,
             smem_stages=self.smem_stages,
         )
-        check_wgmma(self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps)
+        check_wgmma(
+            self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, helpers=True
+        )
         if self.wgmma and self.kind != "gemm":
             raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
         if isinstance(self.fmt, str):

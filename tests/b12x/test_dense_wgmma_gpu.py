@@ -29,8 +29,17 @@ pytestmark = pytest.mark.gpu
 
 K_ROWS = 7
 N = 256
-#: (m_tiles, n_tiles) of the warpgroup geometries (8 warps, every warp multiplies).
-GEOMETRIES = [(1, 1), (2, 1), (1, 2)]
+#: (m_tiles, n_tiles) of the warpgroup geometries (8 warps, every warp multiplies), and the
+#: warp-specialised one: (m_tiles, n_tiles, warps, m_warps) = 8 multiplying warps and 8
+#: decode-only helpers (the dense table's ``tensor_helpers`` geometry, 2 x 4 slots).
+HELPERS = (1, 1, 16, 8)
+GEOMETRIES = [(1, 1), (2, 1), (1, 2), HELPERS]
+
+
+def _geometry_id(geometry) -> str:
+    return "x".join(map(str, geometry))
+
+
 REGIMES = case_inputs.WINDOW_REGIMES
 
 
@@ -45,29 +54,35 @@ def _payload(bits: int, seed: int, k_rows: int = K_ROWS, n: int = N) -> torch.Te
     return case_inputs.payload(torch.Generator().manual_seed(seed), k_rows, n // 16, 16 * bits)
 
 
-def _wgmma(a, payload, codebook, bits, geometry, *, split_k):
-    mt, nt = geometry
-    rows, stages = fitting_slots(bits=bits, m_tiles=mt, n_tiles=nt, warps=8, m_warps=8)
+def _wgmma(a, payload, codebook, bits, geometry, *, split_k, slots=None):
+    mt, nt, warps, m_warps = (*geometry, 8, 8) if len(geometry) == 2 else geometry
+    if slots is not None:
+        rows, stages = slots
+    elif m_warps < warps:
+        rows, stages = 2, 4  # opt-in shared memory
+    else:
+        rows, stages = fitting_slots(bits=bits, m_tiles=mt, n_tiles=nt, warps=8, m_warps=8)
     return host.trellis_matmul(
-        a, payload, codebook, split_k=split_k, tiles=(mt, nt), warps=8, m_warps=8,
+        a, payload, codebook, split_k=split_k, tiles=(mt, nt), warps=warps, m_warps=m_warps,
         shared_rows=rows, smem_stages=stages, wgmma=True,
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("geometry", [(1, 1), HELPERS], ids=_geometry_id)
 @pytest.mark.parametrize("m", [112, 48])
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize(("codebook", "bits"), REGIMES)
-def test_identity_every_window_regime(codebook, bits, split_k, m):
+def test_identity_every_window_regime(codebook, bits, split_k, m, geometry):
     payload = _payload(bits, seed=90 + bits)
     expected = ref_trellis.decode(payload, codebook).to(torch.float16)[:m]
     eye = torch.eye(16 * K_ROWS, dtype=torch.float16, device="cuda")[:m]
-    got = _wgmma(eye, payload.cuda(), codebook, bits, (1, 1), split_k=split_k)
+    got = _wgmma(eye, payload.cuda(), codebook, bits, geometry, split_k=split_k)
     assert torch.equal(got.cpu(), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bits", [2, 4, 6])
-@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=_geometry_id)
 def test_identity_every_geometry(geometry, bits, dtype):
     payload = _payload(bits, seed=40 + bits, n=512)
     expected = ref_trellis.decode(payload, "mcg").to(dtype)[:112]
@@ -78,7 +93,7 @@ def test_identity_every_geometry(geometry, bits, dtype):
 
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("m", [1, 64, 100, 200])
-@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=_geometry_id)
 def test_random_activations_within_the_rounding_bound(geometry, m, split_k):
     k_rows, n = 64, 512
     k = 16 * k_rows
@@ -98,3 +113,24 @@ def test_random_activations_within_the_rounding_bound(geometry, m, split_k):
         shared_rows=2, smem_stages=3,
     ).cpu()  # fmt: skip
     assert torch.equal(got, sync)
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("m", [1, 50, 64])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_the_deep_step_is_bit_identical(bits, m, split_k):
+    """The dense table's M <= 64 row (``tensor_core_deep``: 128 x 256, 4 K16 rows per step in 4
+    slots) against the mma.sync shared decode: the same products in the same K order, 45 K16
+    rows (a partial last step; split 3 gives 15 + 15 + 15)."""
+    k_rows, n = 45, 512
+    payload = _payload(bits, seed=60 + bits, k_rows=k_rows, n=n)
+    a = (torch.randn(m, 16 * k_rows, generator=torch.Generator().manual_seed(m)) * 0.5).to(
+        torch.bfloat16
+    )
+    got = _wgmma(a.cuda(), payload.cuda(), "mcg", bits, (1, 2), split_k=split_k, slots=(4, 4))
+    rows, stages = fitting_slots(bits=bits, m_tiles=2, n_tiles=1, warps=8, m_warps=4)
+    sync = host.trellis_matmul(
+        a.cuda(), payload.cuda(), "mcg", split_k=split_k, tiles=(2, 1), warps=8, m_warps=4,
+        shared_rows=rows, smem_stages=stages,
+    )  # fmt: skip
+    assert torch.equal(got.cpu(), sync.cpu())

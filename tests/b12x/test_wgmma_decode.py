@@ -14,6 +14,8 @@ numerics (against a float32 reference, every codebook) are GPU checks:
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -69,7 +71,8 @@ def test_live_rows_are_skipped_per_warpgroup():
     ("geometry", "field"),
     [
         (dict(n_tiles=1, warps=6, m_warps=6), "warps"),  # not whole warpgroups
-        (dict(n_tiles=1, warps=8, m_warps=4), "m_warps"),  # every warp must multiply
+        (dict(n_tiles=1, warps=8, m_warps=2), "m_warps"),  # multiplying warps: warpgroups
+        (dict(n_tiles=1, warps=8, m_warps=4), "warps"),  # 4 helpers: 256 registers at launch
         (dict(n_tiles=4, warps=8, m_warps=8), "n_tiles"),  # 512 columns > one wgmma
     ],
 )
@@ -78,7 +81,7 @@ def test_bad_wgmma_geometry_refused_by_spec_launcher_and_kernel(geometry, field)
     from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
 
     with pytest.raises(ValueError, match=field):
-        check_wgmma_geometry(**geometry)
+        check_wgmma_geometry(**geometry, helpers=True)
     geo = {**HEADLINE, **geometry, "smem_stages": 4, "shared_rows": 1}
     with pytest.raises(ValueError, match=field):
         KernelSpec("gemm", "mcg", 4, wgmma=True, **geo)
@@ -182,3 +185,54 @@ def test_a_zero_payload_decodes_to_finite_weights_in_every_format():
             assert torch.isfinite(weights.float()).all(), (codebook, bits)
             checked += 1
     assert checked >= 5 * 3
+
+
+def test_only_a_kernel_with_helpers_takes_them():
+    """The MoE GEMM runs no decode-only helper warps: without ``helpers`` every warp must
+    multiply (the MoE kernel's own check), with it the dense GEMM's 8 + 8 geometry passes."""
+    with pytest.raises(ValueError, match="m_warps"):
+        check_wgmma_geometry(n_tiles=1, warps=16, m_warps=8)
+    check_wgmma_geometry(n_tiles=1, warps=16, m_warps=8, helpers=True)
+
+
+def test_helper_registers_split_one_register_file():
+    """Multiplying threads ask for 184 registers, helpers share the rest of one SM's 64 K; each
+    role's count must be reachable from the launch's (setmaxnreg only raises or only lowers)."""
+    from b12x.kernels.shared_layout import SM_REGISTERS, helper_registers
+
+    for warps, m_warps in ((16, 8), (12, 8)):
+        mma, helper = helper_registers(warps=warps, m_warps=m_warps)
+        launch = SM_REGISTERS // (32 * warps) // 8 * 8
+        assert mma % 8 == 0 and helper % 8 == 0 and helper <= launch <= mma
+        assert 32 * (m_warps * mma + (warps - m_warps) * helper) <= SM_REGISTERS
+    assert helper_registers(warps=16, m_warps=8) == (184, 72)
+    with pytest.raises(ValueError, match="warps"):  # 12 x 184 leaves the helpers nothing
+        helper_registers(warps=16, m_warps=12)
+
+
+def test_helper_geometry_compiles_warp_specialised():
+    """8 multiplying warps and 8 decode-only helpers (128 x 256 per CTA): spill-free at the
+    launch's 128 registers, the two roles set 184 / 72 with setmaxnreg, each role's loop
+    meets the CTA barrier and fences its shared-memory writes once per step (a role that
+    skipped one would deadlock or race), and no MMA is serialized (C7520)."""
+    spec = KernelSpec(
+        "gemm", "mcg", 4, bf16=True, wgmma=True, m_tiles=1, n_tiles=1, warps=16, m_warps=8,
+        shared_rows=2, smem_stages=4,
+    )  # fmt: skip
+    remarks = _remarks(spec)
+    assert remarks.spills and max(remarks.spills) == 0, remarks.spills
+    assert remarks.registers and max(remarks.registers) <= 128  # 512 threads: 128 at launch
+    assert "C7520" not in remarks.log and "C7508" not in remarks.log  # serialized / ignored
+    ptx = remarks.ptx
+    assert re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx) == [
+        ("inc", "184"),
+        ("dec", "72"),
+    ]
+    period, rows = 4, 2  # lcm(4 slots, 2 buffers) steps of 2 K16 rows per loop iteration
+    # the 256 columns as two m64n128 per K16 row (an m64n256 needs 154 registers at launch)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 2 * period * rows
+    assert "m64n256k16" not in ptx
+    assert ptx.count("bar.sync") == 2 * (1 + period)  # prologue + every step, in both roles
+    assert ptx.count("fence.proxy.async.shared::cta") == 2 * period
+    # every warp decodes its N16 tile: prologue rows + every step's next rows, in both roles
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 2 * (rows + period * rows)
