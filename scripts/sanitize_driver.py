@@ -22,7 +22,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
 * ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
   fold), planned M 300, live M 290, bf16 compute, inactive ids.
-* ``dense_wgmma``: the sm_90 tensor-core row, planned M 100, live M 70, bf16 compute.
+* ``dense_wgmma``: the sm_90 tensor-core row, planned M 100, live M 70, bf16 compute;
+  ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50.
 * ``moe_tensor_decode``: the shared decode's wgmma geometry pinned, M 300 / 290. These two plan
   the wgmma mainloops, so off sm_90 they are skipped and counted (``driver: … skipped``).
 * ``moe_pair_tensor_decode``: QSRT pairs on the pair wgmma shared decode (dynamic FC1, P43
@@ -108,6 +109,15 @@ def dense_wgmma():
     warpgroup's rows partly dead), N 512 (two CTA columns), bf16 compute, K3 sqg_e4m3."""
     return _dense(
         100, 70, 512, 512, 3, "sqg_e4m3", BF16, expect_path="generic", seed=11,
+        expect_wgmma=True, compute_dtype=BF16,
+    )  # fmt: skip
+
+
+def dense_wgmma_deep():
+    """The sm_90 tensor-core row at M <= 64 (4 K16 rows per step): planned M 64, live M 50
+    (the second warpgroup dead, the first partly live), K 1024 (4 steps of 4 rows), bf16."""
+    return _dense(
+        64, 50, 1024, 512, 4, "mcg", BF16, expect_path="generic", seed=13,
         expect_wgmma=True, compute_dtype=BF16,
     )  # fmt: skip
 
@@ -248,13 +258,14 @@ def moe_tiered():
 
 
 #: Cases whose plans need sm_90 (the wgmma mainloops): skipped, and counted, elsewhere.
-WGMMA_CASES = ("dense_wgmma", "moe_tensor_decode", "moe_pair_tensor_decode")
+WGMMA_CASES = ("dense_wgmma", "dense_wgmma_deep", "moe_tensor_decode", "moe_pair_tensor_decode")
 CASES = {
     f.__name__: f
     for f in (
         dense_generic_f16_splitk,
         dense_generic_bf16,
         dense_wgmma,
+        dense_wgmma_deep,
         decode_kernel,
         dense_decode_matmul,
         dense_k6_small_m,

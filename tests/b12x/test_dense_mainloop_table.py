@@ -56,7 +56,9 @@ def test_oracle_generic_checks_pass():
         ({"m": 33, **SM80}, "shared_wide", (2, 1, 8, 4, 1)),
         ({"m": 128, **SM80}, "shared_wide", (2, 1, 8, 4, 1)),
         ({"m": 33, "capability": (12, 0)}, "shared_wide", (2, 1, 8, 4, 1)),
-        ({"m": 33}, "tensor_core", (1, 2, 8, 8, 1)),  # sm_90: wgmma from M = 33
+        ({"m": 33}, "tensor_core_deep", (1, 2, 8, 8, 1)),  # sm_90: wgmma from M = 33
+        ({"m": 64}, "tensor_core_deep", (1, 2, 8, 8, 1)),
+        ({"m": 65}, "tensor_core", (1, 2, 8, 8, 1)),
         ({"m": 128}, "tensor_core", (1, 2, 8, 8, 1)),
         ({"m": 4096}, "tensor_core", (1, 2, 8, 8, 1)),  # paired layers stay on the generic path
         ({"m": 64, "n": 28800}, "shared_wide", (2, 1, 8, 4, 1)),  # N not a 256 multiple
@@ -73,7 +75,9 @@ def test_rows_and_geometries(case, row, geometry):
     else:
         v = got.value
         assert (v.m_tiles, v.n_tiles, v.warps, v.m_warps, v.split_k) == geometry
-        assert v.wgmma == (row == "tensor_core")
+        assert v.wgmma == row.startswith("tensor_core")
+        if v.wgmma:
+            assert v.shared_rows == (4 if row == "tensor_core_deep" else 2)
 
 
 @pytest.mark.parametrize(("bits", "slots"), [(2, (2, 3)), (4, (2, 3)), (5, (2, 3)), (6, (1, 4))])
@@ -83,23 +87,25 @@ def test_slots_follow_the_shared_memory_budget(bits, slots):
     assert (got.shared_rows, got.smem_stages) == slots
 
 
+@pytest.mark.parametrize(("m", "rows"), [(64, 4), (128, 2)], ids=["deep", "tensor_core"])
 @pytest.mark.parametrize("bits", range(1, 9))
-def test_the_wgmma_geometry_fits_every_rate(bits):
+def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
     from b12x.kernels.shared_layout import WGMMA_SMEM_LIMIT, shared_decode_layout
 
-    got = L.explain({**L.DEFAULT_CASE, "bits": bits}).value
-    assert (got.shared_rows, got.smem_stages) == (2, 4)
+    got = L.explain({**L.DEFAULT_CASE, "m": m, "bits": bits}).value
+    assert (got.shared_rows, got.smem_stages) == (rows, 4)
     lay = shared_decode_layout(
-        bits=bits, m_tiles=1, n_tiles=2, warps=8, m_warps=8, rows=2, stages=4
-    )  # 4 x 2 x (16·32·b + 4096) + 2 x 2 x 16 x 512: 96 KB at K8
-    assert lay.total == 4 * 2 * (16 * 32 * bits + 4096) + 2 * 2 * 16 * 512 <= WGMMA_SMEM_LIMIT
+        bits=bits, m_tiles=1, n_tiles=2, warps=8, m_warps=8, rows=rows, stages=4
+    )  # 4 x rows x (16·32·b + 4096) + 2 x rows x 16 x 512: 192 KB at K8 with 4 rows
+    want = 4 * rows * (16 * 32 * bits + 4096) + 2 * rows * 16 * 512
+    assert lay.total == want <= WGMMA_SMEM_LIMIT
 
 
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
 @pytest.mark.parametrize(
     ("geometry", "bits", "most"),
-    [(L.THIN, 4, 128), (L.WIDE, 8, 128), (L.TENSOR, 8, 255)],
-    ids=["thin", "wide", "tensor_core"],
+    [(L.THIN, 4, 128), (L.WIDE, 8, 128), (L.TENSOR, 8, 255), (L.TENSOR_DEEP, 8, 255)],
+    ids=["thin", "wide", "tensor_core", "tensor_core_deep"],
 )
 def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     g = L.slots_for(bits, geometry)
@@ -124,13 +130,14 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
         (32, dict(m_warps=2, shared_rows=2, smem_stages=3, wgmma=False), (1, 2), 4, 4),  # thin
         (100, dict(m_warps=4, shared_rows=2, smem_stages=3, wgmma=False), (2, 1), 8, 1),  # wide
         (100, dict(m_warps=8, shared_rows=2, smem_stages=4, wgmma=True), (1, 2), 8, 1),  # tensor
+        (64, dict(m_warps=8, shared_rows=4, smem_stages=4, wgmma=True), (1, 2), 8, 1),  # deep
     ],
-    ids=["per_warp", "thin", "wide", "tensor_core"],
+    ids=["per_warp", "thin", "wide", "tensor_core", "tensor_core_deep"],
 )
 def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
     """R15 for the mainloop table: the plan's geometry, slots and split reach the launch
-    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE / TENSOR rows at K4;
-    the wide row on an sm_80 device, the tensor-core row on the H200)."""
+    unchanged (values written from b12x.ops.dense.mainloop's THIN / WIDE / TENSOR / TENSOR_DEEP
+    rows at K4; the wide row on an sm_80 device, the tensor-core row on the H200)."""
     f16 = torch.float16
     device = H200 if mainloop.get("wgmma") else A100
     plan = plan_dense(device=device, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
@@ -154,11 +161,14 @@ def test_the_gpu_default_job_judges_the_tensor_core_row():
     from oracle.runners.dense import dense_problem
 
     runnable, _ = select_grid()
-    tensor = [
-        c
+    plans = {
+        id(c): plan_dense(**dense_problem(c), device=H200)
         for c in runnable
-        if c.variant.op == "dense" and plan_dense(**dense_problem(c), device=H200).wgmma
-    ]
+        if c.variant.op == "dense"
+    }
+    tensor = [c for c in runnable if id(c) in plans and plans[id(c)].wgmma]
+    rows = {plans[id(c)].mainloop_reasons[-1] for c in tensor}
+    assert rows == {"tensor_core_deep: selected", "tensor_core: selected"}, rows
     assert len(tensor) >= 40, len(tensor)
     assert {c.variant.codebook for c in tensor} == {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
     assert {c.variant.compute_dtype for c in tensor} == {"fp16", "bf16"}

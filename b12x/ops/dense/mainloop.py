@@ -20,15 +20,17 @@ Layout
   4. ``n_not_128`` — N % 128 != 0: both shared geometries cover 128 columns per CTA: ``None``.
   5. ``shared_thin`` — M <= :data:`THIN_MAX_M` (32): :data:`THIN` (4 warps, 32 rows, 128
      columns per CTA), split 4.
-  6. ``tensor_core`` — capability (9, 0) and N % 256 == 0: :data:`TENSOR` (8 warps decode, two
+  6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0 and M <= :data:`DEEP_MAX_M` (64):
+     :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4).
+  7. ``tensor_core`` — capability (9, 0) and N % 256 == 0: :data:`TENSOR` (8 warps decode, two
      warpgroups multiply with ``wgmma``; 128 rows, 256 columns per CTA), split 1, slots 2 x 4.
-  7. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
+  8. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
 
   The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
   :data:`SLOT_CHOICES` whose layout fits :data:`~b12x.kernels.shared_layout.SMEM_LIMIT` at the
   case's bits (2 x 3 up to K5, 1 x 4 from K6): :func:`slots_for`.
-* :data:`BOUNDARIES` put both sides of every threshold (M 16/17 and 32/33, N 128-multiple,
-  pinned, path) as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
+* :data:`BOUNDARIES` put both sides of every threshold (M 16/17, 32/33 and 64/65, N
+  128-multiple, pinned, path) as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
 
 Evidence (H200, 2026-12-03, ``benchmarks/dense_shared_decode_sweep.py``, 8192 x 28672 MCG K4,
 bf16, GEMM alone, graphed, payloads rotated past the L2; us):
@@ -57,6 +59,27 @@ A 128 x 128 CTA (two per SM) and a 256 x 128 CTA were slower at every M (the dec
 warp's two N16 tiles per K16 row is the ILP that hides its latency); ncu at M = 128: issued IPC
 1.73 of 4 with 8 warps per SM (180 registers), tensor pipe 39 %, L1/shared 74 %: the decode is
 latency-bound, so M <= 32 keeps the thin mma.sync geometry.
+
+Step depth and warp specialisation (H100 80GB, 2026-12-06, same sweep, ``--m 32,64,128,256
+--geometries 1x2x8x8w,1x1x16x8w --slots 2x4,4x4 --splits 1``, GEMM alone, us; cuBLAS bf16
+159.0 / 162.7 / 165.9 / 188.4 in the same run):
+
+====  ==============  ==============  ==================  ==================
+M     tensor 2 x 4    tensor 4 x 4    16 warps, 2 x 4     16 warps, 4 x 4
+====  ==============  ==============  ==================  ==================
+32    147.1           131.4           146.3               138.3
+64    156.2           **139.9**       157.5               149.7
+128   **192.9**       208.0           199.6               189.6
+256   377.6           401.4           390.2               376.5
+====  ==============  ==============  ==================  ==================
+
+Four K16 rows per step (half the barriers and ``wgmma`` waits per K16 row) win by 10 % while
+one warpgroup multiplies (M <= 64) and lose at M = 128, hence ``tensor_core_deep``. The
+warp-specialised geometry (``1x1x16x8w``: 16 warps decode, only warps 0-7 multiply, setmaxnreg
+184 / 72; :mod:`b12x.kernels.wgmma_decode`, "Decode-only helper warps") doubles the decoding
+warps and gains nothing beyond noise: the step is not bound by how many warps decode. It stays
+a kernel geometry (GPU-tested bit-identical) and is not planned. M = 32 stays ``shared_thin``
+(its whole linear took 122.8 us in the same run).
 
 Invariants
 ----------
@@ -90,6 +113,8 @@ __all__ = [
     "WIDE",
     "TENSOR",
     "TENSOR_CTA_N",
+    "TENSOR_DEEP",
+    "DEEP_MAX_M",
     "SharedDecode",
     "explain",
     "slots_for",
@@ -135,6 +160,11 @@ WIDE = SharedDecode(m_tiles=2, n_tiles=1, warps=8, m_warps=4, split_k=1)
 TENSOR = SharedDecode(
     m_tiles=1, n_tiles=2, warps=8, m_warps=8, split_k=1, shared_rows=2, smem_stages=4, wgmma=True
 )
+#: :data:`TENSOR` with 4 K16 rows per step (the same 4 slots; 192 KB at K8): at M <= 64 one
+#: warpgroup multiplies, and the deeper step halves the barriers per K16 row.
+TENSOR_DEEP = dataclasses.replace(TENSOR, shared_rows=4)
+#: Largest M of :data:`TENSOR_DEEP` (H100 sweep in the module docstring).
+DEEP_MAX_M = 64
 
 
 def slots_for(bits: int, geometry: SharedDecode) -> SharedDecode:
@@ -234,6 +264,21 @@ ROWS: tuple[Row, ...] = (
         lambda c: slots_for(c["bits"], THIN),
     ),
     _row(
+        "tensor_core_deep",
+        "sm_90, M <= 64: the tensor-core CTA with 4 K16 rows per step",
+        (
+            _GENERIC,
+            _NOT_PINNED,
+            _SHARED_M,
+            _HOPPER,
+            _N_256,
+            Condition(
+                "m<=64", lambda c: c["m"] <= DEEP_MAX_M, lambda c: f"m={c['m']} > {DEEP_MAX_M}"
+            ),
+        ),
+        TENSOR_DEEP,
+    ),
+    _row(
         "tensor_core",
         "sm_90: 8 warps decode, 2 warpgroups wgmma, 128 x 256 per CTA, split 1",
         (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256),
@@ -259,15 +304,20 @@ def _case(**changes: Any) -> dict:
 
 
 BOUNDARIES: tuple[Boundary, ...] = (
-    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "tensor_core",
+    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "tensor_core_deep",
              "off_generic_path"),
-    Boundary("pinned", _case(), "pinned", False, True, "tensor_core", "pinned_tile"),
+    Boundary("pinned", _case(), "pinned", False, True, "tensor_core_deep", "pinned_tile"),
     Boundary("shared_min_m", _case(), "m", 16, 17, "small_m", "shared_thin"),
-    Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "tensor_core"),
-    Boundary("hopper", _case(), "capability", (9, 0), (8, 0), "tensor_core", "shared_wide"),
-    Boundary("hopper_sm120", _case(), "capability", (9, 0), (12, 0), "tensor_core",
+    Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "tensor_core_deep"),
+    Boundary("deep_max_m", _case(), "m", 64, 65, "tensor_core_deep", "tensor_core"),
+    Boundary("hopper", _case(), "capability", (9, 0), (8, 0), "tensor_core_deep",
              "shared_wide"),
-    Boundary("n_256", _case(), "n", 28672, 28800, "tensor_core", "shared_wide"),
+    Boundary("hopper_large_m", _case(m=128), "capability", (9, 0), (8, 0), "tensor_core",
+             "shared_wide"),
+    Boundary("hopper_sm120", _case(), "capability", (9, 0), (12, 0), "tensor_core_deep",
+             "shared_wide"),
+    Boundary("n_256", _case(), "n", 28672, 28800, "tensor_core_deep", "shared_wide"),
+    Boundary("n_256_large_m", _case(m=128), "n", 28672, 28800, "tensor_core", "shared_wide"),
     Boundary("n_128", _case(capability=(8, 0)), "n", 28672, 28736, "shared_wide",
              "n_not_128"),
 )  # fmt: skip
