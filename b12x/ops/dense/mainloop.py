@@ -79,7 +79,11 @@ warp-specialised geometry (``1x1x16x8w``: 16 warps decode, only warps 0-7 multip
 184 / 72; :mod:`b12x.kernels.wgmma_decode`, "Decode-only helper warps") doubles the decoding
 warps and gains nothing beyond noise: the step is not bound by how many warps decode. It stays
 a kernel geometry (GPU-tested bit-identical) and is not planned. M = 32 stays ``shared_thin``
-(its whole linear took 122.8 us in the same run).
+(its whole linear took 122.8 us in the same run). With the deep row, the whole K4 linear at
+M = 64 took 141.3 us (0.87x cuBLAS; ``benchmarks/dense_trellis.py``, H100, one run), and ncu
+(``--clock-control none``) of its GEMM: 135.2 us, 8 warps per SM (234 registers), 0.49 issued
+per scheduler with 51 % of cycles issuing nothing, ALU 42 % / FMA-heavy 43 % / tensor 29 % of
+peak, L1/shared 74 %, DRAM 27 %, 0.85 waves (112 CTAs on 132 SMs): latency-bound, no pipe full.
 
 Invariants
 ----------
