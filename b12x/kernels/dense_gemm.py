@@ -448,24 +448,30 @@ class DenseTrellisGemmKernel:
             lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
             off=off,
         )  # fmt: skip
-        tile0 = bx * lay.cta_tiles + wn * lay.mma_tiles
         live_rows = cta_row0 + self.shared.live_row0(warp) < m  # past M: idle
-        if cutlass.const_expr(getattr(self.shared, "helpers", 0)):
+        store = dict(
+            out=out, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
+            bz=bz, g=g, r=r,
+        )  # fmt: skip
+        if cutlass.const_expr(self.shared.helpers):
             # Warp specialised (warpgroup-uniform roles): warps < m_warps decode and multiply,
             # the helpers only decode; each role keeps the registers it needs (setmaxnreg).
             mma_regs, helper_regs = self.shared.registers
             if warp < self.m_warps:
                 cute.arch.setmaxregister_increase(mma_regs)
-                acc = self.shared.run(**loop, live_rows=live_rows)
-                self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz,
-                               g=g, r=r, n_tiles=lay.mma_tiles)  # fmt: skip
+                self._multiply_and_store(loop=loop, live_rows=live_rows, store=store)
             else:
                 cute.arch.setmaxregister_decrease(helper_regs)
                 self.shared.run(**loop, live_rows=False, multiply=False)
         else:
-            acc = self.shared.run(**loop, live_rows=live_rows)
-            self._epilogue(out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g,
-                           r=r, n_tiles=lay.mma_tiles)  # fmt: skip
+            self._multiply_and_store(loop=loop, live_rows=live_rows, store=store)
+
+    @cute.jit
+    def _multiply_and_store(self, *, loop, live_rows, store):
+        """The shared mainloop of a multiplying warp, then its epilogue (``store``: the
+        :meth:`_epilogue` arguments besides the accumulators and the tile count)."""
+        acc = self.shared.run(**loop, live_rows=live_rows)
+        self._epilogue(acc=acc, n_tiles=self.layout.mma_tiles, **store)
 
     @cute.jit
     def _register_mainloop(

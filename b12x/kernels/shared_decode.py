@@ -78,6 +78,9 @@ class SharedDecodeMainloop:
     epilogue over ``mma_tiles`` N16 tiles starting at tile ``cta_tile0 + wn·mma_tiles``.
     """
 
+    #: Decode-only helper warps (only the ``wgmma`` mainloop has them): none here.
+    helpers = 0
+
     def __init__(
         self,
         fmt: DecodeFormat,

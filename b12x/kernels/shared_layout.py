@@ -108,8 +108,7 @@ def check_wgmma_geometry(*, n_tiles: int, warps: int, m_warps: int, helpers: boo
     if m_warps % WARPGROUP or not WARPGROUP <= m_warps <= warps:
         raise ValueError(
             f"m_warps: the warps that multiply with wgmma are whole warpgroups of 4 among the "
-            f"{warps}, got "
-            f"{m_warps}"
+            f"{warps}, got {m_warps}"
         )
     if 16 * n_tiles * warps > WGMMA_MAX_N:
         raise ValueError(
@@ -135,9 +134,9 @@ def helper_registers(*, warps: int, m_warps: int) -> tuple[int, int]:
     decode-only warps set with ``setmaxnreg`` (multiples of 8, ``mma`` =
     :data:`MMA_THREAD_REGISTERS`, the helpers share what one CTA per SM leaves, at most 256).
     ``ValueError`` when the helpers would get fewer than :data:`MIN_HELPER_REGISTERS`."""
-    per_warp = SM_REGISTERS // 32
-    launch = per_warp // warps // 8 * 8  # what every thread starts with (the launch's cap)
-    left = per_warp - m_warps * MMA_THREAD_REGISTERS
+    per_lane = SM_REGISTERS // 32  # registers of one lane position across the SM's warps
+    launch = per_lane // warps // 8 * 8  # what every thread starts with (the launch's cap)
+    left = per_lane - m_warps * MMA_THREAD_REGISTERS
     helper = min(256, (left // (warps - m_warps)) // 8 * 8)
     if helper < MIN_HELPER_REGISTERS:
         raise ValueError(

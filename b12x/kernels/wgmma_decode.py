@@ -202,7 +202,6 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         """The warpgroup's ``m_tiles`` MMAs of K16 row ``row`` of ``slot`` / ``buf``."""
         lay = self.layout
         b_off = buf * lay.frag_bytes + row * lay.cta_tiles * FRAG_TILE_BYTES
-        b = wgmma.descriptor_at(b_desc, b_off)
         chunk_tiles = self.mma_n // 16
         for mt in range(self.m_tiles):
             a_off = slot * lay.slot_bytes + row * lay.row_a + mt * A_TILE_BYTES
@@ -214,7 +213,7 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
                 ]
                 out = wgmma.mma(
                     [acc[i] for i in idx], wgmma.descriptor_at(a_desc, a_off),
-                    b if t0 == 0 else wgmma.descriptor_at(b_desc, b_off + t0 * FRAG_TILE_BYTES),
+                    wgmma.descriptor_at(b_desc, b_off + t0 * FRAG_TILE_BYTES),
                     n=self.mma_n, bf16=self.bf16,
                 )  # fmt: skip
                 for i, v in zip(idx, out, strict=True):

@@ -22,6 +22,7 @@ import torch
 
 from b12x.kernels.shared_layout import fitting_slots
 from b12x.launch import host
+from b12x.ops.dense import mainloop as mainloop_table
 from oracle.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
@@ -127,7 +128,11 @@ def test_the_deep_step_is_bit_identical(bits, m, split_k):
     a = (torch.randn(m, 16 * k_rows, generator=torch.Generator().manual_seed(m)) * 0.5).to(
         torch.bfloat16
     )
-    got = _wgmma(a.cuda(), payload.cuda(), "mcg", bits, (1, 2), split_k=split_k, slots=(4, 4))
+    deep = mainloop_table.TENSOR_DEEP
+    got = _wgmma(
+        a.cuda(), payload.cuda(), "mcg", bits, (deep.m_tiles, deep.n_tiles), split_k=split_k,
+        slots=(deep.shared_rows, deep.smem_stages),
+    )  # fmt: skip
     rows, stages = fitting_slots(bits=bits, m_tiles=2, n_tiles=1, warps=8, m_warps=4)
     sync = host.trellis_matmul(
         a.cuda(), payload.cuda(), "mcg", split_k=split_k, tiles=(2, 1), warps=8, m_warps=4,
