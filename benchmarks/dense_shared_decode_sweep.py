@@ -26,7 +26,9 @@ Usage: ``python benchmarks/dense_shared_decode_sweep.py [--m 16,64,256] [--bits 
 [--geometries 1x1x8x8,...] [--splits 1,2,4] [--slots 1x4,2x3] [--json out.json]``; a
 geometry is ``m_tiles x n_tiles x warps x m_warps`` (a trailing ``w``: the ``wgmma`` mainloop,
 sm_90, whose bit identity with ``mma.sync`` is reported but only the error bound is required),
-a slot ``shared_rows x smem_stages``.
+a trailing ``s``: the swap-AB mainloop, sm_90, ``MT`` 0 = fit M), a slot ``shared_rows x
+smem_stages`` (the swap-AB mainloop takes 4..8 stages, the shared decode 3..4; a pair a
+geometry refuses is reported and skipped).
 """
 
 from __future__ import annotations
@@ -45,17 +47,25 @@ CODEBOOK = "mcg"
 DEFAULT_GEOMETRIES = ("1x1x8x8", "2x1x8x4", "1x2x8x4", "2x2x8x4", "1x1x4x4", "1x2x8x8w")
 
 
-def geometry(text: str) -> tuple[int, int, int, int, bool]:
-    """``MTxNTxWxMW``, with a trailing ``w`` for the wgmma mainloop (``1x1x8x8w``)."""
-    tensor = text.endswith("w")
-    parts = tuple(int(v) for v in text.removesuffix("w").split("x"))
+def geometry(text: str) -> tuple[int, int, int, int, bool, bool]:
+    """``MTxNTxWxMW``, with a trailing ``w`` for the wgmma mainloop (``1x1x8x8w``) or ``s``
+    for the swap-AB mainloop (``0x1x8x8s``; ``MT`` 0 = ``ceil(M / 16)`` token blocks, at most
+    16)."""
+    swap = text.endswith("s")
+    tensor = swap or text.endswith("w")
+    parts = tuple(int(v) for v in text.removesuffix("w").removesuffix("s").split("x"))
     if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w], got {text!r}")
-    return (*parts, tensor)
+        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w|s], got {text!r}")
+    return (*parts, tensor, swap)
 
 
 def geometry_name(g) -> str:
-    return "x".join(map(str, g[:4])) + ("w" if g[4] else "")
+    return "x".join(map(str, g[:4])) + ("s" if g[5] else "w" if g[4] else "")
+
+
+def swap_tiles(m_tiles: int, m: int) -> int:
+    """A swap-AB geometry's token blocks at M (``m_tiles`` 0: fit M, at most 16)."""
+    return m_tiles or min(16, -(-m // 16))
 
 
 def front_door(m, k, n, bits, payloads, graphed) -> tuple[float, str]:
@@ -109,11 +119,13 @@ def main(argv=None) -> int:
         return median_us(lambda i: graphs[i % len(graphs)].replay(), **timing)
 
     def shared(x, p, g, split, slot, out, scratch, codebook=CODEBOOK):
-        mt, nt, w, mw, tensor = g
+        mt, nt, w, mw, tensor, swap = g
+        if swap:
+            mt = swap_tiles(mt, x.shape[0])
         rows, stages = slot
         return host.trellis_matmul(
             x, p, codebook, split_k=split, out=out, scratch=scratch, tiles=(mt, nt), warps=w,
-            m_warps=mw, shared_rows=rows, smem_stages=stages, wgmma=tensor,
+            m_warps=mw, shared_rows=rows, smem_stages=stages, wgmma=tensor, swap_ab=swap,
         )  # fmt: skip
 
     # ---- checks
@@ -133,8 +145,11 @@ def main(argv=None) -> int:
                 for rows in slots:
                     for split in (1, 3):
                         try:
-                            mt, nt, warps, mw, tensor = g
+                            mt, nt, warps, mw, tensor, swap = g
                             got = shared(x, p, g, split, rows, None, None, codebook)
+                            if swap:  # the per-warp kernel's own tile at this M
+                                mt, nt = host.choose_tiles(m, n)
+                                warps = 4
                             base = host.trellis_matmul(
                                 x, p, codebook, split_k=split, tiles=(mt, nt), warps=warps
                             )

@@ -23,7 +23,9 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
   fold), planned M 300, live M 290, bf16 compute, inactive ids.
 * ``dense_wgmma``: the sm_90 tensor-core row, planned M 100, live M 70, bf16 compute;
-  ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50.
+  ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50;
+  ``dense_swap_ab``: the swap-AB mainloop launched directly, 256 tokens per CTA, M 290,
+  unsplit and split 3.
 * ``moe_tensor_decode``: the shared decode's wgmma geometry pinned, M 300 / 290. These two plan
   the wgmma mainloops, so off sm_90 they are skipped and counted (``driver: … skipped``).
 * ``moe_pair_tensor_decode``: QSRT pairs on the pair wgmma shared decode (dynamic FC1, P43
@@ -120,6 +122,23 @@ def dense_wgmma_deep():
         64, 50, 1024, 512, 4, "mcg", BF16, expect_path="generic", seed=13,
         expect_wgmma=True, compute_dtype=BF16,
     )  # fmt: skip
+
+
+def dense_swap_ab():
+    """The sm_90 swap-AB mainloop launched directly (weights in the wgmma A registers): 256
+    tokens per CTA, M 290 (the second token tile 34 live), N 256, K 1024 (the last of 6-slot
+    periods partly past K), bf16, mcg K4; unsplit, then split 3 (fp32 partials + reduce)."""
+    g = _gen(17)
+    payload = _payload(g, 1024 // 16, 256 // 16, 16 * 4)
+    a = torch.randn(290, 1024, generator=g).to(BF16).to(DEV)
+    outs = []
+    for split in (1, 3):
+        out = host.trellis_matmul(
+            a, payload, "mcg", split_k=split, tiles=(16, 1), warps=8, m_warps=8,
+            shared_rows=2, smem_stages=6, wgmma=True, swap_ab=True,
+        )  # fmt: skip
+        outs.append(out.float().sum().view(1))
+    return torch.cat(outs)
 
 
 def dense_decode_matmul():
@@ -258,7 +277,13 @@ def moe_tiered():
 
 
 #: Cases whose plans need sm_90 (the wgmma mainloops): skipped, and counted, elsewhere.
-WGMMA_CASES = ("dense_wgmma", "dense_wgmma_deep", "moe_tensor_decode", "moe_pair_tensor_decode")
+WGMMA_CASES = (
+    "dense_wgmma",
+    "dense_wgmma_deep",
+    "dense_swap_ab",
+    "moe_tensor_decode",
+    "moe_pair_tensor_decode",
+)
 CASES = {
     f.__name__: f
     for f in (
@@ -266,6 +291,7 @@ CASES = {
         dense_generic_bf16,
         dense_wgmma,
         dense_wgmma_deep,
+        dense_swap_ab,
         decode_kernel,
         dense_decode_matmul,
         dense_k6_small_m,

@@ -107,6 +107,7 @@ from b12x.kernels.shared_layout import (
     SMEM_LIMIT,
     WGMMA_SMEM_LIMIT,
     check_shared_decode,
+    check_swap_ab,
     check_wgmma,
     shared_decode_layout,
 )
@@ -117,6 +118,7 @@ from b12x.kernels.trellis_decode import (
     ring_words_per_lane,
 )
 from b12x.kernels.wgmma_decode import WgmmaDecodeMainloop
+from b12x.kernels.wgmma_swap import SwapAbMainloop
 
 __all__ = [
     "DenseTrellisGemmKernel",
@@ -196,11 +198,19 @@ class DenseTrellisGemmKernel:
         m_warps: int = 0,
         shared_rows: int = 2,
         wgmma: bool = False,
+        swap_ab: bool = False,
     ):
         fmt.check_bits(bits)
-        if smem_stages not in SMEM_STAGES:
+        check_swap_ab(
+            swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+        )  # fmt: skip
+        if not swap_ab and smem_stages not in SMEM_STAGES:
             raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
-        check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
+        if not swap_ab:
+            check_shared_decode(
+                warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages
+            )
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
@@ -213,11 +223,17 @@ class DenseTrellisGemmKernel:
         self.smem_stages = smem_stages
         self.m_warps = m_warps
         self.shared_rows = shared_rows
+        self.swap_ab = swap_ab
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
         check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)
-        if wgmma:
+        if swap_ab:
+            self.shared = SwapAbMainloop(
+                fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+                rows=shared_rows, stages=smem_stages,
+            )  # fmt: skip
+        elif wgmma:
             self.shared = WgmmaDecodeMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
                 m_warps=m_warps, rows=shared_rows, stages=smem_stages,
@@ -256,7 +272,7 @@ class DenseTrellisGemmKernel:
         m = a.shape[0]
         n16 = payload.shape[1]
         grid_x = n16 // (self.n_tiles * self.warps)
-        cta_m = 16 * self.m_tiles * max(1, self.m_warps)
+        cta_m = self.cta_m
         grid_y = (m + cta_m - 1) // cta_m
         self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
             grid=(grid_x, grid_y, splits),
@@ -265,6 +281,13 @@ class DenseTrellisGemmKernel:
             stream=stream,
             **launch_options(),
         )
+
+    @property
+    def cta_m(self) -> int:
+        """Rows (tokens) of A one CTA covers."""
+        if self.swap_ab:
+            return 16 * self.m_tiles
+        return 16 * self.m_tiles * max(1, self.m_warps)
 
     def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
         """Issue the loads of K16 row ``kt``: (ring words of every N16 tile, A words).
@@ -375,7 +398,9 @@ class DenseTrellisGemmKernel:
         k_rows_per_split: Int32,
     ):
         await_upstream()
-        if cutlass.const_expr(self.m_warps > 0):
+        if cutlass.const_expr(self.swap_ab):
+            self._swap_ab_kernel(a, payload, out, lut_addr, k_rows_per_split)
+        elif cutlass.const_expr(self.m_warps > 0):
             self._shared_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
         else:
             self._warp_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
@@ -465,6 +490,71 @@ class DenseTrellisGemmKernel:
                 self.shared.run(**loop, live_rows=False, multiply=False)
         else:
             self._multiply_and_store(loop=loop, live_rows=live_rows, store=store)
+
+    @cute.jit
+    def _swap_ab_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
+        """Each warp decodes its weights into ``wgmma``'s register A operand; the CTA's tokens
+        are the B operand in shared memory (:mod:`b12x.kernels.wgmma_swap`)."""
+        tid = cute.arch.thread_idx()[0]
+        bx, by, bz = cute.arch.block_idx()
+        lane, warp, r, g = lane_coords(tid)
+        lay = self.layout
+        m = a.shape[0]
+        k_rows = payload.shape[0]
+        tok0 = by * lay.cta_m
+        k_begin = bz * k_rows_per_split
+        k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
+        first, off = lane_ring_start(lane, self.bits)
+        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
+        lanes = self.shared.setup(
+            tid=tid, lane=lane, warp=warp, first=first, a=a,
+            pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
+            a_row_source=lambda local: (cutlass.min(tok0 + local, m - 1), tok0 + local < m),
+        )  # fmt: skip
+        acc = self.shared.run(
+            lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
+            off=off,
+        )  # fmt: skip
+        self._swap_ab_epilogue(
+            out=out, acc=acc, m=m, tok0=tok0, tile0=bx * lay.cta_tiles + warp * self.n_tiles,
+            bz=bz, g=g, r=r,
+        )  # fmt: skip
+
+    @cute.jit
+    def _swap_ab_epilogue(self, *, out, acc, m, tok0, tile0, bz, g, r):
+        """Store the transposed accumulators (:mod:`b12x.kernels.wgmma_swap`, "Geometry"): the
+        lane holds weight rows ``g, g + 8`` of each of its N16 tiles for tokens ``2r, 2r + 1``
+        of each n-block. fp32 partials are stored one element at a time; the compute dtype is
+        stored as column pairs: lanes ``g`` and ``g ^ 1`` (``lane ^ 4``) swap one value, so the
+        even lane stores columns ``(g, g + 1)`` of token ``2r`` and the odd one of token
+        ``2r + 1``. Tokens ``>= M`` are never stored."""
+        odd = g % 2
+        for nt in cutlass.range_constexpr(self.n_tiles):
+            for t in cutlass.range_constexpr(self.m_tiles):
+                for nb in cutlass.range_constexpr(2):
+                    for half in cutlass.range_constexpr(2):
+                        base = nt * self.m_tiles * 8 + t * 8 + nb * 4 + 2 * half
+                        lo = acc[base]  # token j
+                        hi = acc[base + 1]  # token j + 1
+                        col = (tile0 + nt) * 16 + half * 8 + g
+                        tok = tok0 + t * 16 + nb * 8 + 2 * r
+                        if cutlass.const_expr(self.write_partials):
+                            if tok < m:
+                                out[bz, tok, col] = lo
+                            if tok + 1 < m:
+                                out[bz, tok + 1, col] = hi
+                        else:
+                            sent = cutlass.select_(odd == 1, lo, hi)
+                            got = cute.arch.shuffle_sync_bfly(sent, 4)
+                            first = cutlass.select_(odd == 1, got, lo)
+                            second = cutlass.select_(odd == 1, hi, got)
+                            store_row = tok + odd
+                            if store_row < m:
+                                if cutlass.const_expr(self.bf16):
+                                    word = ptx.f32x2_to_bfloat2(first, second)
+                                else:
+                                    word = ptx.f32x2_to_half2(first, second)
+                                out[store_row, (col - odd) // 2] = Int32(word)
 
     @cute.jit
     def _multiply_and_store(self, *, loop, live_rows, store):

@@ -37,6 +37,10 @@ __all__ = [
     "check_shared_decode",
     "check_wgmma",
     "check_wgmma_geometry",
+    "check_swap_ab",
+    "swap_ab_layout",
+    "SWAP_MAX_ACCUMULATORS",
+    "SWAP_STAGES",
     "helper_registers",
     "fitting_slots",
     "fold_bytes",
@@ -243,3 +247,80 @@ def fitting_slots(*, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps:
         f"bits: no slot shape of {SLOT_CHOICES} fits K{bits} in {SMEM_LIMIT} B "
         f"(m_tiles={m_tiles}, n_tiles={n_tiles}, warps={warps}, m_warps={m_warps})"
     )
+
+
+#: Most fp32 accumulators one thread of the swap-AB geometry holds: ``n_tiles`` m64 MMAs of
+#: ``16·m_tiles`` token columns, ``n_tiles·8·m_tiles`` registers (one m64n256 set).
+SWAP_MAX_ACCUMULATORS = 128
+#: Legal cp.async slot counts of the swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`): a step's
+#: copies are committed ``stages - 2`` steps before the barrier that needs them.
+SWAP_STAGES = (4, 5, 6, 7, 8)
+
+
+def swap_ab_layout(*, bits: int, m_tiles: int, n_tiles: int, warps: int, rows: int,
+                   stages: int) -> SharedDecodeLayout:  # fmt: skip
+    """The :class:`SharedDecodeLayout` of a swap-AB geometry (:mod:`b12x.kernels.wgmma_swap`):
+    ``stages`` slots of ``rows`` K16 rows, each row the CTA's payload run (``cta_tiles =
+    n_tiles·warps`` N16 tiles) then its ``cta_m = 16·m_tiles`` token rows in core matrices
+    (``32·cta_m`` B); no fragment buffers (the weights are decoded into registers)."""
+    threads = 32 * warps
+    cta_tiles = n_tiles * warps
+    cta_m = 16 * m_tiles
+    row_pay = cta_tiles * 32 * bits
+    row_a = 32 * cta_m
+    slot = rows * (row_pay + row_a)
+    pay_chunks = row_pay // 16
+    a_chunks = 2 * cta_m
+    return SharedDecodeLayout(
+        cta_tiles=cta_tiles, mma_tiles=n_tiles, cta_m=cta_m, row_pay=row_pay, row_a=row_a,
+        a_offset=rows * row_pay, slot_bytes=slot, frag_offset=stages * slot, frag_bytes=0,
+        period=math.lcm(stages, 2), total=stages * slot, pay_chunks=pay_chunks,
+        pay_rounds=-(-pay_chunks // threads), a_chunks=a_chunks,
+        a_rounds=-(-a_chunks // threads),
+    )  # fmt: skip
+
+
+def check_swap_ab(
+    swap_ab, *, wgmma, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
+    rows: int, stages: int,
+) -> None:  # fmt: skip
+    """Validate the ``swap_ab`` flag (a bool) and, when set, its geometry
+    (:mod:`b12x.kernels.wgmma_swap`; its shared memory at ``bits``, skipped when ``bits`` is
+    None); ``ValueError`` naming the field. The one rule the spec, the launcher and the kernel
+    apply."""
+    if not isinstance(swap_ab, bool):
+        raise ValueError(f"swap_ab: expected a bool, got {swap_ab!r}")
+    if not swap_ab:
+        return
+    if wgmma is not True:
+        raise ValueError("wgmma: the swap-AB mainloop multiplies with wgmma; pass wgmma=True")
+    if warps % WARPGROUP or m_warps != warps:
+        raise ValueError(
+            f"m_warps: every warp of the swap-AB mainloop decodes and multiplies in whole "
+            f"warpgroups (m_warps == warps, a multiple of 4), got warps={warps}, m_warps={m_warps}"
+        )
+    if not 1 <= m_tiles <= WGMMA_MAX_N // 16:
+        raise ValueError(
+            f"tiles: the swap-AB CTA's 16·m_tiles token rows are one wgmma's N (<= "
+            f"{WGMMA_MAX_N}), got m_tiles={m_tiles}"
+        )
+    if 8 * n_tiles * m_tiles > SWAP_MAX_ACCUMULATORS:
+        raise ValueError(
+            f"tiles: {n_tiles} x {16 * m_tiles} tokens need {8 * n_tiles * m_tiles} accumulators "
+            f"per thread, more than {SWAP_MAX_ACCUMULATORS}"
+        )
+    if isinstance(rows, bool) or rows not in SHARED_ROWS:
+        raise ValueError(f"shared_rows: expected one of {SHARED_ROWS}, got {rows!r}")
+    if isinstance(stages, bool) or stages not in SWAP_STAGES:
+        raise ValueError(f"smem_stages: the swap-AB mainloop takes one of {SWAP_STAGES}, got "
+                         f"{stages!r}")  # fmt: skip
+    if bits is None:
+        return
+    need = swap_ab_layout(
+        bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, rows=rows, stages=stages
+    ).total
+    if need > WGMMA_SMEM_LIMIT:
+        raise ValueError(
+            f"smem_stages: {stages} slots of {rows} K16 rows need {need} B of shared memory "
+            f"(limit {WGMMA_SMEM_LIMIT})"
+        )

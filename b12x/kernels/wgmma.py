@@ -52,8 +52,10 @@ __all__ = [
     "fence",
     "fence_proxy_async",
     "mma",
+    "mma_rs",
     "stmatrix_x4",
     "wait",
+    "wait_in_place",
 ]
 
 #: Bytes from a core matrix to the next along K (its k-half partner).
@@ -122,6 +124,14 @@ def wait(acc: list, pending: int = 0, loc=None, ip=None) -> list:
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(count)]
 
 
+def wait_in_place(acc, count: int, pending: int = 0) -> None:
+    """:func:`wait` on the first ``count`` accumulators of the register tensor ``acc``, written
+    back in place (the form the mainloops keep their accumulators in)."""
+    values = wait([acc[i] for i in range(count)], pending)
+    for i in range(count):
+        acc[i] = values[i]
+
+
 @dsl_user_op
 def mma(acc: list, desc_a, desc_b, *, n: int, bf16: bool, loc=None, ip=None) -> list:
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}``, both operands K-major in
@@ -145,6 +155,40 @@ def mma(acc: list, desc_a, desc_b, *, n: int, bf16: bool, loc=None, ip=None) -> 
     res = llvm.inline_asm(
         _acc_struct(count), operands, text, cons, has_side_effects=True, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )  # fmt: skip
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(count)]
+
+
+@dsl_user_op
+def mma_rs(acc: list, a_regs: list, desc_b, *, n: int, bf16: bool, loc=None, ip=None) -> list:
+    """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}`` with A from registers
+    (``a_regs``: the lane's four packed words, the ``mma.sync.m16n8k16`` A fragment order
+    ``(g, 2r), (g + 8, 2r), (g, 2r + 8), (g + 8, 2r + 8)`` of its warp's 16 rows) and B K-major
+    in shared memory (``desc_b``), accumulating into ``acc`` (``n/2`` Float32, the layout in the
+    module docstring). The A registers must not be rewritten until :func:`wait` has retired this
+    MMA (ptxas keeps them live until then, or serializes and says so: remark C7510/C7520)."""
+    if n % 8 or not 8 <= n <= WGMMA_MAX_N:
+        raise ValueError(f"n: expected a multiple of 8 in 8..{WGMMA_MAX_N}, got {n}")
+    count = n // 2
+    if len(acc) != count:
+        raise ValueError(f"acc: m64n{n} needs {count} accumulators, got {len(acc)}")
+    if len(a_regs) != 4:
+        raise ValueError(f"a_regs: the register A fragment is 4 words, got {len(a_regs)}")
+    kind = "bf16" if bf16 else "f16"
+    regs = ", ".join(f"${i}" for i in range(count))
+    a_ops = ", ".join(f"${count + i}" for i in range(4))
+    text = (
+        "{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "
+        f"{{{regs}}}, {{{a_ops}}}, ${count + 4}, p, 1, 1, 0; }}"
+    )
+    cons = ",".join(["=f"] * count + ["r"] * 4 + ["l"] + [str(i) for i in range(count)])
+    operands = [Uint32(v).ir_value(loc=loc, ip=ip) for v in a_regs]
+    operands += [Int64(desc_b).ir_value(loc=loc, ip=ip)]
+    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+    res = llvm.inline_asm(
+        _acc_struct(count), operands, text, cons + ",~{memory}", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
     )  # fmt: skip
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(count)]
 

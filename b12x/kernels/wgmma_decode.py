@@ -193,10 +193,7 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
 
     def _settle(self, acc) -> None:
         """Wait for this warpgroup's MMAs; the accumulators pass through the wait."""
-        count = self.m_tiles * self.layout.mma_tiles * 8
-        values = wgmma.wait([acc[i] for i in range(count)], 0)
-        for i in range(count):
-            acc[i] = values[i]
+        wgmma.wait_in_place(acc, self.m_tiles * self.layout.mma_tiles * 8, 0)
 
     def _mma_row(self, slot: int, buf: int, row: int, a_desc, b_desc, acc) -> None:
         """The warpgroup's ``m_tiles`` MMAs of K16 row ``row`` of ``slot`` / ``buf``."""

@@ -186,6 +186,7 @@ def trellis_matmul(
     m_warps: int = 0,
     shared_rows: int = 2,
     wgmma: bool = False,
+    swap_ab: bool = False,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
@@ -196,24 +197,45 @@ def trellis_matmul(
     shared memory and multiplies it as ``m_warps`` x ``warps / m_warps`` warps, ``shared_rows``
     K16 rows per step, ``smem_stages`` 3..4 cp.async slots; :mod:`b12x.kernels.dense_gemm`);
     0 keeps the per-warp decode. ``wgmma`` (sm_90 only, ``m_warps == warps``) runs the shared
-    decode's MMAs as Hopper warpgroup MMAs (:mod:`b12x.kernels.wgmma_decode`). A geometry the
-    kernel would refuse raises ``ValueError`` naming the field before anything else is checked.
+    decode's MMAs as Hopper warpgroup MMAs (:mod:`b12x.kernels.wgmma_decode`). ``swap_ab``
+    (with ``wgmma``) runs the swap-AB mainloop instead: weights decoded into ``wgmma``'s register
+    A operand, ``16·m_tiles`` tokens per CTA, ``smem_stages`` 4..8 slots
+    (:mod:`b12x.kernels.wgmma_swap`). A geometry the kernel would refuse raises ``ValueError``
+    naming the field before anything else is checked.
     """
     from b12x.kernels.shared_layout import (  # pure Python, no cutlass
         check_shared_decode,
+        check_swap_ab,
         check_wgmma,
     )
 
-    check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
+    if not isinstance(swap_ab, bool):
+        raise ValueError(f"swap_ab: expected a bool, got {swap_ab!r}")
+    if swap_ab and tiles is None:
+        raise ValueError("tiles: the swap-AB mainloop takes its (m_tiles, n_tiles) explicitly")
+    if swap_ab:  # the geometry first, at the payload's rate (int16 [K/16, N/16, 16b])
+        shaped = isinstance(trellis, torch.Tensor) and trellis.ndim == 3
+        check_swap_ab(
+            swap_ab, wgmma=wgmma, bits=trellis.shape[-1] // 16 if shaped else None,
+            m_tiles=tiles[0], n_tiles=tiles[1], warps=warps,
+            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+        )  # fmt: skip
+    if not swap_ab:
+        check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
     check_wgmma(wgmma, n_tiles=tiles[1] if tiles else 1, warps=warps, m_warps=m_warps, helpers=True)
     if wgmma and tiles is None:
         raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
-    if isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES:
+    if not swap_ab and (isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES):
         raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
         got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
         raise TypeError(f"a: expected dtype torch.float16 or torch.bfloat16, got {got}")
     fmt, bits = _check_payload(trellis, codebook)
+    if swap_ab:
+        check_swap_ab(
+            swap_ab, wgmma=wgmma, bits=bits, m_tiles=tiles[0], n_tiles=tiles[1], warps=warps,
+            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+        )  # fmt: skip
     _check_tensor("a", a, dtypes=_HALF_DTYPES, ndim=2, device=trellis.device)
     m, k = a.shape
     n = trellis.shape[1] * 16
@@ -252,6 +274,7 @@ def trellis_matmul(
         m_warps=m_warps,
         shared_rows=shared_rows,
         wgmma=wgmma,
+        swap_ab=swap_ab,
     )
     if splits == 1:
         whole = GemmLaunch(

@@ -80,21 +80,33 @@ class KernelSpec:
     #: gemm only: the shared decode's consumer is Hopper ``wgmma`` (sm_90a; ``m_warps ==
     #: warps``, :mod:`b12x.kernels.wgmma_decode`) instead of per-warp ``mma.sync``.
     wgmma: bool = False
+    #: gemm only (with ``wgmma``): the swap-AB mainloop, weights decoded into ``wgmma``'s
+    #: register A operand, ``16·m_tiles`` tokens per CTA as its B (:mod:`b12x.kernels.wgmma_swap`).
+    swap_ab: bool = False
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
         from b12x.kernels.shared_layout import (  # pure Python, no cutlass
             check_shared_decode,
+            check_swap_ab,
             check_wgmma,
         )
 
-        check_shared_decode(
-            warps=self.warps,
-            m_warps=self.m_warps,
-            rows=self.shared_rows,
-            smem_stages=self.smem_stages,
-        )
+        if self.swap_ab is not False and self.kind != "gemm":
+            raise ValueError(f"swap_ab: only a gemm spec has the swap-AB mainloop, not {self.kind}")
+        check_swap_ab(
+            self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
+            n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
+            stages=self.smem_stages,
+        )  # fmt: skip
+        if not self.swap_ab:
+            check_shared_decode(
+                warps=self.warps,
+                m_warps=self.m_warps,
+                rows=self.shared_rows,
+                smem_stages=self.smem_stages,
+            )
         check_wgmma(
             self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, helpers=True
         )
@@ -184,6 +196,7 @@ def build_kernel(spec: KernelSpec):
             m_warps=spec.m_warps,
             shared_rows=spec.shared_rows,
             wgmma=spec.wgmma,
+            swap_ab=spec.swap_ab,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

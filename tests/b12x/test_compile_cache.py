@@ -50,11 +50,13 @@ MUTATIONS = {
     "m_warps": 2,
     "shared_rows": 1,
     "wgmma": True,
+    "swap_ab": True,
 }
 #: Fields whose mutation is only legal next to another change: the base they are mutated from.
 MUTATION_BASES = {
     "m_warps": {"smem_stages": 3},  # the shared-decode mainloop needs its slots
     "wgmma": {"smem_stages": 3, "m_warps": 4},  # a shared decode whose every warp multiplies
+    "swap_ab": {"smem_stages": 6, "m_warps": 4, "wgmma": True},  # a wgmma geometry, 6 slots
 }
 
 

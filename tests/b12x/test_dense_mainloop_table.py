@@ -123,14 +123,20 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
         assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
 
 
+def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False) -> dict:
+    """The mainloop keywords a plan passes to ``trellis_matmul``."""
+    return dict(m_warps=m_warps, shared_rows=rows, smem_stages=stages, wgmma=wgmma,
+                swap_ab=swap_ab)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("m", "mainloop", "tiles", "warps", "split"),
     [
-        (16, dict(m_warps=0, shared_rows=2, smem_stages=0, wgmma=False), None, None, None),
-        (32, dict(m_warps=2, shared_rows=2, smem_stages=3, wgmma=False), (1, 2), 4, 4),  # thin
-        (100, dict(m_warps=4, shared_rows=2, smem_stages=3, wgmma=False), (2, 1), 8, 1),  # wide
-        (100, dict(m_warps=8, shared_rows=2, smem_stages=4, wgmma=True), (1, 2), 8, 1),  # tensor
-        (64, dict(m_warps=8, shared_rows=4, smem_stages=4, wgmma=True), (1, 2), 8, 1),  # deep
+        (16, _loop(0, 2, 0), None, None, None),
+        (32, _loop(2, 2, 3), (1, 2), 4, 4),  # thin
+        (100, _loop(4, 2, 3), (2, 1), 8, 1),  # wide
+        (100, _loop(8, 2, 4, wgmma=True), (1, 2), 8, 1),  # tensor
+        (64, _loop(8, 4, 4, wgmma=True), (1, 2), 8, 1),  # deep
     ],
     ids=["per_warp", "thin", "wide", "tensor_core", "tensor_core_deep"],
 )

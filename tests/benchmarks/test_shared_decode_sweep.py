@@ -9,9 +9,11 @@ import pytest
 
 
 def test_geometry_argument(shared_sweep):
-    assert shared_sweep.geometry("2x1x8x4") == (2, 1, 8, 4, False)
-    assert shared_sweep.geometry("1x2x8x8w") == (1, 2, 8, 8, True)  # the wgmma mainloop
-    for bad in ("2x1x8", "2x1x8x4x1", "axbxcxd", "w2x1x8x4"):
+    assert shared_sweep.geometry("2x1x8x4") == (2, 1, 8, 4, False, False)
+    assert shared_sweep.geometry("1x2x8x8w") == (1, 2, 8, 8, True, False)  # the wgmma mainloop
+    assert shared_sweep.geometry("0x1x8x8s") == (0, 1, 8, 8, True, True)  # swap-AB
+    assert shared_sweep.swap_tiles(0, 100) == 7 and shared_sweep.swap_tiles(0, 4096) == 16
+    for bad in ("2x1x8", "2x1x8x4x1", "axbxcxd", "w2x1x8x4", "0x1x8x8ws"):
         with pytest.raises((argparse.ArgumentTypeError, ValueError)):
             shared_sweep.geometry(bad)
 
@@ -20,7 +22,7 @@ def test_default_geometries_are_legal(shared_sweep):
     from b12x.launch.specs import KernelSpec
 
     for text in shared_sweep.DEFAULT_GEOMETRIES:
-        mt, nt, w, mw, tensor = shared_sweep.geometry(text)
+        mt, nt, w, mw, tensor, _ = shared_sweep.geometry(text)
         KernelSpec(
             "gemm", "mcg", 4, m_tiles=mt, n_tiles=nt, warps=w, m_warps=mw, smem_stages=3,
             wgmma=tensor,

@@ -147,9 +147,14 @@ class SharedDecode:
     smem_stages: int = 3
     #: The MMAs are Hopper warpgroup MMAs (sm_90, :mod:`b12x.kernels.wgmma_decode`).
     wgmma: bool = False
+    #: The swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`): weights decoded into the
+    #: ``wgmma`` A registers, ``16·m_tiles`` tokens per CTA.
+    swap_ab: bool = False
 
     @property
     def cta_m(self) -> int:
+        if self.swap_ab:
+            return 16 * self.m_tiles
         return 16 * self.m_tiles * self.m_warps
 
 

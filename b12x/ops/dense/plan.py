@@ -166,6 +166,8 @@ class DensePlan(PlannedBuffers):
     mainloop_reasons: tuple[str, ...] = ()
     #: The shared decode multiplies with Hopper ``wgmma`` (sm_90).
     wgmma: bool = False
+    #: The swap-AB mainloop (weights in the ``wgmma`` A registers, sm_90).
+    swap_ab: bool = False
 
     @property
     def buffer_owner(self) -> str:
@@ -197,6 +199,7 @@ class DensePlan(PlannedBuffers):
                     shared_rows=self.shared_rows,
                     smem_stages=self.smem_stages,
                     wgmma=self.wgmma,
+                    swap_ab=self.swap_ab,
                 )
             )
             if self.split_k > 1:
@@ -474,7 +477,7 @@ def plan_dense(
     cta_m_blocks = m_tiles
     if shared is not None:
         m_tiles, n_tiles, warps = shared.m_tiles, shared.n_tiles, shared.warps
-        cta_m_blocks = shared.m_tiles * shared.m_warps
+        cta_m_blocks = shared.cta_m // 16
     split = split_table.explain(
         {
             "path": choice.path,
@@ -507,6 +510,7 @@ def plan_dense(
         smem_stages=0 if shared is None else shared.smem_stages,
         mainloop_reasons=loop.reasons,
         wgmma=shared is not None and shared.wgmma,
+        swap_ab=shared is not None and shared.swap_ab,
     )
 
 
@@ -627,6 +631,7 @@ def run_dense(
                 shared_rows=plan.shared_rows,
                 smem_stages=plan.smem_stages,
                 wgmma=plan.wgmma,
+                swap_ab=plan.swap_ab,
             )
         if had is None:  # a bf16 GEMM output is rounded to fp16 first (gemm_output_f16, §3.3)
             launchers.rotate_output(gemm, svh, out_dtype=final_dtype, out=final)
