@@ -354,7 +354,8 @@ def explain_dense(
         geometry={
             "m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps,
             "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
-            "smem_stages": plan.smem_stages,
+            "smem_stages": plan.smem_stages, "wgmma": int(plan.wgmma),
+            "swap_ab": int(plan.swap_ab),
         },
         mainloop_row=loop.path,
         mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),

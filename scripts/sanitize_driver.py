@@ -22,7 +22,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
 * ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
   fold), planned M 300, live M 290, bf16 compute, inactive ids.
-* ``dense_wgmma``: the sm_90 tensor-core row, planned M 100, live M 70, bf16 compute;
+* ``dense_wgmma``: the sm_90 row at M 65..256 (the swap-AB mainloop), planned M 100, live M 70,
+  bf16 compute;
   ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50;
   ``dense_swap_ab``: the swap-AB mainloop launched directly, 256 tokens per CTA, M 290,
   unsplit and split 3.
@@ -107,8 +108,9 @@ def decode_kernel():
 
 
 def dense_wgmma():
-    """The sm_90 tensor-core row (wgmma consumers): planned M 100, live M 70 (the second
-    warpgroup's rows partly dead), N 512 (two CTA columns), bf16 compute, K3 sqg_e4m3."""
+    """The sm_90 row at M 65..256 (since 2026-12-06 the swap-AB mainloop, 128 tokens x 256
+    weight rows per CTA): planned M 100, live M 70 (tokens past it zero-filled), N 512 (two CTA
+    columns), bf16 compute, K3 sqg_e4m3 (a LUT codebook)."""
     return _dense(
         100, 70, 512, 512, 3, "sqg_e4m3", BF16, expect_path="generic", seed=11,
         expect_wgmma=True, compute_dtype=BF16,

@@ -165,11 +165,6 @@ class SharedDecodeMainloop:
         """Where A chunk ``c`` lands in a K16 row's A region (:func:`a_chunk_offset`)."""
         return a_chunk_offset(c)
 
-    def _a_chunk_source(self, c):
-        """``(local, half)``: A chunk ``c`` copies 16-byte half ``half`` of the CTA's tile row
-        ``local`` (half ``c % 2`` of row ``c // 2``)."""
-        return c // 2, c % 2
-
     def _copy_plan(self, smem, *, tid, pay_cta, a, a_row_source):
         """``(pay, chunks)``: the thread's payload and A copies (:meth:`setup`)."""
         lay = self.layout
@@ -186,10 +181,9 @@ class SharedDecodeMainloop:
         chunks = []
         for j in range(lay.a_rounds):
             c = tid + j * threads
-            local, half = self._a_chunk_source(c)
-            row, live = a_row_source(local)
+            row, live = a_row_source(c // 2)
             dst = smem + Uint32(lay.a_offset + self._a_chunk_offset(c))
-            src = a_base + Int64(row) * a_row_bytes + half * 16
+            src = a_base + Int64(row) * a_row_bytes + (c % 2) * 16
             size = Uint32(cutlass.select_(live, Uint32(16), Uint32(0)))
             en = None
             if (j + 1) * threads > lay.a_chunks:

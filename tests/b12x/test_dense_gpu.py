@@ -143,10 +143,20 @@ def test_dense_linear_dtypes_and_splits(x_dtype, compute_dtype, m, split_k):
     _check(y, x, payload, suh, svh, "mcg", compute_dtype)
 
 
+def _decode_matmul_min_m() -> int:
+    """The dispatch table's decode_matmul threshold on this device (sm_90: 257, else 129)."""
+    from b12x.ops.dense import dispatch
+
+    if torch.cuda.get_device_capability() == dispatch.HOPPER:
+        return dispatch.HOPPER_DECODE_MATMUL_MIN_M
+    return dispatch.DECODE_MATMUL_MIN_M
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m", [17, 129])  # the shared-decode GEMM, and decode_matmul
+# the shared-decode GEMM; M = 129: sm_90's swap-AB GEMM (N 512), decode_matmul elsewhere; 257
+@pytest.mark.parametrize("m", [17, 129, 257])
 def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, with_bias):
     """The front door's conversions (bf16 x read by the input rotation, the bf16 operand and
     weight written by the rotation and the decode kernel, the bf16 GEMM output read by the
@@ -161,7 +171,7 @@ def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, wit
         m=m, k=k, n=n, bits=4, codebook="mcg", x_dtype=x_dtype, compute_dtype=compute_dtype,
         device=torch.device("cuda"),
     )  # fmt: skip
-    assert plan.path == ("decode_matmul" if m == 129 else "generic")
+    assert plan.path == ("decode_matmul" if m >= _decode_matmul_min_m() else "generic")
     bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
     y = run_dense(
         bound, x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(),
@@ -179,7 +189,7 @@ def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, wit
 
 
 def test_decode_matmul_path_matches_references():
-    k, n, m = 256, 256, 129  # decode_matmul starts at M = 129 (b12x.ops.dense.dispatch)
+    k, n, m = 256, 256, 257  # decode_matmul on every arch from M = 257 (b12x.ops.dense.dispatch)
     payload, suh, svh = _layer(k, n, 3, seed=9)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.float16)
     y = trellis_linear(

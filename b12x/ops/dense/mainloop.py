@@ -22,8 +22,14 @@ Layout
      columns per CTA), split 4.
   6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0 and M <= :data:`DEEP_MAX_M` (64):
      :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4).
-  7. ``tensor_core`` — capability (9, 0) and N % 256 == 0: :data:`TENSOR` (8 warps decode, two
-     warpgroups multiply with ``wgmma``; 128 rows, 256 columns per CTA), split 1, slots 2 x 4.
+  7. ``tensor_swap`` — capability (9, 0), N % 256 == 0, M >= :data:`SWAP_MIN_M` (65): the
+     swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`: every warp decodes its weights into the
+     ``wgmma`` A registers, the CTA's tokens are the B operand), :func:`swap_geometry`: 128
+     tokens x 256 weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`), else 256 x 128
+     (:data:`SWAP_TALL`), split 1, slots 2 x 6. It replaced the ``tensor_core`` row
+     (:data:`TENSOR`: 128 rows x 256 columns decoded into shared memory), which it beats at
+     M = 128 (161.0 against 192.9 us, H100, GEMM alone); on sm_90 the dispatch table's
+     decode_matmul row starts at M = 257 (:mod:`b12x.ops.dense.dispatch`).
   8. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
 
   The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
@@ -85,6 +91,38 @@ M = 64 took 141.3 us (0.87x cuBLAS; ``benchmarks/dense_trellis.py``, H100, one r
 per scheduler with 51 % of cycles issuing nothing, ALU 42 % / FMA-heavy 43 % / tensor 29 % of
 peak, L1/shared 74 %, DRAM 27 %, 0.85 waves (112 CTAs on 132 SMs): latency-bound, no pipe full.
 
+The swap-AB mainloop (H100 80GB, 2026-12-06, ``benchmarks/dense_shared_decode_sweep.py --m
+16,64,128,256,1024,4096 --geometries 0x1x8x8s,0x2x8x8s,0x1x4x4s --slots 2x6,4x6 --splits 1``,
+GEMM alone, us; ``0x..`` = tokens per CTA fit to M; cuBLAS bf16 in the same run):
+
+====  ======  ==========================  ==========================  ==================
+M     cuBLAS  128 weight rows (1 tile)    256 weight rows (2 tiles)   front door today
+====  ======  ==========================  ==========================  ==================
+16    165.8   106.9 (4 x 6)               104.3 (4 x 6)               107.6 (whole)
+64    162.4   140.0 (4 x 6)               129.7 (4 x 6)               138.8 (deep, whole)
+128   166.6   196.4 (2 x 6)               **161.0** (2 x 6)           193.5 (whole)
+256   185.3   **327.8** (2 x 6)           (256 accumulators)          415.4 (decode_matmul)
+1024  589.9   1385.7 (2 x 6)              --                          875.9 (decode_matmul)
+4096  2728.1  5111.1 (2 x 6)              --                          3219.6 (decode_matmul)
+====  ======  ==========================  ==========================  ==================
+
+Each weight is decoded once per token tile and never leaves the registers, so from M = 65 to one
+256-token tile it beats both the shared decode and decode + cuBLAS; M = 64 stays deep (2 %
+apart, within the run-to-run spread) and M <= 16 per-warp. ncu at M = 256 (256 x 128, 331.6 us):
+8 warps per SM (181 registers), 0.29 issued per scheduler, top stall long scoreboard (3.1 cycles
+per issue: the token copies, 2.8 TB/s of L2 reads, since every 128-row CTA re-reads its 256
+tokens), 54 % excess shared wavefronts in those copies. Copying one k-half of 8 tokens per
+8-lane phase instead was slower at every M (448 us at M = 256), so the copy stays per token.
+
+Whole linear with this row planned (H100, ``benchmarks/dense_trellis.py``, K4, fp16 compute,
+time / cuBLAS bf16 in the same run): M = 128 156.3 us (0.96; 159.5 with
+``B12X_DEPENDENT_LAUNCH=0``), M = 256 344.2 us (1.83; 347.0 without PDL), both from ``--m
+128,256 --bits 4 --no-peer``; the full table run of the same build measured M = 256 at
+396.7 us (2.10; the tensor_core row + decode_matmul gave 414.8 the session before). The
+profiler's launch table at M = 256 (``profile_launches.py --m 256 --only dense``): GEMM
+336.2 us; its output rotation shows 170.7 us of device time because, launched early (PDL), it
+waits resident while the GEMM's second partial wave (224 CTAs on 132 SMs) runs.
+
 Invariants
 ----------
 * ``explain`` is a pure function of the case; every field is validated before any row runs.
@@ -119,6 +157,11 @@ __all__ = [
     "TENSOR_CTA_N",
     "TENSOR_DEEP",
     "DEEP_MAX_M",
+    "SWAP_MIN_M",
+    "SWAP_TALL",
+    "SWAP_WIDE",
+    "SWAP_WIDE_MAX_M",
+    "swap_geometry",
     "SharedDecode",
     "explain",
     "slots_for",
@@ -174,6 +217,25 @@ TENSOR = SharedDecode(
 TENSOR_DEEP = dataclasses.replace(TENSOR, shared_rows=4)
 #: Largest M of :data:`TENSOR_DEEP` (H100 sweep in the module docstring).
 DEEP_MAX_M = 64
+#: Smallest M of the swap-AB row (sm_90; up to the dispatch table's Hopper decode_matmul
+#: threshold, :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`).
+SWAP_MIN_M = DEEP_MAX_M + 1
+#: Tokens per CTA of a swap-AB launch at M <= :data:`SWAP_WIDE_MAX_M`: 128 tokens x 256 weight
+#: rows (two N16 tiles per warp, 128 accumulators per thread), 2 K16 rows per step, 6 slots.
+SWAP_WIDE = SharedDecode(
+    m_tiles=8, n_tiles=2, warps=8, m_warps=8, split_k=1, shared_rows=2, smem_stages=6,
+    wgmma=True, swap_ab=True,
+)  # fmt: skip
+#: Largest M of :data:`SWAP_WIDE`.
+SWAP_WIDE_MAX_M = 128
+#: Beyond it: 256 tokens x 128 weight rows (one N16 tile per warp; more tokens per CTA would
+#: need more than 128 accumulators per thread); M > 256 takes several token tiles.
+SWAP_TALL = dataclasses.replace(SWAP_WIDE, m_tiles=16, n_tiles=1)
+
+
+def swap_geometry(m: int) -> SharedDecode:
+    """The swap-AB geometry at ``m`` (:data:`SWAP_WIDE` up to M = 128, else :data:`SWAP_TALL`)."""
+    return SWAP_WIDE if m <= SWAP_WIDE_MAX_M else SWAP_TALL
 
 
 def slots_for(bits: int, geometry: SharedDecode) -> SharedDecode:
@@ -288,10 +350,10 @@ ROWS: tuple[Row, ...] = (
         TENSOR_DEEP,
     ),
     _row(
-        "tensor_core",
-        "sm_90: 8 warps decode, 2 warpgroups wgmma, 128 x 256 per CTA, split 1",
+        "tensor_swap",
+        "sm_90, M >= 65: swap-AB, weights decoded into the wgmma A registers, split 1",
         (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256),
-        TENSOR,
+        lambda c: swap_geometry(c["m"]),
     ),
     _row(
         "shared_wide",
@@ -318,15 +380,15 @@ BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("pinned", _case(), "pinned", False, True, "tensor_core_deep", "pinned_tile"),
     Boundary("shared_min_m", _case(), "m", 16, 17, "small_m", "shared_thin"),
     Boundary("thin_max_m", _case(), "m", 32, 33, "shared_thin", "tensor_core_deep"),
-    Boundary("deep_max_m", _case(), "m", 64, 65, "tensor_core_deep", "tensor_core"),
+    Boundary("deep_max_m", _case(), "m", 64, 65, "tensor_core_deep", "tensor_swap"),
     Boundary("hopper", _case(), "capability", (9, 0), (8, 0), "tensor_core_deep",
              "shared_wide"),
-    Boundary("hopper_large_m", _case(m=128), "capability", (9, 0), (8, 0), "tensor_core",
+    Boundary("hopper_large_m", _case(m=128), "capability", (9, 0), (8, 0), "tensor_swap",
              "shared_wide"),
     Boundary("hopper_sm120", _case(), "capability", (9, 0), (12, 0), "tensor_core_deep",
              "shared_wide"),
     Boundary("n_256", _case(), "n", 28672, 28800, "tensor_core_deep", "shared_wide"),
-    Boundary("n_256_large_m", _case(m=128), "n", 28672, 28800, "tensor_core", "shared_wide"),
+    Boundary("n_256_large_m", _case(m=128), "n", 28672, 28800, "tensor_swap", "shared_wide"),
     Boundary("n_128", _case(capability=(8, 0)), "n", 28672, 28736, "shared_wide",
              "n_not_128"),
 )  # fmt: skip
