@@ -27,7 +27,9 @@ nvidia-cuda-nvdisasm``) or a CUDA toolkit on ``PATH``.
 
 Usage: ``python benchmarks/sass_budget.py [--codebooks mcg,3inst,mul1] [--bits 2,3,4,6]
 [--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--smem-stages 0]
-[--json out.json] [--dump DIR]``
+[--swap-ab [--shared-rows 2]] [--json out.json] [--dump DIR]``; with ``--swap-ab`` the tiles are
+``tokens/16 x N16 tiles per warp`` of the swap-AB mainloop (``--tiles 16x1``: 256 tokens x 128
+weight rows) and its loop's HGMMAs count the weights.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def pipe_class(opcode: str) -> str:
     base = opcode.split(".")[0]
     if base.startswith("IMAD") or base in ("IMUL", "IDP"):
         return "imad"
-    if base == "HMMA":
+    if base in ("HMMA", "HGMMA"):
         return "mma"
     if base in _FP16:
         return "fp16"
@@ -126,9 +128,10 @@ def compile_cubin(spec, arch: str) -> Compiled:
     """Compile ``spec`` for ``arch`` and return its cubin, at the level ``compile_spec`` picks."""
     import cutlass.cute as cute
 
-    from b12x.launch.specs import build_kernel
+    from b12x.launch.specs import build_kernel, target_arch
     from b12x.launch.toolchain import OPT_LEVELS, compile_options
 
+    arch = target_arch(spec, arch)  # sm_90a for a wgmma spec
     first = None
     for level in OPT_LEVELS:
         with tempfile.TemporaryDirectory(prefix="sass_budget_") as dump:
@@ -194,7 +197,8 @@ def parse_sass(sass: str) -> tuple[list[Instr], dict[str, int]]:
 
 
 def steady_loop(instrs: list[Instr], labels: dict[str, int]) -> list[Instr]:
-    """Body of the backward-branch loop holding the most HMMA (ties: the shorter body)."""
+    """Body of the backward-branch loop holding the most MMAs (HMMA or HGMMA; ties: the shorter
+    body)."""
     best = None
     for ins in instrs:
         if not ins.opcode.startswith("BRA") or ins.target not in labels:
@@ -203,12 +207,12 @@ def steady_loop(instrs: list[Instr], labels: dict[str, int]) -> list[Instr]:
         if start > ins.addr:
             continue
         body = [i for i in instrs if start <= i.addr <= ins.addr]
-        hmma = sum(i.opcode.startswith("HMMA") for i in body)
+        hmma = sum(pipe_class(i.opcode) == "mma" for i in body)
         key = (hmma, -len(body))
         if hmma and (best is None or key > best[0]):
             best = (key, body)
     if best is None:
-        raise ValueError("sass: no loop with HMMA instructions found")
+        raise ValueError("sass: no loop with MMA instructions found")
     return best[1]
 
 
@@ -252,26 +256,28 @@ def budget(
     depth: int = 1,
     unroll: int = 1,
     smem_stages: int = 0,
+    swap_ab: bool = False,
+    shared_rows: int = 2,
     nvdisasm: str | None = None,
     dump: str | None = None,
 ) -> LoopBudget:
-    """Compile one dense GEMM specialisation and count its steady-state loop (module doc)."""
+    """Compile one dense GEMM specialisation and count its steady-state loop (module doc).
+    ``swap_ab``: the swap-AB mainloop (8 warps, ``16·m_tiles`` tokens, ``shared_rows`` x
+    ``smem_stages`` slots, 6 when 0), whose every HGMMA consumes one decoded N16 x K16 tile per
+    warp: 8 weights per thread."""
     from b12x.launch.specs import KernelSpec
 
     tool = nvdisasm or find_nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    mainloop = dict(write_partials=True, depth=depth, unroll=unroll, smem_stages=smem_stages)
+    if swap_ab:
+        mainloop = dict(
+            warps=8, m_warps=8, shared_rows=shared_rows, smem_stages=smem_stages or 6,
+            wgmma=True, swap_ab=True,
+        )  # fmt: skip
     spec = KernelSpec(
-        "gemm",
-        codebook,
-        bits,
-        bf16=bf16,
-        m_tiles=m_tiles,
-        n_tiles=n_tiles,
-        write_partials=True,
-        depth=depth,
-        unroll=unroll,
-        smem_stages=smem_stages,
+        "gemm", codebook, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, **mainloop
     )
     comp = compile_cubin(spec, arch)
     sass = disassemble(comp.cubin, tool)
@@ -284,8 +290,12 @@ def budget(
     opcodes = collections.Counter(i.opcode for i in body)
     classes = collections.Counter(pipe_class(i.opcode) for i in body)
     hmma = classes["mma"]
-    if hmma % (2 * m_tiles):
+    if swap_ab:
+        weights = 8 * hmma
+    elif hmma % (2 * m_tiles):
         raise ValueError(f"sass: {hmma} HMMA is not a multiple of 2·m_tiles={2 * m_tiles}")
+    else:
+        weights = 8 * hmma // (2 * m_tiles)
     return LoopBudget(
         codebook=codebook,
         bits=bits,
@@ -296,7 +306,7 @@ def budget(
         registers=comp.registers,
         spill_bytes=comp.spill_bytes,
         loop_instructions=len(body),
-        weights_per_iteration=8 * hmma // (2 * m_tiles),
+        weights_per_iteration=weights,
         opcodes=dict(sorted(opcodes.items(), key=lambda kv: -kv[1])),
         classes=dict(classes),
     )
@@ -320,6 +330,8 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=1, help="register stages in flight")
     parser.add_argument("--unroll", type=int, default=1)
     parser.add_argument("--smem-stages", type=int, default=0, help="cp.async ring slots (0: off)")
+    parser.add_argument("--swap-ab", action="store_true", help="the sm_90 swap-AB mainloop")
+    parser.add_argument("--shared-rows", type=int, default=2, help="swap-AB K16 rows per step")
     parser.add_argument("--json", default=None)
     parser.add_argument("--dump", default=None, help="write each disassembly into this folder")
     args = parser.parse_args(argv)
@@ -332,7 +344,7 @@ def main(argv=None) -> int:
     dtype = "bf16" if args.bf16 else "fp16"
     print(
         f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}"
-        f" smem_stages {args.smem_stages}"
+        f" smem_stages {args.smem_stages}{' swap-AB' if args.swap_ab else ''}"
     )
     print(f"codebook     loop / weights  instr/w   {head}   (per decoded weight)")
     rows = []
@@ -348,6 +360,8 @@ def main(argv=None) -> int:
                 depth=args.depth,
                 unroll=args.unroll,
                 smem_stages=args.smem_stages,
+                swap_ab=args.swap_ab,
+                shared_rows=args.shared_rows,
                 nvdisasm=tool,
                 dump=args.dump,
             )

@@ -39,6 +39,26 @@ Schedule (one CTA barrier per step of ``rows`` K16 rows; register buffers ``s % 
    the CTA barrier (every warpgroup is past step 2, every copy of step ``s + 2`` is visible);
 5. refill slot ``s - 1`` with step ``s - 1 + stages``, commit.
 
+What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sweep)
+-------------------------------------------------------------------------------------
+* **256 tokens per CTA (M > 128): the token copies' L2 bandwidth.** Every CTA covers only 128
+  weight rows (more would need more than 128 accumulators per thread), so at M = 256 the 224
+  CTAs read the 256 x 8192 token tile 224 times: 940 MB in the GEMM's 328 us = 2.9 TB/s of L2
+  reads, and M = 4096 reads 16 times that in 5111 us, the same 2.9 TB/s. ncu at M = 256: top
+  stall long scoreboard (3.1 cycles per issue), 0.29 issued per scheduler, L2 hit 82 %. The
+  lever is fewer copies of a token tile per SM: a cluster sharing it (TMA multicast), not more
+  decode work per CTA.
+* **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
+  (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
+  steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256
+  6.60 / 7.60, 256 x 128 8.73 / 9.71, against 5.83 / 6.83 for the per-warp kernel (``--tiles
+  1x4``): the copies and their addresses cost 0.8 per weight at 128 tokens and 2.9 at 256
+  (twice the tokens for half the weight rows).
+* Each step's ``fence.proxy.async`` compiles to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S``
+  (checked by compiling without it: 7 MEMBARs become 1); ncu shows no membar stall above 0.1
+  cycles per issue, so it is not what bounds the loop today, but a TMA copy (async proxy, an
+  mbarrier instead of the fence) would remove it together with the copies' address math.
+
 Summation order: every output element gets one K16 product per ``wgmma`` in K order, fp32, as
 in every other dense mainloop (whether the tensor core sums a K16 product in the same order for
 A from registers as for ``mma.sync`` is measured by ``tests/b12x/test_dense_swap_ab_gpu.py``;

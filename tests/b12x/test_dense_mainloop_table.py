@@ -188,9 +188,10 @@ def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, til
 
 
 def test_the_gpu_default_job_judges_the_tensor_core_rows():
-    """The default job's GPU grid must reach the wgmma mainloop through the dense runner's own
-    problem on an H200 (every codebook family, both compute dtypes, every rate); planted: the
-    grid's every-M bucket back at N = 640 (not a 256 multiple) leaves 0 cases here."""
+    """The default job's GPU grid must reach the wgmma mainloops through the dense runner's own
+    problem on an H200 (every codebook family, both compute dtypes, every rate, both swap-AB
+    geometries); planted: the grid's every-M bucket back at N = 640 (not a 256 multiple) leaves
+    0 cases here."""
     from oracle.checks.gpu import select_grid
     from oracle.runners.dense import dense_problem
 
@@ -208,3 +209,7 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     assert {c.variant.compute_dtype for c in tensor} == {"fp16", "bf16"}
     assert {c.variant.bits for c in tensor} == set(range(1, 9))
     assert {33 <= c.m <= 256 for c in tensor} == {True}
+    # both swap-AB geometries (128 tokens x 256 weight rows, 256 x 128), with partial token tiles
+    swap = [plans[id(c)] for c in tensor if plans[id(c)].swap_ab]
+    assert {(p.m_tiles, p.n_tiles) for p in swap} == {(8, 2), (16, 1)}
+    assert {c.m % 128 for c in tensor if plans[id(c)].swap_ab} - {0}, "no partial token tile"

@@ -53,7 +53,9 @@ M     cuBLAS bf16  per-warp (auto S)  shared best        geometry     whole line
 
 So the shared decode takes 17 <= M <= 128 (one wide M tile), and the dispatch table's
 ``decode_matmul`` row starts at M = 129 (:data:`b12x.ops.dense.dispatch.DECODE_MATMUL_MIN_M`):
-two M tiles cost twice the decode and lose to decode + cuBLAS.
+two M tiles cost twice the decode and lose to decode + cuBLAS. (On sm_90 the swap-AB row below
+keeps one 256-token tile fused, so there it starts at M = 257,
+:data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`.)
 
 The ``wgmma`` geometry (H200, 2026-12-04, same sweep with ``--geometries 1x2x8x8w,...``, GEMM
 alone, us; ratio to cuBLAS bf16 in the same run): M = 64: 155.0 at 2 x 4 slots (144.1 at
