@@ -105,10 +105,10 @@ from b12x.kernels.shared_layout import (
     FRAG_TILE_BYTES,
     SHARED_ROWS,
     SMEM_LIMIT,
+    SMEM_STAGES,
     WGMMA_SMEM_LIMIT,
+    check_dense_mainloop,
     check_shared_decode,
-    check_swap_ab,
-    check_wgmma,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import (
@@ -132,10 +132,6 @@ __all__ = [
     "check_shared_decode",
     "shared_decode_layout",
 ]
-
-#: Legal ``smem_stages``: 0 = the register path, else the slots of the shared-memory ring (a
-#: one-slot ring could not overlap a copy with a decode).
-SMEM_STAGES = (0, 2, 3, 4)
 
 
 def ring_smem_bytes(bits: int, *, m_tiles: int, n_tiles: int, warps: int, stages: int) -> int:
@@ -201,16 +197,10 @@ class DenseTrellisGemmKernel:
         swap_ab: bool = False,
     ):
         fmt.check_bits(bits)
-        check_swap_ab(
-            swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+        check_dense_mainloop(
+            swap_ab=swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles,
+            warps=warps, m_warps=m_warps, rows=shared_rows, stages=smem_stages,
         )  # fmt: skip
-        if not swap_ab and smem_stages not in SMEM_STAGES:
-            raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
-        if not swap_ab:
-            check_shared_decode(
-                warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages
-            )
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
@@ -227,7 +217,6 @@ class DenseTrellisGemmKernel:
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
-        check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)
         if swap_ab:
             self.shared = SwapAbMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
@@ -284,10 +273,22 @@ class DenseTrellisGemmKernel:
 
     @property
     def cta_m(self) -> int:
-        """Rows (tokens) of A one CTA covers."""
-        if self.swap_ab:
-            return 16 * self.m_tiles
-        return 16 * self.m_tiles * max(1, self.m_warps)
+        """Rows (tokens) of A one CTA covers: its mainloop layout's, or one warp's M blocks."""
+        return 16 * self.m_tiles if self.layout is None else self.layout.cta_m
+
+    def _k_slice(self, payload, bz, k_rows_per_split):
+        """``(k_begin, k_end, row_bytes)``: split ``bz``'s K16 rows and the bytes of one payload
+        K16 row. 2bN < 2^31 (N < 2^27, module docstring): a 32-bit factor, so each row offset is
+        one 32x32->64 multiply (IMAD.WIDE) per pointer; the product itself is formed in 64
+        bits."""
+        k_begin = bz * k_rows_per_split
+        k_end = cutlass.min(k_begin + k_rows_per_split, payload.shape[0])
+        return k_begin, k_end, Int64(payload.shape[1] * (4 * 8 * self.bits))
+
+    def _cta_payload_run(self, payload, bx):
+        """Byte address of CTA column ``bx``'s payload run in K16 row 0 (a shared mainloop's
+        ``cta_tiles`` N16 tiles, contiguous)."""
+        return payload.iterator.toint() + Int64(bx * (self.layout.cta_tiles * 32 * self.bits))
 
     def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
         """Issue the loads of K16 row ``kt``: (ring words of every N16 tile, A words).
@@ -412,18 +413,12 @@ class DenseTrellisGemmKernel:
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
         m = a.shape[0]
-        k_rows = payload.shape[0]
         tile0 = (bx * self.warps + warp) * self.n_tiles
         row_base = by * (16 * self.m_tiles)
-        k_begin = bz * k_rows_per_split
-        k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
+        k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         acc = zero_accumulators(self.m_tiles, self.n_tiles)
         a_base, a_row_bytes, a_ptrs = clamped_a_pointers(a, row_base, m, self.m_tiles, g, r)
         first, off = lane_ring_start(lane, self.bits)
-        # Bytes of one K16 row of the payload, 2bN < 2^31 (N < 2^27, module docstring): a 32-bit
-        # factor, so each row offset is one 32x32->64 multiply (IMAD.WIDE) per pointer; the
-        # product itself is formed in 64 bits.
-        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
         pay_base = payload.iterator.toint()
         word_ptrs = ring_word_pointers(pay_base, first, self.bits, tile0=tile0)
         if cutlass.const_expr(self.smem_stages == 0):
@@ -454,17 +449,14 @@ class DenseTrellisGemmKernel:
         lane, warp, r, g = lane_coords(tid)
         lay = self.layout
         m = a.shape[0]
-        k_rows = payload.shape[0]
         wm, wn = self.shared.warp_coords(warp)
         cta_row0 = by * lay.cta_m
         row_base = cta_row0 + wm * (16 * self.m_tiles)
-        k_begin = bz * k_rows_per_split
-        k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
+        k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         first, off = lane_ring_start(lane, self.bits)
-        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
         lanes = self.shared.setup(
             tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a,
-            pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
+            pay_cta=self._cta_payload_run(payload, bx),
             a_row_source=lambda local: (
                 cutlass.min(cta_row0 + local, m - 1), cta_row0 + local < m
             ),
@@ -500,15 +492,12 @@ class DenseTrellisGemmKernel:
         lane, warp, r, g = lane_coords(tid)
         lay = self.layout
         m = a.shape[0]
-        k_rows = payload.shape[0]
         tok0 = by * lay.cta_m
-        k_begin = bz * k_rows_per_split
-        k_end = cutlass.min(k_begin + k_rows_per_split, k_rows)
+        k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         first, off = lane_ring_start(lane, self.bits)
-        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
         lanes = self.shared.setup(
             tid=tid, lane=lane, warp=warp, first=first, a=a,
-            pay_cta=payload.iterator.toint() + Int64(bx * (lay.cta_tiles * 32 * self.bits)),
+            pay_cta=self._cta_payload_run(payload, bx),
             a_row_source=lambda local: (cutlass.min(tok0 + local, m - 1), tok0 + local < m),
         )  # fmt: skip
         acc = self.shared.run(

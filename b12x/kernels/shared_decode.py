@@ -66,6 +66,7 @@ from b12x.kernels.trellis_decode import (
     decode_states_to_half2x4,
     lane_windows,
 )
+from b12x.kernels.wgmma import fence_proxy_async
 
 __all__ = ["SharedDecodeMainloop"]
 
@@ -108,9 +109,14 @@ class SharedDecodeMainloop:
         self.rows = rows
         self.stages = stages
         self.k_split = k_split
-        self.layout = shared_decode_layout(
-            bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
-            rows=rows, stages=stages, fold=k_split > 1,
+        self.layout = self._build_layout()
+
+    def _build_layout(self):
+        """The geometry's shared-memory layout (:func:`shared_decode_layout`; a mainloop with
+        another layout overrides this)."""
+        return shared_decode_layout(
+            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
+            m_warps=self.m_warps, rows=self.rows, stages=self.stages, fold=self.k_split > 1,
         )  # fmt: skip
 
     def warp_coords(self, warp):
@@ -247,13 +253,18 @@ class SharedDecodeMainloop:
                 self._fold_finish(acc, fold)
         return acc
 
-    def _prologue(self, k_begin, k_end, row_bytes, fill) -> None:
-        """Fill the first ``smem_stages - 1`` slots (one copy group each), wait until step 0 has
-        landed, then the CTA barrier that makes it every thread's."""
+    def _prologue(self, k_begin, k_end, row_bytes, fill, *, landed: int = 1,
+                  proxy_fence: bool = False) -> None:  # fmt: skip
+        """Fill the first ``smem_stages - 1`` slots (one copy group each), wait until the first
+        ``landed`` steps have landed, then the CTA barrier that makes them every thread's (with
+        ``proxy_fence``, after a ``fence.proxy.async``: a ``wgmma`` reads them before the
+        loop's first fence)."""
         for d in range(self.stages - 1):
             self._fill(d, k_begin + d * self.rows, k_end, row_bytes, fill)
             ptx.cp_async_commit()
-        ptx.cp_async_wait(self.stages - 2)  # pending groups once step 0 has landed
+        ptx.cp_async_wait(self.stages - 1 - landed)  # pending groups once they have landed
+        if proxy_fence:
+            fence_proxy_async()
         cute.arch.sync_threads()
 
     @cute.jit

@@ -37,8 +37,10 @@ __all__ = [
     "check_shared_decode",
     "check_wgmma",
     "check_wgmma_geometry",
+    "check_dense_mainloop",
     "check_swap_ab",
     "swap_ab_layout",
+    "SMEM_STAGES",
     "SWAP_MAX_ACCUMULATORS",
     "SWAP_STAGES",
     "helper_registers",
@@ -58,6 +60,10 @@ WGMMA_SMEM_LIMIT = 227 * 1024
 A_BLOCK_BYTES = 16 * 32
 #: Bytes of one decoded N16 x K16 tile in shared memory: 32 lanes x four B registers.
 FRAG_TILE_BYTES = 32 * 16
+#: Legal ``smem_stages`` of the dense GEMM outside the swap-AB mainloop: 0 = the per-warp
+#: register stages, else the cp.async slots of its ring or of the shared decode (a one-slot
+#: ring could not overlap a copy with a decode).
+SMEM_STAGES = (0, 2, 3, 4)
 #: Legal ``shared_rows`` (K16 rows decoded per barrier) of the shared-decode mainloop.
 SHARED_ROWS = (1, 2, 4)
 #: ``(shared_rows, smem_stages)`` in order of preference (dense sweep, H200: 2 x 3 is 2-6 %
@@ -324,3 +330,23 @@ def check_swap_ab(
             f"smem_stages: {stages} slots of {rows} K16 rows need {need} B of shared memory "
             f"(limit {WGMMA_SMEM_LIMIT})"
         )
+
+
+def check_dense_mainloop(
+    *, swap_ab, wgmma, bits: int | None, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
+    rows: int, stages: int,
+) -> None:  # fmt: skip
+    """Validate the dense GEMM's mainloop options together: the swap-AB geometry
+    (:func:`check_swap_ab`, which takes 4..8 slots) or else ``smem_stages`` in
+    :data:`SMEM_STAGES` and the shared decode (:func:`check_shared_decode`), then the ``wgmma``
+    flag (:func:`check_wgmma`, decode-only helpers allowed). ``ValueError`` naming the field;
+    the one rule the spec, the launcher and the kernel apply."""
+    check_swap_ab(
+        swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
+        m_warps=m_warps, rows=rows, stages=stages,
+    )  # fmt: skip
+    if not swap_ab:
+        if isinstance(stages, bool) or stages not in SMEM_STAGES:
+            raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {stages!r}")
+        check_shared_decode(warps=warps, m_warps=m_warps, rows=rows, smem_stages=stages)
+    check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)

@@ -103,8 +103,6 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
             fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=m_warps,
             rows=rows, stages=stages, k_split=k_split,
         )  # fmt: skip
-        # every multiplying warp's accumulators span the CTA width (one wgmma per warpgroup)
-        self.layout = dataclasses.replace(self.layout, mma_tiles=self.layout.cta_tiles)
         #: Columns of one ``wgmma`` (the CTA width).
         self.n = 16 * self.layout.cta_tiles
         #: Decode-only helper warps (warps ``m_warps ..``), 0 when every warp multiplies.
@@ -115,6 +113,12 @@ class WgmmaDecodeMainloop(SharedDecodeMainloop):
         self.mma_n = min(self.n, HELPER_MMA_N) if self.helpers else self.n
         #: ``(mma, helper)`` registers per thread the two roles set (``setmaxnreg``), or None.
         self.registers = helper_registers(warps=warps, m_warps=m_warps) if self.helpers else None
+
+    def _build_layout(self):
+        """The shared decode's layout, with every multiplying warp's accumulators spanning the
+        CTA width (one ``wgmma`` per warpgroup: ``mma_tiles = cta_tiles``)."""
+        layout = super()._build_layout()
+        return dataclasses.replace(layout, mma_tiles=layout.cta_tiles)
 
     def warp_coords(self, warp):
         """``(wm, wn)``: a multiplying warp owns CTA rows ``wm·16·m_tiles ..`` over the whole

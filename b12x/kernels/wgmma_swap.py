@@ -98,11 +98,14 @@ class SwapAbMainloop(SharedDecodeMainloop):
             fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, m_warps=warps,
             rows=rows, stages=stages,
         )  # fmt: skip
-        self.layout = swap_ab_layout(
-            bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, rows=rows, stages=stages
-        )
-        #: Tokens per CTA: one ``wgmma``'s N.
-        self.n = 16 * m_tiles
+
+    def _build_layout(self):
+        """:func:`~b12x.kernels.shared_layout.swap_ab_layout` (its ``cta_m``, the tokens per
+        CTA, is one ``wgmma``'s N)."""
+        return swap_ab_layout(
+            bits=self.bits, m_tiles=self.m_tiles, n_tiles=self.n_tiles, warps=self.warps,
+            rows=self.rows, stages=self.stages,
+        )  # fmt: skip
 
     def _a_chunk_offset(self, c):
         """Token chunk ``c`` (half ``c % 2`` of token ``i = c // 2``: two lanes copy one token's
@@ -150,8 +153,8 @@ class SwapAbMainloop(SharedDecodeMainloop):
                 base = self._a_base(buf, row, nt)
                 idx = range(nt * count, (nt + 1) * count)
                 out = wgmma.mma_rs(
-                    [acc[i] for i in idx], [a_regs[base + j] for j in range(4)], desc, n=self.n,
-                    bf16=self.bf16,
+                    [acc[i] for i in idx], [a_regs[base + j] for j in range(4)], desc,
+                    n=lay.cta_m, bf16=self.bf16,
                 )  # fmt: skip
                 for i, v in zip(idx, out, strict=True):
                     acc[i] = v
@@ -170,12 +173,8 @@ class SwapAbMainloop(SharedDecodeMainloop):
         rows = self.rows
         acc = zero_accumulators(self.m_tiles, self.n_tiles)
         a_regs = cute.make_rmem_tensor((2 * rows * self.n_tiles * 4,), Uint32)
-        for d in cutlass.range_constexpr(stages - 1):
-            self._fill(d, k_begin + d * rows, k_end, row_bytes, fill)
-            ptx.cp_async_commit()
-        ptx.cp_async_wait(stages - 3)  # steps 0 and 1 have landed
-        wgmma.fence_proxy_async()
-        cute.arch.sync_threads()
+        # steps 0 and 1 land first: step 0's MMAs precede the loop's first proxy fence
+        self._prologue(k_begin, k_end, row_bytes, fill, landed=2, proxy_fence=True)
         self._decode_step(0, 0, word_rd, lut_addr, off, a_regs)
         for k0 in cutlass.range(k_begin, k_end, lay.period * rows, unroll=1):
             for s in cutlass.range_constexpr(lay.period):

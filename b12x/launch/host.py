@@ -42,10 +42,6 @@ from b12x.launch.records import (
 )
 from b12x.launch.specs import KernelSpec
 
-#: Legal ``smem_stages`` of :func:`trellis_matmul`; mirrors ``dense_gemm.SMEM_STAGES``
-#: (importing the kernel module here would load cutlass at import time).
-SMEM_STAGES = (0, 2, 3, 4)
-
 __all__ = [
     "device_arch",
     "lut_tensor",
@@ -203,39 +199,21 @@ def trellis_matmul(
     (:mod:`b12x.kernels.wgmma_swap`). A geometry the kernel would refuse raises ``ValueError``
     naming the field before anything else is checked.
     """
-    from b12x.kernels.shared_layout import (  # pure Python, no cutlass
-        check_shared_decode,
-        check_swap_ab,
-        check_wgmma,
-    )
+    from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
-    if not isinstance(swap_ab, bool):
-        raise ValueError(f"swap_ab: expected a bool, got {swap_ab!r}")
-    if swap_ab and tiles is None:
-        raise ValueError("tiles: the swap-AB mainloop takes its (m_tiles, n_tiles) explicitly")
-    if swap_ab:  # the geometry first, at the payload's rate (int16 [K/16, N/16, 16b])
-        shaped = isinstance(trellis, torch.Tensor) and trellis.ndim == 3
-        check_swap_ab(
-            swap_ab, wgmma=wgmma, bits=trellis.shape[-1] // 16 if shaped else None,
-            m_tiles=tiles[0], n_tiles=tiles[1], warps=warps,
-            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
-        )  # fmt: skip
-    if not swap_ab:
-        check_shared_decode(warps=warps, m_warps=m_warps, rows=shared_rows, smem_stages=smem_stages)
-    check_wgmma(wgmma, n_tiles=tiles[1] if tiles else 1, warps=warps, m_warps=m_warps, helpers=True)
-    if wgmma and tiles is None:
-        raise ValueError("tiles: the wgmma mainloop takes its (m_tiles, n_tiles) explicitly")
-    if not swap_ab and (isinstance(smem_stages, bool) or smem_stages not in SMEM_STAGES):
-        raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {smem_stages!r}")
+    if (swap_ab is True or wgmma is True) and tiles is None:
+        mainloop = "swap-AB" if swap_ab is True else "wgmma"
+        raise ValueError(f"tiles: the {mainloop} mainloop takes its (m_tiles, n_tiles) explicitly")
+    shaped = isinstance(trellis, torch.Tensor) and trellis.ndim == 3  # int16 [K/16, N/16, 16b]
+    check_dense_mainloop(
+        swap_ab=swap_ab, wgmma=wgmma, bits=trellis.shape[-1] // 16 if shaped else None,
+        m_tiles=tiles[0] if tiles else 1, n_tiles=tiles[1] if tiles else 1, warps=warps,
+        m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+    )  # fmt: skip
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
         got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
         raise TypeError(f"a: expected dtype torch.float16 or torch.bfloat16, got {got}")
     fmt, bits = _check_payload(trellis, codebook)
-    if swap_ab:
-        check_swap_ab(
-            swap_ab, wgmma=wgmma, bits=bits, m_tiles=tiles[0], n_tiles=tiles[1], warps=warps,
-            m_warps=m_warps, rows=shared_rows, stages=smem_stages,
-        )  # fmt: skip
     _check_tensor("a", a, dtypes=_HALF_DTYPES, ndim=2, device=trellis.device)
     m, k = a.shape
     n = trellis.shape[1] * 16

@@ -87,29 +87,15 @@ class KernelSpec:
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
-        from b12x.kernels.shared_layout import (  # pure Python, no cutlass
-            check_shared_decode,
-            check_swap_ab,
-            check_wgmma,
-        )
+        from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
         if self.swap_ab is not False and self.kind != "gemm":
             raise ValueError(f"swap_ab: only a gemm spec has the swap-AB mainloop, not {self.kind}")
-        check_swap_ab(
-            self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
+        check_dense_mainloop(
+            swap_ab=self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
             n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
             stages=self.smem_stages,
         )  # fmt: skip
-        if not self.swap_ab:
-            check_shared_decode(
-                warps=self.warps,
-                m_warps=self.m_warps,
-                rows=self.shared_rows,
-                smem_stages=self.smem_stages,
-            )
-        check_wgmma(
-            self.wgmma, n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, helpers=True
-        )
         if self.wgmma and self.kind != "gemm":
             raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
         if isinstance(self.fmt, str):

@@ -6,6 +6,11 @@
   the test. ``experts`` are uniform (``reference.moe.TrellisExperts``) or paired
   (``reference.moe_pairs.PairedExperts``); the GPU MoE tests (uniform, pairs, K split) judge
   with it.
+* ``tensor_core_gemm_judge`` — ``judge(launch, m=, split_k=)``: random bf16 activations
+  (M x 1024) against a 64-K16-row, 512-column MCG K4 payload through ``launch(a, payload,
+  split_k)`` (a GPU GEMM); every element within half a bf16 ulp plus the fp32 accumulation
+  bound of the float64 product, and bit-identical to the mma.sync shared decode. The ``wgmma``
+  and swap-AB GPU tests judge their geometries with it.
 * ``fake_kernels`` — the dense linear's host launchers (``b12x.launch.host`` as seen by
   ``b12x.ops.dense.plan``) replaced by in-place CPU stand-ins that record every launch
   (:class:`FakeKernels`), so plan / bind / run orchestration is checked without a GPU.
@@ -67,6 +72,38 @@ class FakeKernels:
     def decode_weight(self, trellis, codebook, *, out):
         self.calls.append(("decode_weight", trellis, out))
         out.fill_(0.25)
+
+
+@pytest.fixture
+def tensor_core_gemm_judge() -> Callable[..., None]:
+    """``judge(launch, m=, split_k=)`` (module docstring)."""
+    import torch
+
+    from b12x.launch import host
+    from oracle.runners import inputs as case_inputs
+    from reference import trellis as ref_trellis
+
+    def judge(launch, *, m: int, split_k: int) -> None:
+        k_rows, n = 64, 512
+        k = 16 * k_rows
+        payload = case_inputs.payload(torch.Generator().manual_seed(7), k_rows, n // 16, 64)
+        gen = torch.Generator().manual_seed(m)
+        a = (torch.randn(m, k, generator=gen) * 0.5).to(torch.bfloat16)
+        # bf16 activations multiply the decode rounded to bf16 (the kernel's to_bf16 decode)
+        w = ref_trellis.decode(payload, "mcg").to(torch.bfloat16).double()
+        exact = a.double() @ w
+        got = launch(a.cuda(), payload.cuda(), split_k).cpu()
+        ulp = torch.finfo(torch.bfloat16).eps * exact.abs()  # one bf16 ulp at the result, at most
+        bound = 0.5 * ulp + k * 2.0**-23 * (a.double().abs() @ w.abs()) + 1e-30
+        err = (got.double() - exact).abs()
+        assert (err <= bound).all(), f"max err/bound {(err / bound).max().item():.3f}"
+        sync = host.trellis_matmul(
+            a.cuda(), payload.cuda(), "mcg", split_k=split_k, tiles=(2, 1), warps=8, m_warps=4,
+            shared_rows=2, smem_stages=3,
+        ).cpu()  # fmt: skip
+        assert torch.equal(got, sync)
+
+    return judge
 
 
 @pytest.fixture

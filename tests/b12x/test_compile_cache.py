@@ -56,7 +56,7 @@ MUTATIONS = {
 MUTATION_BASES = {
     "m_warps": {"smem_stages": 3},  # the shared-decode mainloop needs its slots
     "wgmma": {"smem_stages": 3, "m_warps": 4},  # a shared decode whose every warp multiplies
-    "swap_ab": {"smem_stages": 6, "m_warps": 4, "wgmma": True},  # a wgmma geometry, 6 slots
+    "swap_ab": {"smem_stages": 4, "m_warps": 4, "wgmma": True},  # 4 slots: legal both ways
 }
 
 

@@ -143,15 +143,6 @@ def test_dense_linear_dtypes_and_splits(x_dtype, compute_dtype, m, split_k):
     _check(y, x, payload, suh, svh, "mcg", compute_dtype)
 
 
-def _decode_matmul_min_m() -> int:
-    """The dispatch table's decode_matmul threshold on this device (sm_90: 257, else 129)."""
-    from b12x.ops.dense import dispatch
-
-    if torch.cuda.get_device_capability() == dispatch.HOPPER:
-        return dispatch.HOPPER_DECODE_MATMUL_MIN_M
-    return dispatch.DECODE_MATMUL_MIN_M
-
-
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("compute_dtype", [torch.float16, torch.bfloat16])
@@ -171,7 +162,8 @@ def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, wit
         m=m, k=k, n=n, bits=4, codebook="mcg", x_dtype=x_dtype, compute_dtype=compute_dtype,
         device=torch.device("cuda"),
     )  # fmt: skip
-    assert plan.path == ("decode_matmul" if m >= _decode_matmul_min_m() else "generic")
+    threshold = 257 if torch.cuda.get_device_capability() == (9, 0) else 129  # sm_90: swap-AB
+    assert plan.path == ("decode_matmul" if m >= threshold else "generic")
     bound = bind_dense(plan, **allocate_dense_buffers(plan, "cuda"))
     y = run_dense(
         bound, x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(),

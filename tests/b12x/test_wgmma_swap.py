@@ -43,7 +43,7 @@ def test_tokens_land_where_the_b_descriptor_reads_them(m_tiles):
     matrix (i // 8, h) at ``SBO·(i // 8) + LBO·h``, row ``i % 8`` 16 B in (LBO 128, SBO 256)."""
     loop = _mainloop(m_tiles=m_tiles)
     cta_m = 16 * m_tiles
-    assert loop.layout.cta_m == cta_m and loop.layout.row_a == 32 * cta_m and loop.n == cta_m
+    assert loop.layout.cta_m == cta_m and loop.layout.row_a == 32 * cta_m
     seen = set()
     for c in range(2 * cta_m):
         token, half = divmod(c, 2)  # the copy plan's source (SharedDecodeMainloop._copy_plan)
@@ -171,6 +171,10 @@ def test_compiled_shape(m_tiles, n_tiles):
     assert ptx.count("wgmma.wait_group.sync.aligned 1") == period
     assert ptx.count("wgmma.wait_group.sync.aligned 0") == 1  # at the exit
     assert ptx.count("bar.sync") == 1 + period  # prologue + one per step
+    # the prologue waits for steps 0 and 1 (6 slots: 5 groups, 3 pending), every step for
+    # step + 2 (2 pending), the exit for all
+    waits = re.findall(r"cp\.async\.wait_group (\d+);", ptx)
+    assert sorted(waits) == sorted(["3"] + ["2"] * period + ["0"]), waits
     assert ptx.count("fence.proxy.async.shared::cta") == 1 + period
     assert "stmatrix" not in ptx and "mma.sync" not in ptx  # weights never touch shared memory
     # the column-pair epilogue: one butterfly swap per pair of stored values

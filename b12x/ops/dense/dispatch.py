@@ -73,6 +73,7 @@ from typing import Any
 import torch
 
 from b12x.formats import resolve_format
+from b12x.kernels.shared_layout import WGMMA_CAPABILITY
 from b12x.ops import tables
 from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
@@ -85,6 +86,7 @@ __all__ = [
     "K6_MAX_M",
     "DECODE_MATMUL_MIN_M",
     "HOPPER_DECODE_MATMUL_MIN_M",
+    "decode_matmul_min_m",
     "check_capability",
     "MIN_CAPABILITY",
     "PATH_NAMES",
@@ -107,7 +109,17 @@ DECODE_MATMUL_MIN_M = 129
 #: On sm_90 the generic GEMM's swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`) beats decode +
 #: cuBLAS up to one 256-token tile, so decode_matmul starts after it (module docstring).
 HOPPER_DECODE_MATMUL_MIN_M = 257
-HOPPER = (9, 0)
+
+
+def decode_matmul_min_m(capability: tuple[int, int]) -> int:
+    """The decode_matmul row's threshold on a device of ``capability``:
+    :data:`HOPPER_DECODE_MATMUL_MIN_M` on the ``wgmma`` part (sm_90),
+    :data:`DECODE_MATMUL_MIN_M` elsewhere."""
+    if capability == WGMMA_CAPABILITY:
+        return HOPPER_DECODE_MATMUL_MIN_M
+    return DECODE_MATMUL_MIN_M
+
+
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
 
 COMPUTE_DTYPE_NAMES = ("float16", "bfloat16")
@@ -248,14 +260,9 @@ DECODE_MATMUL_ROW = Row(
     (
         _SM80,
         _cond(
-            "m>=129",
-            lambda c: c["m"] >= DECODE_MATMUL_MIN_M,
-            lambda c: f"m={c['m']} < {DECODE_MATMUL_MIN_M}",
-        ),
-        _cond(
-            "sm_90:m>=257",
-            lambda c: c["capability"] != HOPPER or c["m"] >= HOPPER_DECODE_MATMUL_MIN_M,
-            lambda c: f"capability={c['capability']}: m={c['m']} < {HOPPER_DECODE_MATMUL_MIN_M}",
+            "m>=decode_matmul_min_m",
+            lambda c: c["m"] >= decode_matmul_min_m(c["capability"]),
+            lambda c: f"m={c['m']} < {decode_matmul_min_m(c['capability'])}",
         ),
         _UNPAIRED,
         _NO_PIN,

@@ -22,11 +22,13 @@ Layout
      columns per CTA), split 4.
   6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0 and M <= :data:`DEEP_MAX_M` (64):
      :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4).
-  7. ``tensor_swap`` — capability (9, 0), N % 256 == 0, M >= :data:`SWAP_MIN_M` (65): the
-     swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`: every warp decodes its weights into the
-     ``wgmma`` A registers, the CTA's tokens are the B operand), :func:`swap_geometry`: 128
-     tokens x 256 weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`), else 256 x 128
-     (:data:`SWAP_TALL`), split 1, slots 2 x 6. It replaced the ``tensor_core`` row
+  7. ``tensor_swap`` — capability (9, 0), N % 256 == 0 (so M >= 65, past the deep row, up to
+     the dispatch table's sm_90 threshold,
+     :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`): the swap-AB mainloop
+     (:mod:`b12x.kernels.wgmma_swap`: every warp decodes its weights into the ``wgmma`` A
+     registers, the CTA's tokens are the B operand), :func:`swap_geometry`: 128 tokens x 256
+     weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`), else 256 x 128 (:data:`SWAP_TALL`),
+     split 1, slots 2 x 6. It replaced the ``tensor_core`` row
      (:data:`TENSOR`: 128 rows x 256 columns decoded into shared memory), which it beats at
      M = 128 (161.0 against 192.9 us, H100, GEMM alone); on sm_90 the dispatch table's
      decode_matmul row starts at M = 257 (:mod:`b12x.ops.dense.dispatch`).
@@ -159,7 +161,6 @@ __all__ = [
     "TENSOR_CTA_N",
     "TENSOR_DEEP",
     "DEEP_MAX_M",
-    "SWAP_MIN_M",
     "SWAP_TALL",
     "SWAP_WIDE",
     "SWAP_WIDE_MAX_M",
@@ -219,9 +220,6 @@ TENSOR = SharedDecode(
 TENSOR_DEEP = dataclasses.replace(TENSOR, shared_rows=4)
 #: Largest M of :data:`TENSOR_DEEP` (H100 sweep in the module docstring).
 DEEP_MAX_M = 64
-#: Smallest M of the swap-AB row (sm_90; up to the dispatch table's Hopper decode_matmul
-#: threshold, :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`).
-SWAP_MIN_M = DEEP_MAX_M + 1
 #: Tokens per CTA of a swap-AB launch at M <= :data:`SWAP_WIDE_MAX_M`: 128 tokens x 256 weight
 #: rows (two N16 tiles per warp, 128 accumulators per thread), 2 K16 rows per step, 6 slots.
 SWAP_WIDE = SharedDecode(
