@@ -26,7 +26,8 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
   bf16 compute;
   ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50;
   ``dense_swap_ab``: the swap-AB mainloop launched directly, 256 tokens per CTA, M 290,
-  unsplit and split 3.
+  unsplit and split 3; ``dense_swap_cluster``: the same with CTA pairs sharing each token tile
+  (TMA multicast), N 512.
 * ``moe_tensor_decode``: the shared decode's wgmma geometry pinned, M 300 / 290. These two plan
   the wgmma mainloops, so off sm_90 they are skipped and counted (``driver: … skipped``).
 * ``moe_pair_tensor_decode``: QSRT pairs on the pair wgmma shared decode (dynamic FC1, P43
@@ -138,6 +139,24 @@ def dense_swap_ab():
         out = host.trellis_matmul(
             a, payload, "mcg", split_k=split, tiles=(16, 1), warps=8, m_warps=8,
             shared_rows=2, smem_stages=6, wgmma=True, swap_ab=True,
+        )  # fmt: skip
+        outs.append(out.float().sum().view(1))
+    return torch.cat(outs)
+
+
+def dense_swap_cluster():
+    """The swap-AB mainloop whose CTA pairs share each token tile by TMA multicast (the planned
+    row above M = 128, its planned 4 x 4 slots): M 290, N 512 (four CTAs, two clusters), K 1024,
+    bf16, mcg K4; unsplit, then split 3 (K16 rows past a split's end copied as out-of-bounds
+    zeros)."""
+    g = _gen(19)
+    payload = _payload(g, 1024 // 16, 512 // 16, 16 * 4)
+    a = torch.randn(290, 1024, generator=g).to(BF16).to(DEV)
+    outs = []
+    for split in (1, 3):
+        out = host.trellis_matmul(
+            a, payload, "mcg", split_k=split, tiles=(16, 1), warps=8, m_warps=8,
+            shared_rows=4, smem_stages=4, wgmma=True, swap_ab=True, cluster=2,
         )  # fmt: skip
         outs.append(out.float().sum().view(1))
     return torch.cat(outs)
@@ -283,6 +302,7 @@ WGMMA_CASES = (
     "dense_wgmma",
     "dense_wgmma_deep",
     "dense_swap_ab",
+    "dense_swap_cluster",
     "moe_tensor_decode",
     "moe_pair_tensor_decode",
 )
@@ -294,6 +314,7 @@ CASES = {
         dense_wgmma,
         dense_wgmma_deep,
         dense_swap_ab,
+        dense_swap_cluster,
         decode_kernel,
         dense_decode_matmul,
         dense_k6_small_m,
@@ -317,6 +338,9 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(names))
         return 0
+    if not names:  # a selection that matches nothing must not pass as a clean run
+        print(f"driver: --only {args.only!r} matches no case (--list lists them)", flush=True)
+        return 2
     if not torch.cuda.is_available():
         print("skip all: no CUDA device")
         return 2
