@@ -47,20 +47,24 @@ CODEBOOK = "mcg"
 DEFAULT_GEOMETRIES = ("1x1x8x8", "2x1x8x4", "1x2x8x4", "2x2x8x4", "1x1x4x4", "1x2x8x8w")
 
 
-def geometry(text: str) -> tuple[int, int, int, int, bool, bool]:
+def geometry(text: str) -> tuple[int, int, int, int, bool, bool, int]:
     """``MTxNTxWxMW``, with a trailing ``w`` for the wgmma mainloop (``1x1x8x8w``) or ``s``
     for the swap-AB mainloop (``0x1x8x8s``; ``MT`` 0 = ``ceil(M / 16)`` token blocks, at most
-    16)."""
+    16), ``sC`` for a swap-AB cluster of ``C`` CTAs sharing each token tile (``16x1x8x8s2``)."""
+    cluster = 1
+    if text[-1:].isdigit() and text[-2:-1] == "s":
+        text, cluster = text[:-1], int(text[-1])
     swap = text.endswith("s")
     tensor = swap or text.endswith("w")
     parts = tuple(int(v) for v in text.removesuffix("w").removesuffix("s").split("x"))
     if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w|s], got {text!r}")
-    return (*parts, tensor, swap)
+        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w|s|sC], got {text!r}")
+    return (*parts, tensor, swap, cluster)
 
 
 def geometry_name(g) -> str:
-    return "x".join(map(str, g[:4])) + ("s" if g[5] else "w" if g[4] else "")
+    cluster = str(g[6]) if g[6] > 1 else ""
+    return "x".join(map(str, g[:4])) + ("s" + cluster if g[5] else "w" if g[4] else "")
 
 
 def swap_tiles(m_tiles: int, m: int) -> int:
@@ -119,13 +123,14 @@ def main(argv=None) -> int:
         return median_us(lambda i: graphs[i % len(graphs)].replay(), **timing)
 
     def shared(x, p, g, split, slot, out, scratch, codebook=CODEBOOK):
-        mt, nt, w, mw, tensor, swap = g
+        mt, nt, w, mw, tensor, swap, cluster = g
         if swap:
             mt = swap_tiles(mt, x.shape[0])
         rows, stages = slot
         return host.trellis_matmul(
             x, p, codebook, split_k=split, out=out, scratch=scratch, tiles=(mt, nt), warps=w,
             m_warps=mw, shared_rows=rows, smem_stages=stages, wgmma=tensor, swap_ab=swap,
+            cluster=cluster,
         )  # fmt: skip
 
     # ---- checks
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
                 for rows in slots:
                     for split in (1, 3):
                         try:
-                            mt, nt, warps, mw, tensor, swap = g
+                            mt, nt, warps, mw, tensor, swap, _ = g
                             got = shared(x, p, g, split, rows, None, None, codebook)
                             if swap:  # the per-warp kernel's own tile at this M
                                 mt, nt = host.choose_tiles(m, n)

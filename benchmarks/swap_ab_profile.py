@@ -1,7 +1,8 @@
 """Launch the swap-AB dense GEMM alone, for a profiler (issue 14): ``--m`` tokens, one geometry.
 
 Usage: ``ncu ... python benchmarks/swap_ab_profile.py --m 256 --geometry 16x1x8 --slots 2x6``
-(``MTxNTxW``: tokens per CTA / 16, N16 tiles per warp, warps; ``rows x stages``). It runs the
+(``MTxNTxW``: tokens per CTA / 16, N16 tiles per warp, warps; ``rows x stages``; ``--cluster
+C``: CTAs sharing each token tile). It runs the
 GEMM ``--launches`` times on an 8192 x 28672 MCG K4 bf16 layer (the first launch compiles).
 """
 
@@ -21,6 +22,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--shape", default="8192x28672")
     parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--cluster", type=int, default=1)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("swap_ab_profile.py: needs a CUDA device", file=sys.stderr)
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     for _ in range(args.launches):
         host.trellis_matmul(
             x, payload, "mcg", out=out, tiles=(mt, nt), warps=warps, m_warps=warps,
-            shared_rows=rows, smem_stages=stages, wgmma=True, swap_ab=True,
+            shared_rows=rows, smem_stages=stages, wgmma=True, swap_ab=True, cluster=args.cluster,
         )  # fmt: skip
     torch.cuda.synchronize()
     return 0

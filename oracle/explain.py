@@ -355,7 +355,7 @@ def explain_dense(
             "m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps,
             "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
             "smem_stages": plan.smem_stages, "wgmma": int(plan.wgmma),
-            "swap_ab": int(plan.swap_ab),
+            "swap_ab": int(plan.swap_ab), "cluster": plan.cluster,
         },
         mainloop_row=loop.path,
         mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),

@@ -195,11 +195,12 @@ class DenseTrellisGemmKernel:
         shared_rows: int = 2,
         wgmma: bool = False,
         swap_ab: bool = False,
+        cluster: int = 1,
     ):
         fmt.check_bits(bits)
         check_dense_mainloop(
             swap_ab=swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles,
-            warps=warps, m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+            warps=warps, m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
         )  # fmt: skip
         self.fmt = fmt
         self.bits = bits
@@ -214,13 +215,14 @@ class DenseTrellisGemmKernel:
         self.m_warps = m_warps
         self.shared_rows = shared_rows
         self.swap_ab = swap_ab
+        self.cluster = cluster
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
         if swap_ab:
             self.shared = SwapAbMainloop(
                 fmt, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-                rows=shared_rows, stages=smem_stages,
+                rows=shared_rows, stages=smem_stages, cluster=cluster,
             )  # fmt: skip
         elif wgmma:
             self.shared = WgmmaDecodeMainloop(
@@ -263,13 +265,24 @@ class DenseTrellisGemmKernel:
         grid_x = n16 // (self.n_tiles * self.warps)
         cta_m = self.cta_m
         grid_y = (m + cta_m - 1) // cta_m
-        self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
-            grid=(grid_x, grid_y, splits),
-            block=(32 * self.warps, 1, 1),
-            smem=self.smem_bytes,
-            stream=stream,
-            **launch_options(),
-        )
+        if cutlass.const_expr(self.cluster == 1):
+            self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
+                grid=(grid_x, grid_y, splits),
+                block=(32 * self.warps, 1, 1),
+                smem=self.smem_bytes,
+                stream=stream,
+                **launch_options(),
+            )
+        else:  # tokens shared by a cluster along N (grid_x % cluster == 0: the launcher's rule)
+            atom, coords = self.shared.make_token_tma(a)
+            self.cluster_kernel(a, payload, out, lut_addr, k_rows_per_split, atom, coords).launch(
+                grid=(grid_x, grid_y, splits),
+                block=(32 * self.warps, 1, 1),
+                cluster=(self.cluster, 1, 1),
+                smem=self.smem_bytes,
+                stream=stream,
+                **launch_options(),
+            )
 
     @property
     def cta_m(self) -> int:
@@ -406,6 +419,23 @@ class DenseTrellisGemmKernel:
         else:
             self._warp_decode_kernel(a, payload, out, lut_addr, k_rows_per_split)
 
+    @cute.kernel
+    def cluster_kernel(
+        self,
+        a: cute.Tensor,
+        payload: cute.Tensor,
+        out: cute.Tensor,
+        lut_addr: Int64,
+        k_rows_per_split: Int32,
+        token_atom: cute.CopyAtom,
+        token_coords: cute.Tensor,
+    ):
+        """The swap-AB kernel whose cluster shares its token tiles
+        (:mod:`b12x.kernels.wgmma_swap`, "Token sharing")."""
+        await_upstream()
+        self._swap_ab_kernel(a, payload, out, lut_addr, k_rows_per_split,
+                             tma=(token_atom, token_coords))  # fmt: skip
+
     @cute.jit
     def _warp_decode_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
         """Each warp decodes the weights it multiplies (register stages or the ring)."""
@@ -484,9 +514,11 @@ class DenseTrellisGemmKernel:
             self._multiply_and_store(loop=loop, live_rows=live_rows, store=store)
 
     @cute.jit
-    def _swap_ab_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):
+    def _swap_ab_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32,
+                        tma=None):  # fmt: skip
         """Each warp decodes its weights into ``wgmma``'s register A operand; the CTA's tokens
-        are the B operand in shared memory (:mod:`b12x.kernels.wgmma_swap`)."""
+        are the B operand in shared memory (:mod:`b12x.kernels.wgmma_swap`); ``tma``: the
+        token copy atom and coordinates when the cluster shares them."""
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
@@ -495,14 +527,21 @@ class DenseTrellisGemmKernel:
         tok0 = by * lay.cta_m
         k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         first, off = lane_ring_start(lane, self.bits)
+        smem = self.shared.allocate()
         lanes = self.shared.setup(
-            tid=tid, lane=lane, warp=warp, first=first, a=a,
+            tid=tid, lane=lane, warp=warp, first=first, a=a, smem=smem,
             pay_cta=self._cta_payload_run(payload, bx),
             a_row_source=lambda local: (cutlass.min(tok0 + local, m - 1), tok0 + local < m),
         )  # fmt: skip
+        tokens = None
+        if cutlass.const_expr(self.cluster > 1):
+            tokens = self.shared.token_copier(
+                tid=tid, warp=warp, smem=smem, tma=tma, tok_block=by,
+                k_rows=payload.shape[0],
+            )  # fmt: skip
         acc = self.shared.run(
             lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=off,
+            off=off, tokens=tokens,
         )  # fmt: skip
         self._swap_ab_epilogue(
             out=out, acc=acc, m=m, tok0=tok0, tile0=bx * lay.cta_tiles + warp * self.n_tiles,

@@ -43,6 +43,8 @@ __all__ = [
     "SMEM_STAGES",
     "SWAP_MAX_ACCUMULATORS",
     "SWAP_STAGES",
+    "SWAP_CLUSTERS",
+    "TOKEN_TILE_ALIGN",
     "helper_registers",
     "fitting_slots",
     "fold_bytes",
@@ -192,6 +194,7 @@ class SharedDecodeLayout:
     a_rounds: int
     fold_offset: int = 0
     fold_bytes: int = 0
+    barrier_offset: int = 0
 
 
 def shared_decode_layout(
@@ -261,34 +264,58 @@ SWAP_MAX_ACCUMULATORS = 128
 #: Legal cp.async slot counts of the swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`): a step's
 #: copies are committed ``stages - 2`` steps before the barrier that needs them.
 SWAP_STAGES = (4, 5, 6, 7, 8)
+#: CTAs of a swap-AB cluster along N: 1 = each CTA copies its own tokens (cp.async); 2 or 4 = the
+#: cluster's CTAs share one token tile, each copying ``1/cluster`` of it by TMA multicast into
+#: every CTA of the cluster (:mod:`b12x.kernels.wgmma_swap`, "Token sharing").
+SWAP_CLUSTERS = (1, 2, 4)
+#: Alignment of the swap-AB token tiles under TMA: the 32-byte swizzle repeats every 256 B, and
+#: TMA and ``wgmma`` both derive it from the address bits.
+TOKEN_TILE_ALIGN = 1024
 
 
 def swap_ab_layout(*, bits: int, m_tiles: int, n_tiles: int, warps: int, rows: int,
-                   stages: int) -> SharedDecodeLayout:  # fmt: skip
-    """The :class:`SharedDecodeLayout` of a swap-AB geometry (:mod:`b12x.kernels.wgmma_swap`):
-    ``stages`` slots of ``rows`` K16 rows, each row the CTA's payload run (``cta_tiles =
-    n_tiles·warps`` N16 tiles) then its ``cta_m = 16·m_tiles`` token rows in core matrices
-    (``32·cta_m`` B); no fragment buffers (the weights are decoded into registers)."""
+                   stages: int, cluster: int = 1) -> SharedDecodeLayout:  # fmt: skip
+    """The :class:`SharedDecodeLayout` of a swap-AB geometry (:mod:`b12x.kernels.wgmma_swap`).
+
+    ``cluster`` 1: ``stages`` slots of ``rows`` K16 rows, each row the CTA's payload run
+    (``cta_tiles = n_tiles·warps`` N16 tiles) then its ``cta_m = 16·m_tiles`` token rows in
+    core matrices (``32·cta_m`` B), all copied by cp.async; no fragment buffers (the weights
+    are decoded into registers).
+
+    ``cluster`` 2 or 4 (tokens shared by the cluster through TMA multicast): a slot holds only
+    the payload runs (``slot_bytes = rows·row_pay``); the token tiles follow at ``a_offset``
+    (:data:`TOKEN_TILE_ALIGN`-aligned), one ``32·cta_m``-byte tile per (slot, row) at
+    ``a_offset + (slot·rows + row)·row_a`` (token ``i`` at ``32·i``, 32-byte swizzled); then the
+    slots' 8-byte full mbarriers at ``barrier_offset`` and their empty mbarriers after them.
+    ``total`` adds :data:`TOKEN_TILE_ALIGN` bytes of slack, so that the kernel can align the
+    base the offsets are counted from. ``a_chunks = 0``: no thread copies tokens.
+    """
     threads = 32 * warps
     cta_tiles = n_tiles * warps
     cta_m = 16 * m_tiles
     row_pay = cta_tiles * 32 * bits
     row_a = 32 * cta_m
-    slot = rows * (row_pay + row_a)
     pay_chunks = row_pay // 16
-    a_chunks = 2 * cta_m
+    if cluster == 1:
+        slot = rows * (row_pay + row_a)
+        a_offset, total, barrier_offset, a_chunks = rows * row_pay, stages * slot, 0, 2 * cta_m
+    else:
+        slot = rows * row_pay
+        a_offset = -(-stages * slot // TOKEN_TILE_ALIGN) * TOKEN_TILE_ALIGN
+        barrier_offset = a_offset + stages * rows * row_a
+        total, a_chunks = barrier_offset + 16 * stages + TOKEN_TILE_ALIGN, 0
     return SharedDecodeLayout(
         cta_tiles=cta_tiles, mma_tiles=n_tiles, cta_m=cta_m, row_pay=row_pay, row_a=row_a,
-        a_offset=rows * row_pay, slot_bytes=slot, frag_offset=stages * slot, frag_bytes=0,
-        period=math.lcm(stages, 2), total=stages * slot, pay_chunks=pay_chunks,
+        a_offset=a_offset, slot_bytes=slot, frag_offset=stages * slot, frag_bytes=0,
+        period=math.lcm(stages, 2), total=total, pay_chunks=pay_chunks,
         pay_rounds=-(-pay_chunks // threads), a_chunks=a_chunks,
-        a_rounds=-(-a_chunks // threads),
+        a_rounds=-(-a_chunks // threads), barrier_offset=barrier_offset,
     )  # fmt: skip
 
 
 def check_swap_ab(
     swap_ab, *, wgmma, bits: int, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
-    rows: int, stages: int,
+    rows: int, stages: int, cluster: int = 1,
 ) -> None:  # fmt: skip
     """Validate the ``swap_ab`` flag (a bool) and, when set, its geometry
     (:mod:`b12x.kernels.wgmma_swap`; its shared memory at ``bits``, skipped when ``bits`` is
@@ -296,7 +323,11 @@ def check_swap_ab(
     apply."""
     if not isinstance(swap_ab, bool):
         raise ValueError(f"swap_ab: expected a bool, got {swap_ab!r}")
+    if isinstance(cluster, bool) or cluster not in SWAP_CLUSTERS:
+        raise ValueError(f"cluster: expected one of {SWAP_CLUSTERS}, got {cluster!r}")
     if not swap_ab:
+        if cluster != 1:
+            raise ValueError("cluster: only the swap-AB mainloop shares tokens across a cluster")
         return
     if wgmma is not True:
         raise ValueError("wgmma: the swap-AB mainloop multiplies with wgmma; pass wgmma=True")
@@ -320,10 +351,21 @@ def check_swap_ab(
     if isinstance(stages, bool) or stages not in SWAP_STAGES:
         raise ValueError(f"smem_stages: the swap-AB mainloop takes one of {SWAP_STAGES}, got "
                          f"{stages!r}")  # fmt: skip
+    if (16 * m_tiles // cluster) % 8:
+        raise ValueError(
+            f"cluster: each of the {cluster} CTAs copies 16·m_tiles / cluster tokens, a multiple "
+            f"of 8 (one swizzle atom), got m_tiles={m_tiles}"
+        )
     if bits is None:
         return
     need = swap_ab_layout(
-        bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, rows=rows, stages=stages
+        bits=bits,
+        m_tiles=m_tiles,
+        n_tiles=n_tiles,
+        warps=warps,
+        rows=rows,
+        stages=stages,
+        cluster=cluster,
     ).total
     if need > WGMMA_SMEM_LIMIT:
         raise ValueError(
@@ -334,7 +376,7 @@ def check_swap_ab(
 
 def check_dense_mainloop(
     *, swap_ab, wgmma, bits: int | None, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
-    rows: int, stages: int,
+    rows: int, stages: int, cluster: int = 1,
 ) -> None:  # fmt: skip
     """Validate the dense GEMM's mainloop options together: the swap-AB geometry
     (:func:`check_swap_ab`, which takes 4..8 slots) or else ``smem_stages`` in
@@ -343,7 +385,7 @@ def check_dense_mainloop(
     the one rule the spec, the launcher and the kernel apply."""
     check_swap_ab(
         swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-        m_warps=m_warps, rows=rows, stages=stages,
+        m_warps=m_warps, rows=rows, stages=stages, cluster=cluster,
     )  # fmt: skip
     if not swap_ab:
         if isinstance(stages, bool) or stages not in SMEM_STAGES:

@@ -49,6 +49,7 @@ __all__ = [
     "commit",
     "descriptor",
     "descriptor_at",
+    "descriptor_swizzle32",
     "fence",
     "fence_proxy_async",
     "mma",
@@ -68,6 +69,23 @@ def descriptor(smem_addr) -> Int64:
     """The no-swizzle K-major descriptor (LBO :data:`CORE_LBO`, SBO :data:`CORE_SBO`) of the
     operand starting at 32-bit shared-window address ``smem_addr`` (16-byte aligned)."""
     fields = ((CORE_LBO >> 4) << 16) | ((CORE_SBO >> 4) << 32)
+    return Int64((Uint32(smem_addr) >> Uint32(4)) & Uint32(0x3FFF)) | Int64(fields)
+
+
+#: Bytes from one 8-row group of a 32-byte-swizzled K-major operand to the next (8 rows x 32 B).
+SWIZZLE32_SBO = 256
+#: The descriptor's 2-bit swizzle mode (bits 62-63) for the 32-byte swizzle.
+SWIZZLE32_MODE = 3
+
+
+def descriptor_swizzle32(smem_addr) -> Int64:
+    """The K-major descriptor of a 32-byte-swizzled operand at ``smem_addr`` (256-byte aligned):
+    row ``i`` is 32 contiguous bytes (one K16 row, the swizzle's width) at ``32·i``, its two
+    16-byte halves swapped when bit 2 of ``i`` is set (address bit 4 ^= bit 7), as TMA's
+    ``SWIZZLE_32B`` writes it. SBO :data:`SWIZZLE32_SBO` (the next 8 rows); LBO is unused for a
+    swizzled K-major operand whose K extent (16) fits the swizzle width (field 1)."""
+    fields = (1 << 16) | ((SWIZZLE32_SBO >> 4) << 32) | (SWIZZLE32_MODE << 62)
+    fields -= 1 << 64  # the same 64 bits as a signed Int64 (the mode sets bit 63)
     return Int64((Uint32(smem_addr) >> Uint32(4)) & Uint32(0x3FFF)) | Int64(fields)
 
 

@@ -183,6 +183,7 @@ def trellis_matmul(
     shared_rows: int = 2,
     wgmma: bool = False,
     swap_ab: bool = False,
+    cluster: int = 1,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
@@ -196,8 +197,10 @@ def trellis_matmul(
     decode's MMAs as Hopper warpgroup MMAs (:mod:`b12x.kernels.wgmma_decode`). ``swap_ab``
     (with ``wgmma``) runs the swap-AB mainloop instead: weights decoded into ``wgmma``'s register
     A operand, ``16·m_tiles`` tokens per CTA, ``smem_stages`` 4..8 slots
-    (:mod:`b12x.kernels.wgmma_swap`). A geometry the kernel would refuse raises ``ValueError``
-    naming the field before anything else is checked.
+    (:mod:`b12x.kernels.wgmma_swap`); ``cluster`` 2 or 4 (with ``swap_ab``) makes that many CTAs
+    along N share each token tile by TMA multicast (N / (16·n_tiles·warps) must divide by it). A
+    geometry the kernel would refuse raises ``ValueError`` naming the field before anything else
+    is checked.
     """
     from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
@@ -208,8 +211,16 @@ def trellis_matmul(
     check_dense_mainloop(
         swap_ab=swap_ab, wgmma=wgmma, bits=trellis.shape[-1] // 16 if shaped else None,
         m_tiles=tiles[0] if tiles else 1, n_tiles=tiles[1] if tiles else 1, warps=warps,
-        m_warps=m_warps, rows=shared_rows, stages=smem_stages,
+        m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
     )  # fmt: skip
+    if shaped and cluster > 1:  # the cluster's CTAs along N: refused before any device check
+        group = 16 * tiles[1] * warps
+        ctas = trellis.shape[1] * 16 // group
+        if ctas % cluster:
+            raise ValueError(
+                f"cluster: N={trellis.shape[1] * 16} is {ctas} CTAs of {group} columns, not a "
+                f"multiple of the cluster of {cluster}"
+            )
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
         got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
         raise TypeError(f"a: expected dtype torch.float16 or torch.bfloat16, got {got}")
@@ -253,6 +264,7 @@ def trellis_matmul(
         shared_rows=shared_rows,
         wgmma=wgmma,
         swap_ab=swap_ab,
+        cluster=cluster,
     )
     if splits == 1:
         whole = GemmLaunch(

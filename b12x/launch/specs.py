@@ -83,6 +83,9 @@ class KernelSpec:
     #: gemm only (with ``wgmma``): the swap-AB mainloop, weights decoded into ``wgmma``'s
     #: register A operand, ``16·m_tiles`` tokens per CTA as its B (:mod:`b12x.kernels.wgmma_swap`).
     swap_ab: bool = False
+    #: gemm only (with ``swap_ab``): CTAs along N sharing each token tile by TMA multicast
+    #: (1, 2 or 4; :mod:`b12x.kernels.wgmma_swap`, "Token sharing").
+    cluster: int = 1
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
@@ -94,7 +97,7 @@ class KernelSpec:
         check_dense_mainloop(
             swap_ab=self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
             n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
-            stages=self.smem_stages,
+            stages=self.smem_stages, cluster=self.cluster,
         )  # fmt: skip
         if self.wgmma and self.kind != "gemm":
             raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
@@ -183,6 +186,7 @@ def build_kernel(spec: KernelSpec):
             shared_rows=spec.shared_rows,
             wgmma=spec.wgmma,
             swap_ab=spec.swap_ab,
+            cluster=spec.cluster,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

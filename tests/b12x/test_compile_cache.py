@@ -51,12 +51,14 @@ MUTATIONS = {
     "shared_rows": 1,
     "wgmma": True,
     "swap_ab": True,
+    "cluster": 2,
 }
 #: Fields whose mutation is only legal next to another change: the base they are mutated from.
 MUTATION_BASES = {
     "m_warps": {"smem_stages": 3},  # the shared-decode mainloop needs its slots
     "wgmma": {"smem_stages": 3, "m_warps": 4},  # a shared decode whose every warp multiplies
     "swap_ab": {"smem_stages": 4, "m_warps": 4, "wgmma": True},  # 4 slots: legal both ways
+    "cluster": {"smem_stages": 4, "m_warps": 4, "wgmma": True, "swap_ab": True},
 }
 
 

@@ -80,8 +80,8 @@ def test_rows_and_geometries(case, row, geometry):
         assert (v.m_tiles, v.n_tiles, v.warps, v.m_warps, v.split_k) == geometry
         assert v.wgmma == row.startswith("tensor")
         assert v.swap_ab == (row == "tensor_swap")
-        if v.wgmma:
-            slots = (4, 4) if row == "tensor_core_deep" else (2, 6)
+        if v.wgmma:  # deep 4 x 4, swap-AB 2 x 6, its 256-token CTA pairs 4 x 4
+            slots = (2, 6) if row == "tensor_swap" and v.cluster == 1 else (4, 4)
             assert (v.shared_rows, v.smem_stages) == slots
 
 
@@ -101,10 +101,16 @@ def test_the_swap_geometry_fits_every_rate(bits, m):
     geo = dict(m_tiles=got.m_tiles, n_tiles=got.n_tiles, warps=got.warps)
     check_swap_ab(True, wgmma=True, bits=bits, m_warps=got.m_warps, rows=got.shared_rows,
                   stages=got.smem_stages, **geo)  # fmt: skip
-    lay = swap_ab_layout(bits=bits, rows=2, stages=6, **geo)
-    # 6 slots x 2 rows x (payload run + tokens): 16 tiles x 32b + 128 x 32, or 8 x 32b + 256 x 32
-    tiles, tokens = (16, 128) if m <= 128 else (8, 256)
-    assert lay.total == 6 * 2 * (tiles * 32 * bits + tokens * 32) <= WGMMA_SMEM_LIMIT
+    lay = swap_ab_layout(
+        bits=bits, rows=got.shared_rows, stages=got.smem_stages, cluster=got.cluster, **geo
+    )
+    if m <= 128:  # 6 slots x 2 rows x (payload run + tokens): 16 tiles x 32b + 128 x 32
+        assert (got.cluster, got.shared_rows, got.smem_stages) == (1, 2, 6)
+        assert lay.total == 6 * 2 * (16 * 32 * bits + 128 * 32) <= WGMMA_SMEM_LIMIT
+    else:  # payload slots (8 tiles x 32b per row), aligned 256-token tiles, 4 x 2 mbarriers
+        assert (got.cluster, got.shared_rows, got.smem_stages) == (2, 4, 4)
+        tokens = -(-4 * 4 * 8 * 32 * bits // 1024) * 1024 + 4 * 4 * 256 * 32
+        assert lay.total == tokens + 4 * 16 + 1024 <= WGMMA_SMEM_LIMIT  # + base alignment
 
 
 @pytest.mark.parametrize(("m", "rows"), [(64, 4)], ids=["deep"])
@@ -138,7 +144,7 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     spec = KernelSpec(
         "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps,
         write_partials=g.split_k > 1, m_warps=g.m_warps, shared_rows=g.shared_rows,
-        smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
+        smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab, cluster=g.cluster,
     )  # fmt: skip
     report = support.compile_specialization(spec, "sm_90")
     assert report.spill_bytes == 0, (spec, report.spill_bytes)
@@ -151,10 +157,10 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
         assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
 
 
-def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False) -> dict:
+def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:
     """The mainloop keywords a plan passes to ``trellis_matmul``."""
     return dict(m_warps=m_warps, shared_rows=rows, smem_stages=stages, wgmma=wgmma,
-                swap_ab=swap_ab)  # fmt: skip
+                swap_ab=swap_ab, cluster=cluster)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -164,9 +170,10 @@ def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False) -> dict:
         (32, _loop(2, 2, 3), (1, 2), 4, 4),  # thin
         (100, _loop(4, 2, 3), (2, 1), 8, 1),  # wide
         (100, _loop(8, 2, 6, wgmma=True, swap_ab=True), (8, 2), 8, 1),  # swap-AB
+        (200, _loop(8, 4, 4, wgmma=True, swap_ab=True, cluster=2), (16, 1), 8, 1),  # shared
         (64, _loop(8, 4, 4, wgmma=True), (1, 2), 8, 1),  # deep
     ],
-    ids=["per_warp", "thin", "wide", "tensor_swap", "tensor_core_deep"],
+    ids=["per_warp", "thin", "wide", "tensor_swap", "tensor_swap_cluster", "tensor_core_deep"],
 )
 def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, tiles, warps, split):
     """R15 for the mainloop table: the plan's geometry, slots and split reach the launch

@@ -27,11 +27,12 @@ Layout
      :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`): the swap-AB mainloop
      (:mod:`b12x.kernels.wgmma_swap`: every warp decodes its weights into the ``wgmma`` A
      registers, the CTA's tokens are the B operand), :func:`swap_geometry`: 128 tokens x 256
-     weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`), else 256 x 128 (:data:`SWAP_TALL`),
-     split 1, slots 2 x 6. It replaced the ``tensor_core`` row
-     (:data:`TENSOR`: 128 rows x 256 columns decoded into shared memory), which it beats at
-     M = 128 (161.0 against 192.9 us, H100, GEMM alone); on sm_90 the dispatch table's
-     decode_matmul row starts at M = 257 (:mod:`b12x.ops.dense.dispatch`).
+     weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`, slots 2 x 6), else 256 x 128
+     (:data:`SWAP_TALL`, CTA pairs sharing each token tile by TMA multicast, slots 4 x 4),
+     split 1. It replaced the ``tensor_core`` row (:data:`TENSOR`: 128 rows x 256 columns
+     decoded into shared memory), which it beats at M = 128 (161.0 against 192.9 us, H100,
+     GEMM alone); on sm_90 the dispatch table's decode_matmul row starts at M = 257
+     (:mod:`b12x.ops.dense.dispatch`).
   8. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
 
   The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
@@ -196,6 +197,8 @@ class SharedDecode:
     #: The swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`): weights decoded into the
     #: ``wgmma`` A registers, ``16·m_tiles`` tokens per CTA.
     swap_ab: bool = False
+    #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = each copies its own).
+    cluster: int = 1
 
     @property
     def cta_m(self) -> int:
@@ -229,8 +232,15 @@ SWAP_WIDE = SharedDecode(
 #: Largest M of :data:`SWAP_WIDE`.
 SWAP_WIDE_MAX_M = 128
 #: Beyond it: 256 tokens x 128 weight rows (one N16 tile per warp; more tokens per CTA would
-#: need more than 128 accumulators per thread); M > 256 takes several token tiles.
-SWAP_TALL = dataclasses.replace(SWAP_WIDE, m_tiles=16, n_tiles=1)
+#: need more than 128 accumulators per thread); M > 256 takes several token tiles. Pairs of
+#: CTAs share each token tile (cluster 2, TMA multicast; N % 256 == 0 makes the CTAs along N
+#: even), 4 K16 rows per step in 4 slots (164 KB at K8). H100 80GB, 2026-12-06, GEMM alone at
+#: M = 256 (``dense_shared_decode_sweep.py --geometries 16x1x8x8s,16x1x8x8s2 --slots
+#: 2x6,4x5,4x4,2x8``), us: unshared 330.2 / 347.9 / 439.5 / 339.6, shared 308.2 / 272.5 /
+#: **266.1** / 305.0 (cluster 4 at 2 x 6: 311.4).
+SWAP_TALL = dataclasses.replace(
+    SWAP_WIDE, m_tiles=16, n_tiles=1, cluster=2, shared_rows=4, smem_stages=4
+)
 
 
 def swap_geometry(m: int) -> SharedDecode:

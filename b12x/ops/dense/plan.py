@@ -168,6 +168,8 @@ class DensePlan(PlannedBuffers):
     wgmma: bool = False
     #: The swap-AB mainloop (weights in the ``wgmma`` A registers, sm_90).
     swap_ab: bool = False
+    #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = unshared).
+    cluster: int = 1
 
     @property
     def buffer_owner(self) -> str:
@@ -200,6 +202,7 @@ class DensePlan(PlannedBuffers):
                     smem_stages=self.smem_stages,
                     wgmma=self.wgmma,
                     swap_ab=self.swap_ab,
+                    cluster=self.cluster,
                 )
             )
             if self.split_k > 1:
@@ -511,6 +514,7 @@ def plan_dense(
         mainloop_reasons=loop.reasons,
         wgmma=shared is not None and shared.wgmma,
         swap_ab=shared is not None and shared.swap_ab,
+        cluster=1 if shared is None else shared.cluster,
     )
 
 
@@ -632,6 +636,7 @@ def run_dense(
                 smem_stages=plan.smem_stages,
                 wgmma=plan.wgmma,
                 swap_ab=plan.swap_ab,
+                cluster=plan.cluster,
             )
         if had is None:  # a bf16 GEMM output is rounded to fp16 first (gemm_output_f16, §3.3)
             launchers.rotate_output(gemm, svh, out_dtype=final_dtype, out=final)
