@@ -223,7 +223,11 @@ def _render_saved(path: str) -> int:
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """While running, SIGTERM (e.g. ``timeout``) interrupts like Ctrl-C: KeyboardInterrupt."""
+    """While running, SIGTERM (e.g. ``timeout``) interrupts like Ctrl-C: KeyboardInterrupt.
+
+    SIGINT is set to Python's own handler too: a process started by a parent that ignores it (a
+    shell's background job, some CI runners) inherits SIG_IGN, and Python then never raises
+    KeyboardInterrupt, so the run would go on to the end of every kill command."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -231,11 +235,13 @@ def _sigterm_interrupts() -> Iterator[None]:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous_term = signal.signal(signal.SIGTERM, interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,8 +59,20 @@ def _kill_command_running(tmp: Path, cli_pid: int) -> bool:
     return bool(copies) and any(pid != cli_pid for copy in copies for pid in _processes_under(copy))
 
 
-@pytest.mark.parametrize("isolation", ["fork", pytest.param("subprocess", marks=pytest.mark.slow)])
-def test_sigint_stops_mutate_within_seconds_and_cleans_up(tmp_path, isolation):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("isolation", "parent_ignores_sigint"),
+    [("fork", False), ("fork", True), pytest.param("subprocess", False, marks=pytest.mark.slow)],
+    ids=["fork", "fork-started-with-sigint-ignored", "subprocess"],
+)
+def test_sigint_stops_mutate_within_seconds_and_cleans_up(
+    tmp_path, isolation, parent_ignores_sigint
+):
+    """``parent_ignores_sigint``: the CLI inherits SIG_IGN for SIGINT (a shell's background job,
+    a CI runner started that way); it must still stop (found when ``.ci/run`` ran as ``&``)."""
     if not Path("/proc/self/cwd").exists():
         pytest.skip("needs /proc to see the kill command's processes")
     catalogue = tmp_path / "slow.toml"
@@ -73,8 +85,9 @@ def test_sigint_stops_mutate_within_seconds_and_cleans_up(tmp_path, isolation):
     argv += ["--only", "slow-harmless", "--no-baseline", "--jobs", "1", "--timeout", "600"]
     argv += ["--isolation", isolation, "-q"]
     proc = subprocess.Popen(
-        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_ignore_sigint if parent_ignores_sigint else None,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + START_S
         while not _kill_command_running(tmp, proc.pid):
