@@ -68,9 +68,19 @@ What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sw
   those reads but saved only 6 % (H100, GEMM alone, ``dense_shared_decode_sweep.py``: M = 256
   329.8 -> 309.0 us at cluster 2, 311.4 at 4; M = 1024 1229 -> 1101; M = 4096 4753 -> 4408).
   A first version that synchronised the pair with a cluster barrier per step ran at 618 us:
-  the per-step coupling of the CTAs, not the bytes, is what such a loop pays for. What bounds
-  the shared loop now was not profiled; at 309 us it is 2.1 x the tensor pipe's time for its
-  MMAs (2 waves of 224 CTAs on 132 SMs, 554 cycles of MMA per step of 2 K16 rows).
+  the per-step coupling of the CTAs, not the bytes, is what such a loop pays for. ncu of the
+  shared 2 x 6 loop (309.4 us against 330.8 unshared, ``--clock-control none``): 0.39 issued
+  per scheduler (0.29), memory throughput 41 % (79 %), long scoreboard 0.39 cycles per issue
+  (3.13); the stalls are now spread (fixed-latency wait 0.92, CTA barrier 0.65, dispatch 0.54,
+  wgmma 0.49, math throttle 0.45): latency at 8 warps per SM (170 registers, one CTA per SM),
+  no pipe and no memory level saturated. Four K16 rows per step in 4 slots halve the barriers
+  and ``wgmma`` waits per K16 row and took the shared loop to 266.1 us (unshared, the same
+  slots were slower: 439.5 us, so the deeper step needs the shared tokens' smaller footprint);
+  that is the planned row (whole K4 linear 265.0 us at M = 256, 1.40 x cuBLAS bf16,
+  ``benchmarks/dense_trellis.py``, H100). What is left: 224 CTAs on 132 SMs are 1.70 waves
+  (the second 70 % full), and 266 us is 1.8 x the tensor pipe's time for the MMAs. ncu's
+  L2 sector count did not fall with multicast (1.18 against 1.08 GB read at 2 x 6), which is
+  not explained yet.
 * **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
   (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
   steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256

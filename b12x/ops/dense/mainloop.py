@@ -123,7 +123,9 @@ Whole linear with this row planned (H100, ``benchmarks/dense_trellis.py``, K4, f
 time / cuBLAS bf16 in the same run): M = 128 156.3 us (0.96; 159.5 with
 ``B12X_DEPENDENT_LAUNCH=0``), M = 256 344.2 us (1.83; 347.0 without PDL), both from ``--m
 128,256 --bits 4 --no-peer``; the full table run of the same build measured M = 256 at
-396.7 us (2.10; the tensor_core row + decode_matmul gave 414.8 the session before). The
+396.7 us (2.10; the tensor_core row + decode_matmul gave 414.8 the session before). With
+:data:`SWAP_TALL`'s CTA pairs and 4 x 4 slots the full table run measured M = 256 at 257.7 /
+270.0 / 265.0 / 273.6 us for K2 / K3 / K4 / K6 (1.36 - 1.44 x cuBLAS bf16's 189.4; quack 176.5). The
 profiler's launch table at M = 256 (``profile_launches.py --m 256 --only dense``): GEMM
 336.2 us; its output rotation shows 170.7 us of device time because, launched early (PDL), it
 waits resident while the GEMM's second partial wave (224 CTAs on 132 SMs) runs.
