@@ -26,7 +26,7 @@ if [ -n "${BASE:-}" ]; then  # A/B: the whole linear at small M, BASE (a b12x tr
   for side in base head; do
     pp="$PYTHONPATH"; [ "$side" = base ] && pp="$BASE:$PYTHONPATH"
     PYTHONPATH="$pp" timeout -k 5 "${AB_S:-120}" python3 benchmarks/dense_trellis.py --m 1,16 \
-      --bits 4,6 --no-peer --budget-s 60 > "$OUT/ab_$side.log" 2>&1
+      --bits "${AB_BITS:-4,6}" --no-peer --budget-s "${AB_BUDGET_S:-60}" > "$OUT/ab_$side.log" 2>&1
     echo "A/B $side rc=$?"; grep -v -i warning "$OUT/ab_$side.log" | tail -n 14
   done
 fi

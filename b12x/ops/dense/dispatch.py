@@ -58,6 +58,19 @@ measured M at which decode+cuBLAS wins (the benchmark's default M list now inclu
 narrow it down). The previous threshold (M > 1024, exllamav3's large-M route) left a 2–2.8×
 slowdown on the table for 64 ≤ M ≤ 1024.
 
+What bounds decode_matmul (the issue table's M = 1024 and 4096 rows)
+---------------------------------------------------------------------
+Over the cuBLAS anchor (bf16 ``x @ W^T`` on an already dequantised weight) the row adds three
+HBM passes, counted in bytes (8192 x 28672, K4, bf16 x, fp16 compute): the decode reads the
+117.4 MB payload and writes the 469.8 MB weight (587.2 MB); the input rotation reads and writes
+``x`` (2·M·K·2 B: 33.6 MB at M = 1024, 134.2 MB at 4096); the output rotation reads and writes
+``y`` (2·M·N·2 B: 117.4 MB, 469.8 MB). At the 3.01 TB/s HBM copy rate measured with the table
+(H100 80GB, 2026-12-06, ``benchmarks/dense_trellis.py``) that is 245 us at M = 1024 and 396 us
+at M = 4096, against measured overheads of 350 us (960.9 - 610.8) and 463 us (3098.3 -
+2635.6): the extra passes explain 70 % and 86 % of the gap. The fused alternative on sm_90 (the
+swap-AB mainloop) decodes the weight once per 256-token tile, four times at M = 1024, and was
+slower there (1385.7 against 875.9 us, :mod:`b12x.ops.dense.mainloop`).
+
 Invariants
 ----------
 * ``explain`` is a pure function of the case: it reads, never mutates, and gives the same answer
