@@ -41,6 +41,15 @@ Layout
 * :data:`BOUNDARIES` put both sides of every threshold (M 16/17, 32/33 and 64/65, N
   128-multiple, pinned, path) as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
 
+What bounds ``small_m`` (the issue table's M = 1 row): decode instruction issue. The planned
+per-warp loop (1 M16 block x 2 N16 tiles per warp, fp16 compute) costs, per decoded weight,
+6.47 / 7.06 / 6.28 / 7.19 SASS instructions at K2 / K3 / K4 / K6 (``benchmarks/sass_budget.py
+--codebooks mcg --bits 2,3,4,6 --tiles 1x2``; integer ALU 2.6-3.4 of them: window cuts and
+the hash's LOP3), and the whole linear at M = 1 scales with it, not with the payload bytes
+(K6 reads 3x the bytes of K2): 84.9 / 92.0 / 84.5 / 98.7 us (H100, 2026-12-06,
+``benchmarks/dense_trellis.py``), i.e. 1.00 / 1.09 / 1.00 / 1.17 x K4 against SASS ratios
+1.03 / 1.12 / 1.00 / 1.14.
+
 Evidence (H200, 2026-12-03, ``benchmarks/dense_shared_decode_sweep.py``, 8192 x 28672 MCG K4,
 bf16, GEMM alone, graphed, payloads rotated past the L2; us):
 
