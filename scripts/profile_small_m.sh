@@ -3,7 +3,7 @@
 # dense linear (K2/K4/K6 at M = 1, 16) and of the MoE step (M = 1, 8) from
 # benchmarks/profile_launches.py (MoE: the stacks of STACKS, default uniform,tiers,pair), then an
 # ncu profile (--clock-control none) of the trellis GEMM of one dense linear at M = 1 and M = 16
-# (K4, MCG): speed of light, warp stall reasons, scheduler, occupancy, launch statistics, and the
+# (K4, MCG; DENSE_BITS="4 6" adds K6): speed of light, warp stall reasons, scheduler, occupancy, launch statistics, and the
 # instructions each pipe executed and its busy share (alu, fma, fmaheavy, fmalite, fp16, lsu,
 # tensor). DENSE_M=1 profiles M = 1 only; LAUNCHES=0 skips the tables. Logs under $OUT.
 #   usage (device tool, carry [".device"]): source .device/env.sh && bash scripts/profile_small_m.sh
@@ -19,6 +19,7 @@ if [ "${LAUNCHES:-1}" = 1 ]; then
   cat "$OUT/launches_dense.log" "$OUT/launches_moe.log" | grep -v Warning | head -n 160
 fi
 for m in ${DENSE_M:-1 16}; do
+for b in ${DENSE_BITS:-4}; do
   # the trellis GEMM of the fourth call (after three warm-ups), not the setup kernels before it
   timeout -k 5 "${NCU_S:-150}" "$NCU" --clock-control none --target-processes all \
     --kernel-name regex:DenseTrellisGemm --launch-skip 3 --launch-count 1 \
@@ -26,9 +27,10 @@ for m in ${DENSE_M:-1 16}; do
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --section ComputeWorkloadAnalysis --section InstructionStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,regex:smsp__inst_executed_pipe_(alu|fma|fmaheavy|fmalite|fp16|lsu|uniform|tensor.*)\.sum$,regex:sm__pipe_(alu|fma|fmaheavy|fmalite|fp16|shared|tensor.*)_cycles_active\.avg\.pct_of_peak_sustained_active$,regex:sm__inst_executed_pipe_(alu|fma|fmaheavy|fmalite|fp16|lsu)\.avg\.pct_of_peak_sustained_active$" \
-    python3 benchmarks/profile_launches.py --m "$m" --bits 4 --only dense --plain \
-    > "$OUT/ncu_dense_m$m.log" 2>&1
-  echo "ncu dense M=$m rc=$?"
+    python3 benchmarks/profile_launches.py --m "$m" --bits "$b" --only dense --plain \
+    > "$OUT/ncu_dense_m${m}_k$b.log" 2>&1
+  echo "ncu dense M=$m K$b rc=$?"
   grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Grid Size|Block Size|Waves Per SM|stalled_[a-z_]*_per_issue_active.ratio +[0-9.]*[1-9]|inst_executed.sum|inst_executed_pipe|pipe_.*cycles_active" \
-    "$OUT/ncu_dense_m$m.log" | head -n 200
+    "$OUT/ncu_dense_m${m}_k$b.log" | head -n 200
+done
 done

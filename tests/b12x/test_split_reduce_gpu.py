@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b12x.launch import host
+from b12x.launch import host, kinds
 from b12x.launch.records import ReduceLaunch
 from b12x.launch.specs import KernelSpec
 
@@ -51,7 +51,8 @@ def reduce_on_device(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
     m, n = partials.shape[1:]
     out = torch.full((m, n), float("nan"), dtype=dtype, device=partials.device)
     launch = ReduceLaunch(partials=partials, out=out.view(torch.int32))
-    host._kernel(KernelSpec("reduce", bf16=dtype == torch.bfloat16), out.device)(*launch.args())
+    spec = KernelSpec("reduce", bf16=dtype == torch.bfloat16)
+    kinds.compiled(spec, host.device_arch(out.device))(*launch.args())
     torch.cuda.synchronize()
     return out
 
