@@ -23,7 +23,7 @@ H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 
 def measured_rule(m, k, n, *, m_tiles, n_tiles, warps, sm_count):
     ctas = (n // (16 * n_tiles * warps)) * -(-m // (16 * m_tiles))
-    per_sm = 12 if m <= 16 else 4
+    per_sm = 12 if m <= 8 else 6 if m <= 16 else 4  # depth: the GEMV, mid small M, the rest
     wanted = max(1, -(-per_sm * sm_count // max(ctas, 1)))
     return max(1, min(wanted, k // 16 // 16, 64))
 
@@ -31,7 +31,7 @@ def measured_rule(m, k, n, *, m_tiles, n_tiles, warps, sm_count):
 GRID = [
     dict(m=m, k=k, n=n, m_tiles=mt, n_tiles=nt, warps=w, sm_count=sms)
     for m, k, n, mt, nt, w, sms in itertools.product(
-        (1, 9, 16, 17, 33, 64, 129, 1024),
+        (1, 8, 9, 16, 17, 33, 64, 129, 1024),
         (128, 384, 512, 3584, 3840, 8192, 16128, 16384),
         (256, 4096, 28672),
         (1, 2, 4),
@@ -57,6 +57,7 @@ def test_every_boundary_names_literal_sides_on_both_sides():
         ("path", "generic", "k6_mcg_small_m"),
         ("requested", None, 4),
         ("k", 384, 512),
+        ("m", 8, 9),
         ("m", 16, 17),
         ("sm_count", 56, 57),
         ("k", 3584, 3840),
@@ -93,6 +94,11 @@ def test_a_moved_threshold_is_caught_by_the_oracle(monkeypatch):
     assert not O.check_boundaries(S.TABLE).passed
 
 
+def test_a_moved_gemv_threshold_is_caught_by_the_oracle(monkeypatch):
+    monkeypatch.setattr(S, "GEMV_M_MAX", 9)  # M = 9 would keep 15 slices of partials
+    assert not O.check_boundaries(S.TABLE).passed
+
+
 @pytest.mark.parametrize(
     ("field", "value", "error"),
     [
@@ -117,8 +123,9 @@ def test_plan_dense_asks_the_table(monkeypatch):
     plan = plan_dense(
         m=16, k=8192, n=28672, bits=4, codebook="mcg", x_dtype=torch.float16, device=H200
     )
-    assert plan.path == "generic" and plan.split_reasons[-1] == "fill_small_m: selected"
-    assert plan.split_k == 15  # 112 CTAs: ceil(12*132/112) = 15, K allows 32
+    assert plan.path == "generic" and plan.split_reasons[-1] == "fill_mid_m: selected"
+    assert plan.split_k == 8  # 112 CTAs: ceil(6*132/112) = 8, K allows 32
+    assert plan.buffer("c_tmp").shape == (8, 16, 28672)
     seen = []
     real = S.explain
 

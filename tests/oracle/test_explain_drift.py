@@ -83,7 +83,7 @@ def test_k6_row_rejected_on_sm90_with_its_reason(capsys):
 
 @pytest.mark.parametrize(
     ("m", "row", "m_warps", "split_row"),
-    [(16, "small_m", 0, "fill_small_m"), (32, "shared_thin", 2, "mainloop"),
+    [(16, "small_m", 0, "fill_mid_m"), (32, "shared_thin", 2, "mainloop"),
      (64, "tensor_core_deep", 8, "mainloop"), (128, "tensor_swap", 8, "mainloop"),
      (256, "tensor_swap", 8, "mainloop")],
 )  # fmt: skip
@@ -103,7 +103,7 @@ def test_mainloop_rows_and_the_split_they_plan(capsys, m, row, m_warps, split_ro
         device=next(d for d in DEVICES if d.capability == (9, 0)),
     )  # fmt: skip
     assert e.split_requested == e.split_k == plan.split_k
-    assert (plan.split_k, plan.m_warps) == ({16: 15, 32: 4, 64: 1, 128: 1, 256: 1}[m], m_warps)
+    assert (plan.split_k, plan.m_warps) == ({16: 8, 32: 4, 64: 1, 128: 1, 256: 1}[m], m_warps)
     assert plan.swap_ab == (row == "tensor_swap") == e.geometry.get("swap_ab", False)
     assert explain_mod.main(["--m", str(m), "--k", "8192", "--n", "28672", "--codebook", "mcg",
                              "--bits", "4", "--arch", "sm_90"]) == 0  # fmt: skip

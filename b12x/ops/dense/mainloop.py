@@ -50,6 +50,15 @@ the hash's LOP3), and the whole linear at M = 1 scales with it, not with the pay
 ``benchmarks/dense_trellis.py``), i.e. 1.00 / 1.09 / 1.00 / 1.17 x K4 against SASS ratios
 1.03 / 1.12 / 1.00 / 1.14.
 
+The same bound holds at M = 16 (the row's other end; its split is the split-K table's
+``fill_mid_m``, 8 slices). ncu (``--clock-control none``, ``scripts/profile_small_m.sh``, H100,
+2026-12-06) of the GEMM at M = 16, 8 slices: K6 113.3 us for 56.1 M warp instructions, K4 (at
+9 slices) 94.6 us for 47.0 M; the ratio 1.19 matches the whole linear's 121.1 / 100.5 = 1.20
+(the table run), 0.58-0.59 issued per scheduler with 40-42 % of cycles issuing nothing at 50 %
+theoretical occupancy (61-64 registers: four 8-warp CTAs per SM), ALU 48-51 % and FMA-heavy
+53-58 % of peak, DRAM 41-49 %: no pipe and no memory path is full, so the time follows the
+instructions per weight.
+
 Evidence (H200, 2026-12-03, ``benchmarks/dense_shared_decode_sweep.py``, 8192 x 28672 MCG K4,
 bf16, GEMM alone, graphed, payloads rotated past the L2; us):
 

@@ -18,7 +18,8 @@ Layout
 
   - ``ctas = (N / (16·n_tiles·warps)) · ceil(M / (16·m_tiles))`` — CTAs of one K slice;
   - ``depth`` — CTAs per SM the grid should reach: :data:`SMALL_M_DEPTH` (12) for
-    ``M ≤ SMALL_M_MAX`` (16), else :data:`DEPTH` (4);
+    ``M ≤ GEMV_M_MAX`` (8), :data:`MID_M_DEPTH` (6) for ``GEMV_M_MAX < M ≤ SMALL_M_MAX`` (16),
+    else :data:`DEPTH` (4);
   - ``wanted = max(1, ceil(depth · sm_count / ctas))`` — slices that reach that depth;
   - ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT`` — slices that keep ≥ 16 K16 rows each.
 * :data:`ROWS` in priority order; each :class:`~b12x.ops.tables.Row` is a named list of
@@ -32,17 +33,25 @@ Layout
   4. ``deep_grid`` — ``wanted == 1``: one slice already fills the device, 1.
   5. ``max_splits`` — ``wanted > 64`` and ``k_cap ≥ 64``: :data:`MAX_SPLITS` (64).
   6. ``k_capped`` — ``wanted > k_cap``: ``k_cap``.
-  7. ``fill_small_m`` — ``M ≤ 16``: ``wanted`` (depth 12).
+  7. ``fill_small_m`` — ``M ≤ 8``: ``wanted`` (depth 12).
+  7b. ``fill_mid_m`` — ``8 < M ≤ 16``: ``wanted`` (depth 6).
   8. ``fill`` — ``M > 16``: ``wanted`` (depth 4).
 
-  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200.
+  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200 and, for
+  the two small-M depths, on the H100 (2026-12-06, ``benchmarks/dense_trellis.py --m
+  1,2,4,8,12,16 --bits 4 --split-sweep 6,8,9,12,15``, whole K4 linear on 8192 x 28672, us):
+  15 slices (depth 12) lead or tie up to M = 8 (M = 1: 83.3 against 86.7 at 8; M = 8: 89.0
+  against 89.4), but their fp32 partials (``S·M·N·4`` B, written then read by the reduce) grow
+  with M, and 8 slices (depth 6; 14.7 MB at M = 16 instead of 27.5) lead from M = 12 (92.1
+  against 93.7 at 15 and 96.9 at 12) and at M = 16 (101.8 against 108.2 at 15; 6 slices
+  underfill the device, 112.3).
 * :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``: the row, one
   reason per row considered, and the *requested* split count (``value``, also ``split_k``).
   The plan then applies the launcher's arithmetic (``rows = ceil(K16/split)``,
   ``splits = ceil(K16/rows)``), which is a consequence of the request, not a decision.
 * :data:`BOUNDARIES` put both sides of every threshold as data (literal sides, so moving a
-  constant fails there): path generic vs not, explicit request, K 384/512 (short K), M 16/17
-  (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
+  constant fails there): path generic vs not, explicit request, K 384/512 (short K), M 8/9
+  and 16/17 (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
   16128/16384 (the 64 cap). :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
 
 Invariants
@@ -72,6 +81,8 @@ __all__ = [
     "MIN_ROWS_PER_SPLIT",
     "ROWS",
     "SCHEMA",
+    "GEMV_M_MAX",
+    "MID_M_DEPTH",
     "SMALL_M_DEPTH",
     "SMALL_M_MAX",
     "TABLE",
@@ -82,7 +93,9 @@ __all__ = [
 ]
 
 SMALL_M_MAX = 16  # M <= 16: one M16 block, the grid is thin -> deeper
-SMALL_M_DEPTH = 12  # CTAs per SM aimed for at M <= 16
+GEMV_M_MAX = 8  # M <= 8: the fp32 partials are few bytes -> deepest
+SMALL_M_DEPTH = 12  # CTAs per SM aimed for at M <= 8
+MID_M_DEPTH = 6  # CTAs per SM aimed for at 8 < M <= 16: half the partials' bytes
 DEPTH = 4  # CTAs per SM aimed for above
 MIN_ROWS_PER_SPLIT = 16  # K16 rows a slice keeps at least
 MAX_SPLITS = 64
@@ -129,7 +142,9 @@ def ctas(c: Mapping[str, Any]) -> int:
 
 
 def depth(c: Mapping[str, Any]) -> int:
-    return SMALL_M_DEPTH if c["m"] <= SMALL_M_MAX else DEPTH
+    if c["m"] <= GEMV_M_MAX:
+        return SMALL_M_DEPTH
+    return MID_M_DEPTH if c["m"] <= SMALL_M_MAX else DEPTH
 
 
 def wanted(c: Mapping[str, Any]) -> int:
@@ -260,14 +275,28 @@ ROWS: tuple[Row, ...] = (
     ),
     _row(
         "fill_small_m",
-        f"M <= {SMALL_M_MAX}: slices for {SMALL_M_DEPTH} CTAs per SM",
+        f"M <= {GEMV_M_MAX}: slices for {SMALL_M_DEPTH} CTAs per SM",
         (
             _GENERIC,
             _AUTO,
             Condition(
-                "m<=16",
-                lambda c: c["m"] <= SMALL_M_MAX,
-                lambda c: f"m={c['m']} > {SMALL_M_MAX}",
+                "m<=8",
+                lambda c: c["m"] <= GEMV_M_MAX,
+                lambda c: f"m={c['m']} > {GEMV_M_MAX}",
+            ),
+        ),
+        wanted,
+    ),
+    _row(
+        "fill_mid_m",
+        f"{GEMV_M_MAX} < M <= {SMALL_M_MAX}: slices for {MID_M_DEPTH} CTAs per SM",
+        (
+            _GENERIC,
+            _AUTO,
+            Condition(
+                "8<m<=16",
+                lambda c: GEMV_M_MAX < c["m"] <= SMALL_M_MAX,
+                lambda c: f"m={c['m']} not in ({GEMV_M_MAX}, {SMALL_M_MAX}]",
             ),
         ),
         wanted,
@@ -307,22 +336,24 @@ def _case(**changes: Any) -> dict:
 _WIDE = {"m": 1, "n": 4096, "k": 16384}
 
 BOUNDARIES: tuple[Boundary, ...] = (
-    # DEFAULT_CASE: ctas = 112, wanted = ceil(12·132/112) = 15, k_cap = 32 -> fill_small_m
-    Boundary("generic_path", _case(), "path", "generic", "decode_matmul", "fill_small_m",
+    # M = 8: ctas = 112, wanted = ceil(12·132/112) = 15, k_cap = 32 -> fill_small_m
+    Boundary("generic_path", _case(m=8), "path", "generic", "decode_matmul", "fill_small_m",
              "off_generic_path"),
-    Boundary("generic_path_k6", _case(), "path", "generic", "k6_mcg_small_m", "fill_small_m",
-             "off_generic_path"),
-    Boundary("explicit_request", _case(), "requested", None, 4, "fill_small_m", "explicit"),
-    Boundary("mainloop_split", _case(), "planned", None, 4, "fill_small_m", "mainloop"),
+    Boundary("generic_path_k6", _case(m=8), "path", "generic", "k6_mcg_small_m",
+             "fill_small_m", "off_generic_path"),
+    Boundary("explicit_request", _case(m=8), "requested", None, 4, "fill_small_m", "explicit"),
+    Boundary("mainloop_split", _case(m=8), "planned", None, 4, "fill_small_m", "mainloop"),
     Boundary("explicit_over_mainloop", _case(planned=4), "requested", None, 2, "mainloop",
              "explicit"),
+    # M 8 -> 9: depth 12 -> 6, 15 -> 8 slices
+    Boundary("gemv_depth", _case(), "m", 8, 9, "fill_small_m", "fill_mid_m"),
     Boundary("short_k", _case(), "k", 384, 512, "short_k", "k_capped"),
     # M 16 -> 17 with one M16 block per warp: 224 CTAs, depth 4 -> wanted 3
-    Boundary("small_m_depth", _case(), "m", 16, 17, "fill_small_m", "fill"),
+    Boundary("small_m_depth", _case(), "m", 16, 17, "fill_mid_m", "fill"),
     # M = 17: 224 CTAs; 4·56 = 224 fills the grid, 4·57 needs a second slice
     Boundary("deep_grid", _case(m=17), "sm_count", 56, 57, "deep_grid", "fill"),
     # wanted = 15: k_cap 14 (K = 3584) binds, 15 (K = 3840) does not
-    Boundary("k_cap", _case(), "k", 3584, 3840, "k_capped", "fill_small_m"),
+    Boundary("k_cap", _case(m=8), "k", 3584, 3840, "k_capped", "fill_small_m"),
     # wanted = ceil(12·85/16) = 64 stays, ceil(12·86/16) = 65 hits the cap
     Boundary("max_splits", _case(**_WIDE), "sm_count", 85, 86, "fill_small_m", "max_splits"),
     Boundary("max_splits_k_cap", _case(**_WIDE), "k", 16128, 16384, "k_capped", "max_splits"),
