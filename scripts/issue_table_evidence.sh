@@ -11,9 +11,6 @@
 #    (benchmarks/profile_launches.py --anchor): where decode_matmul's time over cuBLAS goes;
 #  * split_sweep.log: the whole K4 linear at M = 1, 16 at each split of SWEEP_SPLITS and the
 #    planned one (benchmarks/dense_trellis.py --split-sweep): what the fp32 partials cost.
-#  * ncu_swap_m256.log (SWAP_NCU=1): ncu of the planned M = 256 GEMM alone, the swap-AB mainloop
-#    of 256 tokens x 128 weight rows in CTA pairs sharing the token tile (4 x 4 slots), K4
-#    (benchmarks/swap_ab_profile.py): what bounds the M = 256 row.
 # The ncu profile of the small-M GEMM is scripts/profile_small_m.sh (DENSE_BITS="4 6").
 #   usage (device tool, carry [".device"]):
 #     source .device/env.sh && bash scripts/issue_table_evidence.sh
@@ -42,16 +39,4 @@ if [ "${SWEEP:-1}" = 1 ]; then
     --split-sweep "${SWEEP_SPLITS:-4,8,15}" --json "$OUT/split_sweep.json" \
     > "$OUT/split_sweep.log" 2>&1
   echo "split sweep rc=$?"; grep -v -i warning "$OUT/split_sweep.log" | tail -n 30
-fi
-if [ "${SWAP_NCU:-0}" = 1 ]; then
-  NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
-  timeout -k 5 "${NCU_S:-120}" "$NCU" --clock-control none --kernel-name regex:DenseTrellisGemm \
-    --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
-    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,regex:sm__pipe_(alu|fmaheavy|shared|tensor_op_gmma)_cycles_active\.avg\.pct_of_peak_sustained_active$" \
-    python3 benchmarks/swap_ab_profile.py --m 256 --geometry 16x1x8 --slots 4x4 --cluster 2 \
-    --launches 2 > "$OUT/ncu_swap_m256.log" 2>&1
-  echo "ncu swap-AB M=256 rc=$?"
-  grep -E "Duration|Throughput|Issued Warp|No Eligible|Registers|Occupancy|Grid Size|Waves|inst_executed.sum|cycles_active|stalled_[a-z_]*_per_issue_active.ratio +[0-9.]*[1-9]" \
-    "$OUT/ncu_swap_m256.log" | head -n 50
 fi

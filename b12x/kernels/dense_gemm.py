@@ -65,26 +65,6 @@ Layout
 * **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
   ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
   their C rows are don't-care values).
-* **Cluster reduce** (opt-in, ``reduce_cluster`` = C in 2..8, per-warp register mainloop only;
-  sm_90+). The launch's C K splits of one output tile form one thread-block cluster along z
-  (grid z = C = the cluster, so cluster rank = split index), and the split-K sum happens in
-  distributed shared memory instead of fp32 partials in global memory plus
-  :class:`SplitKReduceKernel`. Each CTA stages its fp32 accumulators in its own shared memory
-  (``16·m_tiles`` rows x ``16·n_tiles·warps`` columns, rows padded by
-  :data:`~b12x.kernels.shared_layout.REDUCE_ROW_PAD` words; only rows ``< M``), then a cluster
-  barrier (arrive.release / wait.acquire) publishes every stage. The CTA's output pairs are
-  dealt in chunks of one pair per thread; rank c takes chunks c, c + C, ...: its thread loads the
-  pair from all C stages (``mapa`` + ``ld.shared::cluster``, all loads before the first add),
-  adds them in split order from +0.0 — the order :class:`SplitKReduceKernel` adds them, so the
-  result is bit-identical to the partials path at the same split — rounds to the compute dtype
-  and stores it. A second cluster barrier keeps every CTA's stage alive until all reads are
-  done. Staging tile of the 1 x 2 x 8-warp small-M tile: 16.5 KB. Measured slower than the
-  partials it replaces, so no plan selects it (H100, 2026-12-06,
-  ``benchmarks/split_reduce_ab.py --m 1,16 --bits 4,6``, GEMM + sum graphed on 8192 x 28672,
-  us, K4 / K6): M = 1 cluster 8 95.2 / 109.9 against partials 8 82.0 / 98.5; M = 16 104.8 /
-  125.5 against 96.6 / 116.0 (partials 15: 79.4 / 94.2 and 102.4 / 121.1), bit-identical
-  throughout. It stays a kernel option, GPU-tested and mutation-checked
-  (``tests/b12x/test_dense_cluster_reduce.py``), for the next attempt at the small-M sum.
 
 Invariants
 ----------
@@ -123,14 +103,12 @@ from b12x.kernels.shared_decode import SharedDecodeMainloop
 from b12x.kernels.shared_layout import (
     A_BLOCK_BYTES,
     FRAG_TILE_BYTES,
-    REDUCE_ROW_PAD,
     SHARED_ROWS,
     SMEM_LIMIT,
     SMEM_STAGES,
     WGMMA_SMEM_LIMIT,
     check_dense_mainloop,
     check_shared_decode,
-    reduce_cluster_smem_bytes,
     shared_decode_layout,
 )
 from b12x.kernels.trellis_decode import (
@@ -218,16 +196,12 @@ class DenseTrellisGemmKernel:
         wgmma: bool = False,
         swap_ab: bool = False,
         cluster: int = 1,
-        reduce_cluster: int = 1,
     ):
         fmt.check_bits(bits)
         check_dense_mainloop(
             swap_ab=swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles,
             warps=warps, m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
-            reduce_cluster=reduce_cluster,
         )  # fmt: skip
-        if reduce_cluster > 1 and write_partials:
-            raise ValueError("reduce_cluster: the cluster reduce writes no partials")
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
@@ -242,7 +216,6 @@ class DenseTrellisGemmKernel:
         self.shared_rows = shared_rows
         self.swap_ab = swap_ab
         self.cluster = cluster
-        self.reduce_cluster = reduce_cluster
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None
@@ -264,10 +237,6 @@ class DenseTrellisGemmKernel:
         if self.shared is not None:
             self.layout = self.shared.layout
             self.smem_bytes = self.layout.total
-        elif reduce_cluster > 1:
-            self.smem_bytes = reduce_cluster_smem_bytes(
-                m_tiles=m_tiles, n_tiles=n_tiles, warps=warps
-            )
         else:
             self.smem_bytes = ring_smem_bytes(
                 bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps, stages=smem_stages
@@ -297,17 +266,11 @@ class DenseTrellisGemmKernel:
         cta_m = self.cta_m
         grid_y = (m + cta_m - 1) // cta_m
         if cutlass.const_expr(self.cluster == 1):
-            # the cluster reduce: the launch's splits (== reduce_cluster, the launcher's rule)
-            # are one cluster along z
-            splits_cluster = {}
-            if cutlass.const_expr(self.reduce_cluster > 1):
-                splits_cluster = {"cluster": (1, 1, self.reduce_cluster)}
             self.kernel(a, payload, out, lut_addr, k_rows_per_split).launch(
                 grid=(grid_x, grid_y, splits),
                 block=(32 * self.warps, 1, 1),
                 smem=self.smem_bytes,
                 stream=stream,
-                **splits_cluster,
                 **launch_options(),
             )
         else:  # tokens shared by a cluster along N (grid_x % cluster == 0: the launcher's rule)
@@ -502,67 +465,10 @@ class DenseTrellisGemmKernel:
                 k_begin=k_begin, k_end=k_end, ring=ring, row_bytes=row_bytes,
                 lut_addr=lut_addr, off=off, acc=acc,
             )  # fmt: skip
-        if cutlass.const_expr(self.reduce_cluster > 1):
-            self._cluster_reduce_epilogue(
-                out=out, acc=acc, m=m, row_base=row_base, tid=tid, warp=warp, g=g, r=r,
-                col0=bx * (16 * self.n_tiles * self.warps),
-            )  # fmt: skip
-        else:
-            self._epilogue(
-                out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g, r=r,
-                n_tiles=self.n_tiles,
-            )  # fmt: skip
-
-    @cute.jit
-    def _cluster_reduce_epilogue(self, *, out, acc, m, row_base, col0, tid, warp, g, r):
-        """The cluster reduce (module docstring): stage, barrier, ordered sum over the cluster's
-        stages of this rank's chunks of output pairs, barrier. ``col0``: the CTA's first
-        column; ``out``: the compute dtype ``[M, N]`` viewed as int32 ``[M, N/2]``."""
-        cols = 16 * self.n_tiles * self.warps
-        pitch = 4 * (cols + REDUCE_ROW_PAD)  # bytes per staged row
-        allocator = cutlass.memory.SmemAllocator()
-        stage = allocator.allocate(self.smem_bytes, byte_alignment=16)
-        base = Uint32(stage.toint())
-        for mt in cutlass.range_constexpr(self.m_tiles):
-            for half in cutlass.range_constexpr(2):
-                local = mt * 16 + half * 8 + g
-                if row_base + local < m:
-                    for nt in cutlass.range_constexpr(self.n_tiles):
-                        for nb in cutlass.range_constexpr(2):
-                            acc_at = nt * self.m_tiles * 8 + mt * 8 + nb * 4 + 2 * half
-                            col = (warp * self.n_tiles + nt) * 16 + nb * 8 + 2 * r
-                            word = ptx.f32_as_u32(acc[acc_at]), ptx.f32_as_u32(acc[acc_at + 1])
-                            ptx.st_shared_v2(base + Uint32(local * pitch + 4 * col), word)
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
-        rank = cute.arch.block_idx_in_cluster()
-        threads = 32 * self.warps
-        half_cols = cols // 2
-        chunks = (16 * self.m_tiles * half_cols) // threads
-        for i in cutlass.range_constexpr((chunks + self.reduce_cluster - 1) // self.reduce_cluster):
-            chunk = rank + i * self.reduce_cluster
-            pair = chunk * threads + tid
-            local = pair // half_cols
-            col_pair = pair - local * half_cols
-            if chunk < chunks and row_base + local < m:
-                addr = base + Uint32(local * pitch + 8 * col_pair)
-                stages = [
-                    ptx.ld_shared_cluster_v2(ptx.mapa_shared_cluster(addr, s))
-                    for s in range(self.reduce_cluster)
-                ]  # every load before the first add
-                lo = Float32(0.0)
-                hi = Float32(0.0)
-                for s in cutlass.range_constexpr(self.reduce_cluster):
-                    lo = lo + ptx.u32_as_f32(stages[s][0])
-                    hi = hi + ptx.u32_as_f32(stages[s][1])
-                if cutlass.const_expr(self.bf16):
-                    word = ptx.f32x2_to_bfloat2(lo, hi)
-                else:
-                    word = ptx.f32x2_to_half2(lo, hi)
-                out[row_base + local, col0 // 2 + col_pair] = Int32(word)
-        # No CTA may leave (and free its stage) while a peer still reads it.
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
+        self._epilogue(
+            out=out, acc=acc, m=m, row_base=row_base, tile0=tile0, bz=bz, g=g, r=r,
+            n_tiles=self.n_tiles,
+        )  # fmt: skip
 
     @cute.jit
     def _shared_decode_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32):

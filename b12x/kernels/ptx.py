@@ -56,9 +56,6 @@ __all__ = [
     "st_shared_u32",
     "ld_shared_v4",
     "st_shared_v4",
-    "st_shared_v2",
-    "mapa_shared_cluster",
-    "ld_shared_cluster_v2",
     "st_global_v4",
     "ld_global_v2_u32",
     "st_global_v2_u32",
@@ -408,30 +405,6 @@ def st_shared_v4(addr, values, offset: int = 0, loc=None, ip=None) -> None:
     ops = _u32_values([addr] + list(values), loc, ip)
     text = f"st.shared.v4.u32 [$0+{offset}], {{$1, $2, $3, $4}};"
     _asm_void(ops, text, "r,r,r,r,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
-def st_shared_v2(addr, values, loc=None, ip=None) -> None:
-    """Store two u32 at 8-byte-aligned shared address ``addr``."""
-    ops = _u32_values([addr] + list(values), loc, ip)
-    _asm_void(ops, "st.shared.v2.u32 [$0], {$1, $2};", "r,r,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
-def mapa_shared_cluster(addr, rank, loc=None, ip=None) -> Uint32:
-    """The ``shared::cluster`` address of shared address ``addr`` in the CTA of cluster rank
-    ``rank`` (``mapa``; sm_90+). Pure: it reads no memory."""
-    ops = _u32_values([addr, rank], loc, ip)
-    return Uint32(_asm(T.i32(), ops, "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def ld_shared_cluster_v2(addr, loc=None, ip=None) -> tuple:
-    """Two u32 at 8-byte-aligned ``shared::cluster`` address ``addr`` (from
-    :func:`mapa_shared_cluster`: any CTA of the cluster, this one included). Volatile, so it
-    stays after the cluster barrier that publishes what it reads."""
-    text = "ld.shared::cluster.v2.u32 {$0, $1}, [$2];"
-    return _asm_u32s(2, _u32_values([addr], loc, ip), text, "=r,=r,r,~{memory}", True, loc, ip)
 
 
 @dsl_user_op

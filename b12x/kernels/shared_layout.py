@@ -24,10 +24,6 @@ import dataclasses
 import math
 
 __all__ = [
-    "REDUCE_CLUSTERS",
-    "REDUCE_ROW_PAD",
-    "check_reduce_cluster",
-    "reduce_cluster_smem_bytes",
     "A_BLOCK_BYTES",
     "FRAG_TILE_BYTES",
     "SHARED_ROWS",
@@ -378,57 +374,15 @@ def check_swap_ab(
         )
 
 
-#: Legal ``reduce_cluster`` sizes: the K splits of a per-warp GEMM summed in one thread-block
-#: cluster along z (1 = off: fp32 partials and the reduce kernel). 8 is the portable maximum.
-REDUCE_CLUSTERS = (1, 2, 3, 4, 5, 6, 7, 8)
-#: fp32 words of padding after each staged row of the cluster reduce: a row is a multiple of
-#: 128 B, so without it the eight row groups of a warp's stores would hit the same banks.
-REDUCE_ROW_PAD = 8
-
-
-def reduce_cluster_smem_bytes(*, m_tiles: int, n_tiles: int, warps: int) -> int:
-    """Shared memory of the cluster reduce's staging tile: the CTA's ``16·m_tiles`` rows of
-    ``16·n_tiles·warps`` fp32 columns, each row padded by :data:`REDUCE_ROW_PAD` words."""
-    return 16 * m_tiles * (16 * n_tiles * warps + REDUCE_ROW_PAD) * 4
-
-
-def check_reduce_cluster(
-    reduce_cluster, *, swap_ab, wgmma, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
-    stages: int,
-) -> None:  # fmt: skip
-    """``reduce_cluster`` (:mod:`b12x.kernels.dense_gemm`, "Cluster reduce") must be one of
-    :data:`REDUCE_CLUSTERS`; above 1 it runs on the per-warp register mainloop only (no swap-AB,
-    ``wgmma``, shared decode or shared-memory ring) and its staging tile must fit
-    :data:`SMEM_LIMIT`. ``ValueError`` naming the field."""
-    if isinstance(reduce_cluster, bool) or reduce_cluster not in REDUCE_CLUSTERS:
-        raise ValueError(
-            f"reduce_cluster: expected one of {REDUCE_CLUSTERS}, got {reduce_cluster!r}"
-        )
-    if reduce_cluster == 1:
-        return
-    if swap_ab or wgmma or m_warps or stages:
-        raise ValueError(
-            "reduce_cluster: the cluster reduce runs on the per-warp register mainloop only "
-            f"(swap_ab={swap_ab}, wgmma={wgmma}, m_warps={m_warps}, smem_stages={stages})"
-        )
-    need = reduce_cluster_smem_bytes(m_tiles=m_tiles, n_tiles=n_tiles, warps=warps)
-    if need > SMEM_LIMIT:
-        raise ValueError(
-            f"reduce_cluster: the staging tile of {m_tiles}x{n_tiles} tiles x {warps} warps needs "
-            f"{need} B of shared memory (limit {SMEM_LIMIT})"
-        )
-
-
 def check_dense_mainloop(
     *, swap_ab, wgmma, bits: int | None, m_tiles: int, n_tiles: int, warps: int, m_warps: int,
-    rows: int, stages: int, cluster: int = 1, reduce_cluster: int = 1,
+    rows: int, stages: int, cluster: int = 1,
 ) -> None:  # fmt: skip
     """Validate the dense GEMM's mainloop options together: the swap-AB geometry
     (:func:`check_swap_ab`, which takes 4..8 slots) or else ``smem_stages`` in
     :data:`SMEM_STAGES` and the shared decode (:func:`check_shared_decode`), then the ``wgmma``
-    flag (:func:`check_wgmma`, decode-only helpers allowed), then the cluster reduce
-    (:func:`check_reduce_cluster`). ``ValueError`` naming the field; the one rule the spec, the
-    launcher and the kernel apply."""
+    flag (:func:`check_wgmma`, decode-only helpers allowed). ``ValueError`` naming the field;
+    the one rule the spec, the launcher and the kernel apply."""
     check_swap_ab(
         swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
         m_warps=m_warps, rows=rows, stages=stages, cluster=cluster,
@@ -438,7 +392,3 @@ def check_dense_mainloop(
             raise ValueError(f"smem_stages: expected one of {SMEM_STAGES}, got {stages!r}")
         check_shared_decode(warps=warps, m_warps=m_warps, rows=rows, smem_stages=stages)
     check_wgmma(wgmma, n_tiles=n_tiles, warps=warps, m_warps=m_warps, helpers=True)
-    check_reduce_cluster(
-        reduce_cluster, swap_ab=swap_ab, wgmma=wgmma, m_tiles=m_tiles, n_tiles=n_tiles,
-        warps=warps, m_warps=m_warps, stages=stages,
-    )  # fmt: skip

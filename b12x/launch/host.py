@@ -166,25 +166,6 @@ def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
     return m_tiles, n_tiles
 
 
-def _check_cluster_splits(k_rows, split_k, tiles, *, warps, swap_ab, wgmma, m_warps, stages):
-    """``reduce_in_cluster``: the launch's split count (``split_k`` as the launcher rounds it
-    over ``k_rows`` K16 rows; ``None``: unknown yet, ``split_k`` itself) is the cluster size, so
-    it must be a legal one for this geometry (:func:`~b12x.kernels.shared_layout.
-    check_reduce_cluster`)."""
-    from b12x.kernels.shared_layout import check_reduce_cluster  # pure Python, no cutlass
-
-    if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
-        return  # the launcher's own split_k check names it
-    splits = split_k if not k_rows else -(-k_rows // -(-k_rows // split_k))
-    if splits < 2:
-        raise ValueError(f"reduce_in_cluster: needs 2..8 K splits, this launch has {splits}")
-    m_tiles, n_tiles = tiles if tiles is not None else (1, 1)
-    check_reduce_cluster(
-        splits, swap_ab=swap_ab, wgmma=wgmma, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-        m_warps=m_warps, stages=stages,
-    )  # fmt: skip
-
-
 def trellis_matmul(
     a: torch.Tensor,
     trellis: torch.Tensor,
@@ -203,7 +184,6 @@ def trellis_matmul(
     wgmma: bool = False,
     swap_ab: bool = False,
     cluster: int = 1,
-    reduce_in_cluster: bool = False,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
@@ -220,10 +200,7 @@ def trellis_matmul(
     (:mod:`b12x.kernels.wgmma_swap`); ``cluster`` 2 or 4 (with ``swap_ab``) makes that many CTAs
     along N share each token tile by TMA multicast (N / (16·n_tiles·warps) must divide by it). A
     geometry the kernel would refuse raises ``ValueError`` naming the field before anything else
-    is checked. ``reduce_in_cluster`` (per-warp register mainloop, sm_90+) sums the K splits in
-    one thread-block cluster through distributed shared memory instead of fp32 partials in
-    ``scratch`` and the reduce kernel (bit-identical; :mod:`b12x.kernels.dense_gemm`, "Cluster
-    reduce"): the launched split count must be 2..8.
+    is checked.
     """
     from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
@@ -236,14 +213,6 @@ def trellis_matmul(
         m_tiles=tiles[0] if tiles else 1, n_tiles=tiles[1] if tiles else 1, warps=warps,
         m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
     )  # fmt: skip
-    if not isinstance(reduce_in_cluster, bool):
-        name = type(reduce_in_cluster).__name__
-        raise TypeError(f"reduce_in_cluster: expected a bool, got {name}")
-    if reduce_in_cluster:  # the split count is the cluster: refused before any device check
-        _check_cluster_splits(
-            trellis.shape[0] if shaped else None, split_k, tiles, warps=warps, swap_ab=swap_ab,
-            wgmma=wgmma, m_warps=m_warps, stages=smem_stages,
-        )  # fmt: skip
     if shaped and cluster > 1:  # the cluster's CTAs along N: refused before any device check
         group = 16 * tiles[1] * warps
         ctas = trellis.shape[1] * 16 // group
@@ -272,9 +241,6 @@ def trellis_matmul(
     k_rows = k // 16
     rows_per_split = -(-k_rows // split_k)
     splits = -(-k_rows // rows_per_split)
-    reduce_cluster = splits if reduce_in_cluster else 1
-    if reduce_in_cluster and torch.cuda.get_device_capability(a.device) < (9, 0):
-        raise ValueError("reduce_in_cluster: thread-block clusters need an sm_90+ device")
     bf16 = a.dtype == torch.bfloat16
     if out is None:
         out = _allocate("out", "output", (m, n), a.dtype, a.device)
@@ -290,7 +256,7 @@ def trellis_matmul(
         m_tiles=m_tiles,
         n_tiles=n_tiles,
         warps=warps,
-        write_partials=splits > 1 and not reduce_in_cluster,
+        write_partials=splits > 1,
         unroll=unroll,
         depth=depth,
         smem_stages=smem_stages,
@@ -299,16 +265,15 @@ def trellis_matmul(
         wgmma=wgmma,
         swap_ab=swap_ab,
         cluster=cluster,
-        reduce_cluster=reduce_cluster,
     )
-    if splits == 1 or reduce_in_cluster:
+    if splits == 1:
         whole = GemmLaunch(
             a=a.view(torch.int32),
             payload=trellis.view(torch.int32),
             out=out.view(torch.int32),
             lut_addr=lut,
             k_rows_per_split=rows_per_split,
-            splits=splits,
+            splits=1,
         )
         _kernel(spec, a.device)(*whole.args())
         return out

@@ -86,11 +86,6 @@ class KernelSpec:
     #: gemm only (with ``swap_ab``): CTAs along N sharing each token tile by TMA multicast
     #: (1, 2 or 4; :mod:`b12x.kernels.wgmma_swap`, "Token sharing").
     cluster: int = 1
-    #: gemm only (per-warp register mainloop, sm_90+): > 1 = the launch's K splits, exactly this
-    #: many, form one thread-block cluster along z and sum their partials in distributed shared
-    #: memory (:mod:`b12x.kernels.dense_gemm`, "Cluster reduce"); 1 = fp32 partials and the
-    #: reduce kernel.
-    reduce_cluster: int = 1
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
@@ -102,13 +97,8 @@ class KernelSpec:
         check_dense_mainloop(
             swap_ab=self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
             n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
-            stages=self.smem_stages, cluster=self.cluster, reduce_cluster=self.reduce_cluster,
+            stages=self.smem_stages, cluster=self.cluster,
         )  # fmt: skip
-        if self.reduce_cluster != 1 and (self.kind != "gemm" or self.write_partials):
-            raise ValueError(
-                "reduce_cluster: only a gemm spec that writes no partials sums its splits in a "
-                f"cluster (kind {self.kind}, write_partials={self.write_partials})"
-            )
         if self.wgmma and self.kind != "gemm":
             raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
         if isinstance(self.fmt, str):
@@ -197,7 +187,6 @@ def build_kernel(spec: KernelSpec):
             wgmma=spec.wgmma,
             swap_ab=spec.swap_ab,
             cluster=spec.cluster,
-            reduce_cluster=spec.reduce_cluster,
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

@@ -52,7 +52,6 @@ MUTATIONS = {
     "wgmma": True,
     "swap_ab": True,
     "cluster": 2,
-    "reduce_cluster": 4,
 }
 #: Fields whose mutation is only legal next to another change: the base they are mutated from.
 MUTATION_BASES = {

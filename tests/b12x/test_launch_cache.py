@@ -147,7 +147,6 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "wgmma": False,
         "swap_ab": False,
         "cluster": 1,
-        "reduce_cluster": 1,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)

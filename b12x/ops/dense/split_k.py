@@ -44,7 +44,11 @@ Layout
   against 89.4), but their fp32 partials (``S·M·N·4`` B, written then read by the reduce) grow
   with M, and 8 slices (depth 6; 14.7 MB at M = 16 instead of 27.5) lead from M = 12 (92.1
   against 93.7 at 15 and 96.9 at 12) and at M = 16 (101.8 against 108.2 at 15; 6 slices
-  underfill the device, 112.3).
+  underfill the device, 112.3). Summing the slices of a tile in one thread-block cluster over
+  distributed shared memory (no partials, no reduce launch; commit 5443ddb, withdrawn) was
+  bit-identical but slower at the same slice count, GEMM + sum on the H100, us, K4 / K6: M = 1
+  95.2 / 109.9 against partials 82.0 / 98.5 at 8 slices; M = 16 104.8 / 125.5 against 96.6 /
+  116.0.
 * :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``: the row, one
   reason per row considered, and the *requested* split count (``value``, also ``split_k``).
   The plan then applies the launcher's arithmetic (``rows = ceil(K16/split)``,
