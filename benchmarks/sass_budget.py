@@ -21,15 +21,21 @@ instructions and the issue-pipe classes that bound the decode on sm_90:
 * ``fp16`` — HADD2 / HFMA2 / HMUL2; ``mem`` — loads and stores; ``uni`` — the uniform datapath
   (U* opcodes, issue slots only); ``mma`` — HMMA.
 
+With ``--cluster`` (the swap-AB CTAs that share each token tile, the planned M > 128 geometry)
+the loop also holds the token tile's TMA copies, which only the CTA's warp 0 issues: the
+**issuer regions** (the loop's forward conditional branches whose skipped range holds a
+``UTMALDG``, outermost only) count 1/``warps`` of their instructions per thread, every other
+instruction counts once (``issuer`` in the printed row: the static count of those regions).
+
 It is a reproducible static metric (same compiler, same number); it does not replace timing on
 the GPU. ``nvdisasm`` comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
 nvidia-cuda-nvdisasm``) or a CUDA toolkit on ``PATH``.
 
 Usage: ``python benchmarks/sass_budget.py [--codebooks mcg,3inst,mul1] [--bits 2,3,4,6]
 [--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--smem-stages 0]
-[--swap-ab [--shared-rows 2]] [--json out.json] [--dump DIR]``; with ``--swap-ab`` the tiles are
-``tokens/16 x N16 tiles per warp`` of the swap-AB mainloop (``--tiles 16x1``: 256 tokens x 128
-weight rows) and its loop's HGMMAs count the weights.
+[--swap-ab [--shared-rows 2] [--cluster 2]] [--json out.json] [--dump DIR]``; with
+``--swap-ab`` the tiles are ``tokens/16 x N16 tiles per warp`` of the swap-AB mainloop
+(``--tiles 16x1``: 256 tokens x 128 weight rows) and its loop's HGMMAs count the weights.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ __all__ = [
     "disassemble",
     "parse_sass",
     "steady_loop",
+    "issuer_regions",
     "pipe_class",
     "budget",
 ]
@@ -216,6 +223,29 @@ def steady_loop(instrs: list[Instr], labels: dict[str, int]) -> list[Instr]:
     return best[1]
 
 
+def _conditional(ins: Instr) -> bool:
+    return ins.text.split("*/", 1)[-1].lstrip().startswith("@")
+
+
+def issuer_regions(body: list[Instr], labels: dict[str, int]) -> list[tuple[int, int]]:
+    """``(branch address, target address)`` of each outermost forward conditional branch of the
+    loop ``body`` whose skipped instructions hold a TMA copy (``UTMALDG``): the code only the
+    issuing warp runs (its other warps branch over it)."""
+    end = body[-1].addr
+    found = set()
+    for ins in body:
+        if not (ins.opcode.startswith("BRA") and _conditional(ins) and ins.target in labels):
+            continue
+        target = labels[ins.target]
+        if not ins.addr < target <= end + 16:
+            continue
+        if any(i.opcode.startswith("UTMALDG") for i in body if ins.addr < i.addr < target):
+            found.add((ins.addr, target))
+    return sorted(
+        r for r in found if not any(o != r and o[0] <= r[0] and r[1] <= o[1] for o in found)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopBudget:
     codebook: str
@@ -229,11 +259,18 @@ class LoopBudget:
     loop_instructions: int
     weights_per_iteration: int
     opcodes: dict
+    #: Instructions per pipe class, issuer regions weighted ``1 / warps`` (module docstring).
     classes: dict
+    #: Static instructions in the issuer regions (0 without TMA copies in the loop).
+    issuer_instructions: int = 0
+    warps: int = 1
 
     @property
     def per_weight(self) -> float:
-        return self.loop_instructions / self.weights_per_iteration
+        """Instructions per decoded weight per thread, issuer regions amortised over the CTA's
+        warps."""
+        issued = self.loop_instructions - self.issuer_instructions * (1 - 1 / self.warps)
+        return issued / self.weights_per_iteration
 
     def class_per_weight(self, name: str) -> float:
         return self.classes.get(name, 0) / self.weights_per_iteration
@@ -258,13 +295,15 @@ def budget(
     smem_stages: int = 0,
     swap_ab: bool = False,
     shared_rows: int = 2,
+    cluster: int = 1,
     nvdisasm: str | None = None,
     dump: str | None = None,
 ) -> LoopBudget:
     """Compile one dense GEMM specialisation and count its steady-state loop (module doc).
     ``swap_ab``: the swap-AB mainloop (8 warps, ``16·m_tiles`` tokens, ``shared_rows`` x
     ``smem_stages`` slots, 6 when 0), whose every HGMMA consumes one decoded N16 x K16 tile per
-    warp: 8 weights per thread."""
+    warp: 8 weights per thread; ``cluster`` > 1: CTAs sharing each token tile by TMA multicast
+    (:data:`b12x.ops.dense.mainloop.SWAP_TALL`), whose issuer regions are amortised."""
     from b12x.launch.specs import KernelSpec
 
     tool = nvdisasm or find_nvdisasm()
@@ -274,8 +313,10 @@ def budget(
     if swap_ab:
         mainloop = dict(
             warps=8, m_warps=8, shared_rows=shared_rows, smem_stages=smem_stages or 6,
-            wgmma=True, swap_ab=True,
+            wgmma=True, swap_ab=True, cluster=cluster,
         )  # fmt: skip
+    elif cluster != 1:
+        raise ValueError(f"cluster: only swap-AB CTAs share a token tile, got cluster={cluster}")
     spec = KernelSpec(
         "gemm", codebook, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, **mainloop
     )
@@ -288,8 +329,15 @@ def budget(
     instrs, labels = parse_sass(sass)
     body = steady_loop(instrs, labels)
     opcodes = collections.Counter(i.opcode for i in body)
-    classes = collections.Counter(pipe_class(i.opcode) for i in body)
-    hmma = classes["mma"]
+    regions = issuer_regions(body, labels)
+    warps = mainloop.get("warps", 1)
+    classes: dict[str, float] = collections.defaultdict(float)
+    issuer = 0
+    for ins in body:
+        by_issuer = any(lo < ins.addr < hi for lo, hi in regions)
+        issuer += by_issuer
+        classes[pipe_class(ins.opcode)] += 1 / warps if by_issuer else 1
+    hmma = sum(n for op, n in opcodes.items() if pipe_class(op) == "mma")
     if swap_ab:
         weights = 8 * hmma
     elif hmma % (2 * m_tiles):
@@ -309,6 +357,8 @@ def budget(
         weights_per_iteration=weights,
         opcodes=dict(sorted(opcodes.items(), key=lambda kv: -kv[1])),
         classes=dict(classes),
+        issuer_instructions=issuer,
+        warps=warps,
     )
 
 
@@ -317,6 +367,7 @@ def _row(b: LoopBudget) -> str:
     return (
         f"{b.codebook:6s} K{b.bits}  {b.loop_instructions:5d} / {b.weights_per_iteration:3d} w"
         f"  {b.per_weight:6.3f}   {cls}   regs {b.registers} spill {b.spill_bytes}"
+        + (f"   issuer {b.issuer_instructions} / {b.warps} warps" if b.issuer_instructions else "")
     )
 
 
@@ -332,6 +383,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smem-stages", type=int, default=0, help="cp.async ring slots (0: off)")
     parser.add_argument("--swap-ab", action="store_true", help="the sm_90 swap-AB mainloop")
     parser.add_argument("--shared-rows", type=int, default=2, help="swap-AB K16 rows per step")
+    parser.add_argument("--cluster", type=int, default=1, help="swap-AB CTAs sharing tokens")
     parser.add_argument("--json", default=None)
     parser.add_argument("--dump", default=None, help="write each disassembly into this folder")
     args = parser.parse_args(argv)
@@ -345,6 +397,7 @@ def main(argv=None) -> int:
     print(
         f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}"
         f" smem_stages {args.smem_stages}{' swap-AB' if args.swap_ab else ''}"
+        f"{f' cluster {args.cluster}' if args.cluster > 1 else ''}"
     )
     print(f"codebook     loop / weights  instr/w   {head}   (per decoded weight)")
     rows = []
@@ -362,6 +415,7 @@ def main(argv=None) -> int:
                 smem_stages=args.smem_stages,
                 swap_ab=args.swap_ab,
                 shared_rows=args.shared_rows,
+                cluster=args.cluster,
                 nvdisasm=tool,
                 dump=args.dump,
             )

@@ -81,6 +81,18 @@ What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sw
   (the second 70 % full), and 266 us is 1.8 x the tensor pipe's time for the MMAs. ncu's
   L2 sector count did not fall with multicast (1.18 against 1.08 GB read at 2 x 6), which is
   not explained yet.
+* **The planned 4 x 4 CTA pairs at M = 256: neither issue slots nor the tensor pipe full** (a
+  static count; this loop has no profile of its own yet). Its steady loop costs 9.07 SASS
+  instructions per decoded weight at K4 (9.32 / 9.78 / 9.96 at K2 / K3 / K6; 10.07 with bf16
+  compute), warp 0's token copies counted 1/8 per thread (``benchmarks/sass_budget.py --swap-ab
+  --tiles 16x1 --shared-rows 4 --smem-stages 4 --cluster 2``; 12.80 if every warp ran them),
+  against 5.83 for the per-warp kernel's 1 x 4 tiles. At M = 256 every weight is decoded once,
+  so the loop issues 8192 x 28672 / 32 x 9.07 = 66.6 M warp instructions: 64 us if all 528
+  schedulers of an H100 SXM issued every cycle at 1.98 GHz, a quarter of the 266 us the GEMM
+  takes. Its MMAs (120 GFLOP) take 122 us at the dense fp16 peak (989 TFLOPS), 143 us on the
+  busiest SM of the 1.70-wave grid (two CTAs). So the loop waits on latency (8 warps per SM at
+  190 registers) and the wave tail, as the 2 x 6 profile above measured (0.39 issued per
+  scheduler).
 * **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
   (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
   steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256
