@@ -179,6 +179,8 @@ class Instr:
     opcode: str
     text: str
     target: str | None
+    #: The guard predicate (``"@!P0"``), None when the instruction always executes.
+    pred: str | None = None
 
 
 def parse_sass(sass: str) -> tuple[list[Instr], dict[str, int]]:
@@ -199,7 +201,9 @@ def parse_sass(sass: str) -> tuple[list[Instr], dict[str, int]]:
             labels[name] = addr
         pending = []
         t = _TARGET.search(m.group("rest"))
-        instrs.append(Instr(addr, m.group("op"), m.group(0), t.group("name") if t else None))
+        pred = (m.group("pred") or "").strip() or None
+        target = t.group("name") if t else None
+        instrs.append(Instr(addr, m.group("op"), m.group(0), target, pred))
     return instrs, labels
 
 
@@ -223,21 +227,17 @@ def steady_loop(instrs: list[Instr], labels: dict[str, int]) -> list[Instr]:
     return best[1]
 
 
-def _conditional(ins: Instr) -> bool:
-    return ins.text.split("*/", 1)[-1].lstrip().startswith("@")
-
-
 def issuer_regions(body: list[Instr], labels: dict[str, int]) -> list[tuple[int, int]]:
     """``(branch address, target address)`` of each outermost forward conditional branch of the
     loop ``body`` whose skipped instructions hold a TMA copy (``UTMALDG``): the code only the
     issuing warp runs (its other warps branch over it)."""
-    end = body[-1].addr
+    end = body[-1].addr + 16  # the address after the loop (sm_90 instructions are 16 bytes)
     found = set()
     for ins in body:
-        if not (ins.opcode.startswith("BRA") and _conditional(ins) and ins.target in labels):
+        if not (ins.opcode.startswith("BRA") and ins.pred and ins.target in labels):
             continue
         target = labels[ins.target]
-        if not ins.addr < target <= end + 16:
+        if not ins.addr < target <= end:
             continue
         if any(i.opcode.startswith("UTMALDG") for i in body if ins.addr < i.addr < target):
             found.add((ins.addr, target))
@@ -268,9 +268,8 @@ class LoopBudget:
     @property
     def per_weight(self) -> float:
         """Instructions per decoded weight per thread, issuer regions amortised over the CTA's
-        warps."""
-        issued = self.loop_instructions - self.issuer_instructions * (1 - 1 / self.warps)
-        return issued / self.weights_per_iteration
+        warps (the weighted :attr:`classes`)."""
+        return sum(self.classes.values()) / self.weights_per_iteration
 
     def class_per_weight(self, name: str) -> float:
         return self.classes.get(name, 0) / self.weights_per_iteration
@@ -330,7 +329,7 @@ def budget(
     body = steady_loop(instrs, labels)
     opcodes = collections.Counter(i.opcode for i in body)
     regions = issuer_regions(body, labels)
-    warps = mainloop.get("warps", 1)
+    warps = spec.warps
     classes: dict[str, float] = collections.defaultdict(float)
     issuer = 0
     for ins in body:

@@ -3,10 +3,12 @@
 # dense linear (K2/K4/K6 at M = 1, 16) and of the MoE step (M = 1, 8) from
 # benchmarks/profile_launches.py (MoE: the stacks of STACKS, default uniform,tiers,pair), then an
 # ncu profile (--clock-control none) of the trellis GEMM of one dense linear at M = 1 and M = 16
-# (K4, MCG; DENSE_BITS="4 6" adds K6): speed of light, warp stall reasons, scheduler, occupancy, launch statistics, and the
-# instructions each pipe executed and its busy share (alu, fma, fmaheavy, fmalite, fp16, lsu,
-# tensor). DENSE_M=1 profiles M = 1 only; LAUNCHES=0 skips the tables. Logs under $OUT.
-#   usage (device tool, carry [".device"]): source .device/env.sh && bash scripts/profile_small_m.sh
+# (K4, MCG; DENSE_BITS="4 6" adds K6): speed of light, warp stall reasons, scheduler,
+# occupancy, launch statistics, and the instructions each pipe executed and its busy share (alu,
+# fma, fmaheavy, fmalite, fp16, lsu, tensor). DENSE_M=1 profiles M = 1 only; LAUNCHES=0 skips
+# the tables. Logs under $OUT.
+#   usage (device tool, carry [".device"]):
+#     source .device/env.sh && bash scripts/profile_small_m.sh
 set -u
 OUT="${OUT:-./results/device}"; mkdir -p "$OUT"
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
