@@ -81,18 +81,27 @@ What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sw
   (the second 70 % full), and 266 us is 1.8 x the tensor pipe's time for the MMAs. ncu's
   L2 sector count did not fall with multicast (1.18 against 1.08 GB read at 2 x 6), which is
   not explained yet.
-* **The planned 4 x 4 CTA pairs at M = 256: neither issue slots nor the tensor pipe full** (a
-  static count; this loop has no profile of its own yet). Its steady loop costs 9.07 SASS
-  instructions per decoded weight at K4 (9.32 / 9.78 / 9.96 at K2 / K3 / K6; 10.07 with bf16
-  compute), warp 0's token copies counted 1/8 per thread (``benchmarks/sass_budget.py --swap-ab
-  --tiles 16x1 --shared-rows 4 --smem-stages 4 --cluster 2``; 12.80 if every warp ran them),
-  against 5.83 for the per-warp kernel's 1 x 4 tiles. At M = 256 every weight is decoded once,
-  so the loop issues 8192 x 28672 / 32 x 9.07 = 66.6 M warp instructions: 64 us if all 528
-  schedulers of an H100 SXM issued every cycle at 1.98 GHz, a quarter of the 266 us the GEMM
-  takes. Its MMAs (120 GFLOP) take 122 us at the dense fp16 peak (989 TFLOPS), 143 us on the
-  busiest SM of the 1.70-wave grid (two CTAs). So the loop waits on latency (8 warps per SM at
-  190 registers) and the wave tail, as the 2 x 6 profile above measured (0.39 issued per
-  scheduler).
+* **The planned 4 x 4 CTA pairs at M = 256: latency at one CTA per SM, and the wave tail.**
+  Static count: the steady loop costs 9.07 SASS instructions per decoded weight at K4 (9.32 /
+  9.78 / 9.96 at K2 / K3 / K6; 10.07 with bf16 compute), warp 0's token copies counted 1/8 per
+  thread (``benchmarks/sass_budget.py --swap-ab --tiles 16x1 --shared-rows 4 --smem-stages 4
+  --cluster 2``; 12.80 if every warp ran them), against 5.83 for the per-warp kernel's 1 x 4
+  tiles. At M = 256 every weight is decoded once, so the loop issues 8192 x 28672 / 32 x 9.07 =
+  66.6 M warp instructions: 64 us if all 528 schedulers of an H100 SXM issued every cycle at
+  1.98 GHz, a quarter of the 266 us the GEMM takes. Its MMAs (120 GFLOP) take 122 us at the
+  dense fp16 peak (989 TFLOPS), 143 us on the busiest SM of the 1.70-wave grid (two CTAs).
+  Profile (H100 80GB, 2026-12-07, ``ncu --clock-control none``, ``benchmarks/swap_ab_profile.py
+  --m 256 --geometry 16x1x8 --slots 4x4 --cluster 2``, bf16 compute): 268.5 us at 1.75 GHz,
+  76.5 M warp instructions issued (the static bf16 count predicts 73.9 M for the loop alone),
+  0.37 issued per scheduler with 63 % of cycles issuing nothing, 2 active and 0.53 eligible
+  warps per scheduler (one 8-warp CTA per SM: 213 registers, 148.5 KB of shared memory;
+  the CPU compile reports 222), SM throughput 47 %, L2 47 %, DRAM 15 %, SM active cycles 79 %
+  of elapsed (224 CTAs, 1.70 waves: the second wave's 92 CTAs leave 40 SMs idle). No pipe
+  and no memory level is full; what is left is the latency of 8 warps per SM and the tail.
+  A persistent stream-K schedule over the 132 SMs would recover the tail (at most the 21 % of
+  idle SM cycles, less the partials' fix-up). Split-K does not round the tail away (4 slices:
+  the busiest SM runs 7 quarter tiles, 1.75 tiles against 2 today, and 117 MB of fp32 partials
+  go through HBM), nor do other weight-row tiles (28672 / 132 is no multiple of 64).
 * **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
   (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
   steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256
