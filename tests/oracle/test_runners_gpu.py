@@ -5,26 +5,33 @@ tolerance model); a failure saves the case and its message ends with the
 ``python -m oracle replay …`` command, so a failing test here prints how to replay it.
 The full grid is the default job's business; these are the cases a kernel author wants to see
 first when a change breaks something.
+
+The curated filters are checked on CPU too: every alternative of every filter (``m=17|64`` is
+``m=17`` and ``m=64``) must select a GPU-tier case, by the oracle's own selection rule
+(:func:`oracle.grids.select_cases`, which refuses a filter that matches nothing). A union of
+filters hides an alternative that selects nothing; this check does not.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import pytest
 
-from oracle.grids import cases, parse_filter
-
-pytestmark = pytest.mark.gpu
+from oracle.grids import SelectionError, cases, parse_filter, select_cases
 
 CURATED_FILTERS = (
-    # dense linear: generic (M < 64) and decode + cuBLAS (M >= 64), both dtypes, two families
-    "op=dense,rotation=full,codebook=mcg,bits=4,k=768,n=640,m=17|64",
-    "op=dense,rotation=full,codebook=sqg_fp16,bits=6,dtype=bf16,k=768,n=640,m=9",
+    # dense linear: the generic GEMM (M = 17, 64) and decode + cuBLAS (M = 1024: the row starts
+    # at 257 on sm_90, at 129 elsewhere), both dtypes, two families
+    "op=dense,rotation=full,codebook=mcg,bits=4,k=640,n=768,m=17|64|1024",
+    "op=dense,rotation=full,codebook=sqg_fp16,bits=6,dtype=bf16,k=640,n=768,m=9",
     # the K6/MCG small-M row (planned on a simulated SM120) and the raw GEMM
-    "op=dense,rotation=full,codebook=mcg,bits=6,dtype=fp16,k=768,n=640,m=16|128",
+    "op=dense,rotation=full,codebook=mcg,bits=6,dtype=fp16,k=640,n=768,m=16|128",
     "op=dense,rotation=none,codebook=3inst,bits=2,k=768,n=640,m=1|129",
     # decode exactness: op, GEMM at M, the whole weight through the fused GEMM, grouped GEMM
     "op=decode,codebook=mcg|sqg_e4m3,bits=3,k=768,n=640,m=1",
-    "op=decode,codebook=sqg_fp16,bits=5,dtype=bf16,k=768,n=640,m=1|64",
+    "op=decode,codebook=sqg_fp16,bits=5,dtype=bf16,k=640,n=768,m=1|64",
     # MoE: uniform, tiers, pairs
     "op=moe,tier_layout=none,pair_kind=none,codebook=mcg,bits=4,k=256,n=256,experts=8,m=1|17",
     "op=moe,tier_layout=k3k4,k=256,n=256,experts=8,m=9|64",
@@ -40,6 +47,37 @@ def _curated() -> list[str]:
     return sorted({c.case_id for c in found})
 
 
+def alternatives(text: str) -> list[str]:
+    """``text`` with each ``key=a|b`` clause expanded: one filter per combination of values
+    (clauses with another operator, ``m<=128``, are kept whole)."""
+    choices = []
+    for clause in text.split(","):
+        match = re.fullmatch(r"(\w+)=([^<>!=]+)", clause)
+        values = match.group(2).split("|") if match else [None]
+        choices.append([clause if v is None else f"{match.group(1)}={v}" for v in values])
+    return [",".join(combo) for combo in itertools.product(*choices)]
+
+
+def test_alternatives_expands_each_choice_and_keeps_other_clauses():
+    assert alternatives("op=dense,m=1|17,bits=4|6") == [
+        "op=dense,m=1,bits=4", "op=dense,m=1,bits=6", "op=dense,m=17,bits=4",
+        "op=dense,m=17,bits=6",
+    ]  # fmt: skip
+    assert alternatives("op=moe,m<=128") == ["op=moe,m<=128"]
+
+
+@pytest.mark.parametrize("text", CURATED_FILTERS)
+def test_every_alternative_of_a_curated_filter_selects_a_gpu_case(text):
+    empty = []
+    for alternative in alternatives(text):
+        try:
+            select_cases(filter=alternative, tier="gpu")
+        except SelectionError as error:
+            empty.append(str(error))
+    assert not empty, "\n".join(empty)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case_id", _curated())
 def test_case_passes_through_its_runner(case_id, tmp_path):
     import torch
@@ -53,6 +91,7 @@ def test_case_passes_through_its_runner(case_id, tmp_path):
     assert not failed, "\n".join(failed)
 
 
+@pytest.mark.gpu
 def test_every_graph_target_passes():
     import torch
 
