@@ -137,6 +137,17 @@ per issue: the token copies, 2.8 TB/s of L2 reads, since every 128-row CTA re-re
 tokens), 54 % excess shared wavefronts in those copies. Copying one k-half of 8 tokens per
 8-lane phase instead was slower at every M (448 us at M = 256), so the copy stays per token.
 
+Two CTAs per SM at M = 64 do not help either (H100 80GB, 2026-12-07,
+``dense_shared_decode_sweep.py --m 64 --bits 4 --geometries 0x2x8x8s,0x1x8x8s --slots 2x4,4x4
+--splits 1,2``, GEMM alone, us; cuBLAS bf16 162.4, the planned deep row's whole linear 137.5):
+with 256 weight rows per CTA, 2 K16 rows per step compile to 124 registers (4 rows: 158; a
+128-row CTA takes 94 at 4 rows, ``sass_budget.py --swap-ab``), so two CTAs may share an SM,
+but 2 rows ran at 174.2 / 171.9 (256 / 128 weight rows per CTA, split 1) against 145.6 /
+142.5 at 4 rows, and split 2 (224 or 448 CTAs) was slower still (190.5 / 200.4 at 2 rows,
+155.2 / 167.4 at 4). The deep row's 112 CTAs leave 20 of 132 SMs idle, but every finer grid
+of 64-row warpgroup tiles still puts 256 weight rows on the busiest SM (448 tiles over 132
+SMs); only 32-row granularity (224 rows) or a stream-K split would cut it, by at most 12.5 %.
+
 Whole linear with this row planned (H100, ``benchmarks/dense_trellis.py``, K4, fp16 compute,
 time / cuBLAS bf16 in the same run): M = 128 156.3 us (0.96; 159.5 with
 ``B12X_DEPENDENT_LAUNCH=0``), M = 256 344.2 us (1.83; 347.0 without PDL), both from ``--m
