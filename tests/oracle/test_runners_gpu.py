@@ -77,6 +77,34 @@ def test_every_alternative_of_a_curated_filter_selects_a_gpu_case(text):
     assert not empty, "\n".join(empty)
 
 
+def test_curated_dense_cases_reach_every_dispatch_path_and_every_hopper_mainloop_row():
+    """Planned as the dense runner plans them (natively, here a simulated H200, sm_90; then on
+    its simulated SM120 part, which takes the K6/MCG row), the curated dense cases reach every
+    path of the dense dispatch table and every mainloop row a grid case can reach on sm_90:
+    all but ``pinned_tile`` (``python -m oracle run --tile``'s business) and ``n_not_128`` (no
+    grid shape has N % 128 != 0, checked here)."""
+    from b12x.ops.dense.dispatch import PATH_NAMES
+    from b12x.ops.dense.mainloop import ROWS
+    from b12x.ops.dense.plan import plan_dense
+    from oracle.grids import parse_case_id
+    from oracle.runners.dense import SIMULATED_PARTS, dense_problem
+    from oracle.tiles import DEVICES
+
+    (hopper,) = [d for d in DEVICES if tuple(d.capability) == (9, 0)]
+    paths, rows = set(), set()
+    for case in map(parse_case_id, _curated()):
+        if case.variant.op != "dense":
+            continue
+        for part in (hopper, *SIMULATED_PARTS):
+            plan = plan_dense(**dense_problem(case), device=part)
+            paths.add(plan.path)
+            if part is hopper:
+                rows.add(plan.mainloop_reasons[-1].split(":")[0])  # "<row>: selected"
+    assert paths == set(PATH_NAMES)
+    assert all(c.n % 128 == 0 for c in cases(tier="gpu", filter=parse_filter("op=dense")))
+    assert rows == {row.name for row in ROWS} - {"pinned_tile", "n_not_128"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case_id", _curated())
 def test_case_passes_through_its_runner(case_id, tmp_path):
