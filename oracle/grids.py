@@ -55,7 +55,9 @@ Validation (:class:`SelectionError`, a ``ValueError`` whose message is ONE line)
   (``codebook=sqg_e4m3,bits=6``): the message says which values the field takes with the others.
 
 :func:`select_cases` (what the CLI calls) additionally refuses a selection that matches no case
-of the tier's grid, ``--case`` together with ``--filter``, and a bad ``max_cases``.
+of the tier's grid, an alternative of a ``=`` clause that selects nothing with the other clauses
+(``m=17|64`` where the rest of the filter has no M = 64: a union would hide it), ``--case``
+together with ``--filter``, and a bad ``max_cases``.
 
 Case ids (:func:`resolve_case_id`)
 ----------------------------------
@@ -704,6 +706,26 @@ def resolve_case_id(case_id: Any, *, tier: str = "gpu") -> Case:
     return found
 
 
+def _refuse_empty_alternatives(text, predicate, selected, op, tier, scope) -> None:
+    """Raise :class:`SelectionError` for the first value of a multi-valued ``=`` clause that no
+    case of ``selected`` (the whole filter's selection) takes: with the other clauses it selects
+    nothing. Checked on the selection itself; the grid is walked again only to explain."""
+    for i, clause in enumerate(predicate.clauses):
+        if clause.op != "=" or len(clause.values) < 2:
+            continue
+        taken = {_field_value(case, clause.field) for case in selected}
+        for value in clause.values:
+            if value in taken:
+                continue
+            key = re.split(r"[=!<>~]", clause.text, maxsplit=1)[0].strip()
+            alone = dataclasses.replace(clause, values=(value,), text=f"{key}={_show(value)}")
+            narrowed = (*predicate.clauses[:i], alone, *predicate.clauses[i + 1 :])
+            why = _diagnose(narrowed, cases(op=op, tier=tier), scope)
+            raise SelectionError(
+                f"filter {text!r}: alternative {alone.text} of {clause.text} matches nothing: {why}"
+            )
+
+
 def select_cases(
     *,
     filter: str | None = None,  # noqa: A002 - the documented name
@@ -733,11 +755,13 @@ def select_cases(
         return [found]
     predicate = parse_filter(filter) if filter else None
     selected = cases(op=op, filter=predicate, tier=tier)
+    scope = f"{tier}-tier grid case" + (f" of op {op}" if op else "")
     if not selected:
         population = cases(op=op, tier=tier)
-        scope = f"{tier}-tier grid case" + (f" of op {op}" if op else "")
         why = _diagnose(predicate.clauses, population, scope) if predicate else f"no {scope}"
         raise SelectionError(f"filter {filter!r} matches nothing: {why}")
+    if predicate is not None:
+        _refuse_empty_alternatives(filter, predicate, selected, op, tier, scope)
     if max_cases is not None:
         from oracle.sampling import stratified_sample
 

@@ -160,6 +160,11 @@ REFUSALS = [
     (["grid", "--filter", "codebook<mcg"], "needs a numeric field"),
     (["grid", "--tier", "cpu", "--filter", "heavy=true"], "matches nothing"),
     (["grid", "--op", "dense", "--filter", "op=moe"], "matches nothing"),
+    (
+        ["grid", "--filter", "op=dense,k=768,n=640,m=17|64"],
+        "alternative m=64 of m=17|64 matches nothing: no gpu-tier grid case has m=64",
+    ),
+    (["run", "--filter", "op=dense,k=768,n=640,m=17|64"], "there m takes 1, 17, 129"),
     (["grid", "--op", "gemm"], "invalid choice: 'gemm'"),
     (["run", "--filter", "rotation=coupled"], "none of which the oracle can run on a GPU"),
     # case ids
