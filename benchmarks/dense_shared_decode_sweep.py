@@ -47,24 +47,30 @@ CODEBOOK = "mcg"
 DEFAULT_GEOMETRIES = ("1x1x8x8", "2x1x8x4", "1x2x8x4", "2x2x8x4", "1x1x4x4", "1x2x8x8w")
 
 
-def geometry(text: str) -> tuple[int, int, int, int, bool, bool, int]:
+def geometry(text: str) -> tuple[int, int, int, int, bool, bool, int, bool]:
     """``MTxNTxWxMW``, with a trailing ``w`` for the wgmma mainloop (``1x1x8x8w``) or ``s``
     for the swap-AB mainloop (``0x1x8x8s``; ``MT`` 0 = ``ceil(M / 16)`` token blocks, at most
-    16), ``sC`` for a swap-AB cluster of ``C`` CTAs sharing each token tile (``16x1x8x8s2``)."""
+    16), ``sC`` for a swap-AB cluster of ``C`` CTAs sharing each token tile (``16x1x8x8s2``);
+    a final ``k`` runs either on the stream-K schedule (``1x2x8x8wk``, ``16x1x8x8s2k``;
+    :mod:`b12x.kernels.stream_k`)."""
     cluster = 1
+    body = text.removesuffix("k")  # a k after a tensor mainloop's suffix: stream-K
+    stream_k = text.endswith("k") and (body.endswith(("w", "s")) or body[-2:-1] == "s")
+    text = body if stream_k else text
     if text[-1:].isdigit() and text[-2:-1] == "s":
         text, cluster = text[:-1], int(text[-1])
     swap = text.endswith("s")
     tensor = swap or text.endswith("w")
     parts = tuple(int(v) for v in text.removesuffix("w").removesuffix("s").split("x"))
     if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w|s|sC], got {text!r}")
-    return (*parts, tensor, swap, cluster)
+        raise argparse.ArgumentTypeError(f"expected MTxNTxWxMW[w|s|sC][k], got {text!r}")
+    return (*parts, tensor, swap, cluster, stream_k)
 
 
 def geometry_name(g) -> str:
     cluster = str(g[6]) if g[6] > 1 else ""
-    return "x".join(map(str, g[:4])) + ("s" + cluster if g[5] else "w" if g[4] else "")
+    suffix = "s" + cluster if g[5] else "w" if g[4] else ""
+    return "x".join(map(str, g[:4])) + suffix + ("k" if g[7] else "")
 
 
 def swap_tiles(m_tiles: int, m: int) -> int:
@@ -123,15 +129,17 @@ def main(argv=None) -> int:
         return median_us(lambda i: graphs[i % len(graphs)].replay(), **timing)
 
     def shared(x, p, g, split, slot, out, scratch, codebook=CODEBOOK):
-        mt, nt, w, mw, tensor, swap, cluster = g
+        mt, nt, w, mw, tensor, swap, cluster, stream_k = g
         if swap:
             mt = swap_tiles(mt, x.shape[0])
         rows, stages = slot
         return host.trellis_matmul(
             x, p, codebook, split_k=split, out=out, scratch=scratch, tiles=(mt, nt), warps=w,
             m_warps=mw, shared_rows=rows, smem_stages=stages, wgmma=tensor, swap_ab=swap,
-            cluster=cluster,
+            cluster=cluster, stream_k=stream_k, flags=flags if stream_k else None,
         )  # fmt: skip
+
+    flags = torch.zeros(1024, dtype=torch.int32, device="cuda")  # stream-K: zero between launches
 
     # ---- checks
     for codebook in args.codebooks.split(","):
@@ -148,9 +156,9 @@ def main(argv=None) -> int:
             scale = ref.abs().max().item()
             for g in geos:
                 for rows in slots:
-                    for split in (1, 3):
+                    for split in (1,) if g[7] else (1, 3):  # stream-K splits K itself
                         try:
-                            mt, nt, warps, mw, tensor, swap, _ = g
+                            mt, nt, warps, mw, tensor, swap, *_ = g
                             got = shared(x, p, g, split, rows, None, None, codebook)
                             if swap:  # the per-warp kernel's own tile at this M
                                 mt, nt = host.choose_tiles(m, n)
@@ -194,7 +202,7 @@ def main(argv=None) -> int:
             mt, nt = host.choose_tiles(m, n)
             auto = auto_split(m, k, n)
             most = max(auto, *args.splits)
-            scratch = torch.empty(most * m * n, device="cuda", dtype=torch.float32)
+            scratch = torch.empty(max(most * m * n, 8 << 20), device="cuda", dtype=torch.float32)
             per_warp = graphed(
                 [
                     partial(
@@ -222,7 +230,7 @@ def main(argv=None) -> int:
                 for rows in slots:
                     if (g, rows) in failed:
                         continue
-                    for split in args.splits:
+                    for split in (1,) if g[7] else args.splits:
                         try:
                             us = graphed(
                                 [partial(shared, x, p, g, split, rows, out, scratch) for p in ps]

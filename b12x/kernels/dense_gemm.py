@@ -527,7 +527,24 @@ class DenseTrellisGemmKernel:
         tok0 = by * lay.cta_m
         k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         first, off = lane_ring_start(lane, self.bits)
-        smem = self.shared.allocate()
+        acc = self._swap_ab_mainloop(
+            a=a, payload=payload, smem=self.shared.allocate(), tid=tid, lane=lane, warp=warp,
+            first=first, off=off, bx=bx, by=by, k_begin=k_begin, k_end=k_end,
+            row_bytes=row_bytes, lut_addr=lut_addr, tma=tma,
+        )  # fmt: skip
+        self._swap_ab_epilogue(
+            out=out, acc=acc, m=m, tok0=tok0, tile0=bx * lay.cta_tiles + warp * self.n_tiles,
+            bz=bz, g=g, r=r,
+        )  # fmt: skip
+
+    @cute.jit
+    def _swap_ab_mainloop(self, *, a, payload, smem, tid, lane, warp, first, off, bx, by,
+                          k_begin, k_end, row_bytes, lut_addr, tma):  # fmt: skip
+        """The swap-AB mainloop of CTA column ``bx`` and token tile ``by`` over K16 rows
+        ``[k_begin, k_end)``, from zero accumulators (the cluster's token copier set up first:
+        its mbarriers start afresh); returns the accumulators."""
+        m = a.shape[0]
+        tok0 = by * self.layout.cta_m
         lanes = self.shared.setup(
             tid=tid, lane=lane, warp=warp, first=first, a=a, smem=smem,
             pay_cta=self._cta_payload_run(payload, bx),
@@ -539,13 +556,9 @@ class DenseTrellisGemmKernel:
                 tid=tid, warp=warp, smem=smem, tma=tma, tok_block=by,
                 k_rows=payload.shape[0],
             )  # fmt: skip
-        acc = self.shared.run(
+        return self.shared.run(
             lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
             off=off, tokens=tokens,
-        )  # fmt: skip
-        self._swap_ab_epilogue(
-            out=out, acc=acc, m=m, tok0=tok0, tile0=bx * lay.cta_tiles + warp * self.n_tiles,
-            bz=bz, g=g, r=r,
         )  # fmt: skip
 
     @cute.jit

@@ -21,8 +21,9 @@ The rule every kernel keeps
 * Ordering stays that of a plain stream, transitively: a grid completes only when each of its
   CTAs has passed its wait, i.e. after its upstream grid completed. A kernel that is not ours
   (a torch op, cuBLAS) launched between two of ours is ordered as usual, and one of ours after
-  it waits for it. Nothing inside a kernel depends on another CTA, so early residency cannot
-  deadlock.
+  it waits for it. Early residency cannot deadlock: the only kernel whose CTAs wait on other
+  CTAs of the same grid (the stream-K GEMM, :mod:`b12x.kernels.stream_k`) launches at most
+  one CTA per SM and waits only on CTAs that become resident once the upstream grid drains.
 * Both halves follow the same switch, so no kernel carries the attribute without the wait:
   :func:`active` is true for a compile target of sm_90 or newer (the instructions do not exist
   before) unless ``B12X_DEPENDENT_LAUNCH=0`` (read once per process; it is part of the compile

@@ -63,6 +63,11 @@ __all__ = [
     "cp_async_commit",
     "cp_async_wait",
     "ld_shared_u32_imm",
+    "st_global_cg_v4_f32",
+    "ld_global_cg_v4_f32",
+    "fence_acq_rel_gpu",
+    "st_release_gpu_u32",
+    "wait_acquire_gpu_u32",
 ]
 
 
@@ -504,3 +509,59 @@ def ld_shared_u32_imm(addr, offset: int, loc=None, ip=None) -> Uint32:
         ip=ip,
     )
     return Uint32(res)
+
+
+# ---- cross-CTA hand-off (the stream-K fix-up, :mod:`b12x.kernels.stream_k`): partial sums go
+# through L2 only (``.cg``), a flag is raised with release and awaited with acquire semantics at
+# GPU scope. All are volatile and clobber memory, so LLVM keeps them in program order.
+
+
+@dsl_user_op
+def st_global_cg_v4_f32(addr, values, offset: int = 0, loc=None, ip=None) -> None:
+    """Store four fp32 at 16-byte-aligned global address ``addr + offset`` (``offset`` a
+    constant byte immediate), cached in L2 only."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    ops += [Float32(v).ir_value(loc=loc, ip=ip) for v in values]
+    text = f"st.global.cg.v4.f32 [$0+{offset}], {{$1, $2, $3, $4}};"
+    _asm_void(ops, text, "l,f,f,f,f,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def ld_global_cg_v4_f32(addr, offset: int = 0, loc=None, ip=None) -> tuple:
+    """Four fp32 at 16-byte-aligned global address ``addr + offset`` (``offset`` a constant
+    byte immediate), read from L2 (never a stale L1 line)."""
+    struct = llvm.StructType.get_literal([T.f32()] * 4)
+    res = llvm.inline_asm(
+        struct, [Int64(addr).ir_value(loc=loc, ip=ip)],
+        f"ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{offset}];", "=f,=f,=f,=f,l,~{memory}",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )  # fmt: skip
+    return tuple(Float32(llvm.extractvalue(T.f32(), res, [j], loc=loc, ip=ip)) for j in range(4))
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(loc=None, ip=None) -> None:
+    """``fence.acq_rel.gpu``: this thread's earlier writes are ordered before its later ones
+    at GPU scope (the classic thread fence before a flag is raised)."""
+    _asm_void([], "fence.acq_rel.gpu;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def st_release_gpu_u32(addr, value, loc=None, ip=None) -> None:
+    """``st.release.gpu`` of the u32 ``value`` at global address ``addr``."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values([value], loc, ip)
+    _asm_void(ops, "st.release.gpu.global.u32 [$0], $1;", "l,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def wait_acquire_gpu_u32(addr, value, loc=None, ip=None) -> None:
+    """Spin until the u32 at global address ``addr`` equals ``value`` (``ld.acquire.gpu``, a
+    short ``nanosleep`` between polls); later reads see what the flag's writer released."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + _u32_values([value], loc, ip)
+    text = (
+        "{ .reg .pred done; .reg .u32 got; "
+        "SPIN: ld.acquire.gpu.global.u32 got, [$0]; setp.eq.u32 done, got, $1; "
+        "@done bra.uni DONE; nanosleep.u32 32; bra.uni SPIN; DONE: }"
+    )
+    _asm_void(ops, text, "l,r,~{memory}", loc, ip)

@@ -27,6 +27,7 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -39,6 +40,7 @@ from b12x.launch.records import (
     InputRotationLaunch,
     OutputRotationLaunch,
     ReduceLaunch,
+    StreamKGemmLaunch,
 )
 from b12x.launch.specs import KernelSpec
 
@@ -184,6 +186,8 @@ def trellis_matmul(
     wgmma: bool = False,
     swap_ab: bool = False,
     cluster: int = 1,
+    stream_k: bool = False,
+    flags: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
 
@@ -198,9 +202,13 @@ def trellis_matmul(
     (with ``wgmma``) runs the swap-AB mainloop instead: weights decoded into ``wgmma``'s register
     A operand, ``16·m_tiles`` tokens per CTA, ``smem_stages`` 4..8 slots
     (:mod:`b12x.kernels.wgmma_swap`); ``cluster`` 2 or 4 (with ``swap_ab``) makes that many CTAs
-    along N share each token tile by TMA multicast (N / (16·n_tiles·warps) must divide by it). A
-    geometry the kernel would refuse raises ``ValueError`` naming the field before anything else
-    is checked.
+    along N share each token tile by TMA multicast (N / (16·n_tiles·warps) must divide by it).
+    ``stream_k`` (with ``wgmma``, ``split_k`` 1) runs the ``wgmma`` mainloop (shared decode or
+    swap-AB) on a stream-K schedule (:mod:`b12x.kernels.stream_k`): one CTA per SM shares
+    every tile's K range;
+    ``scratch`` then holds the CTAs' fp32 partials and ``flags`` (int32, zero on entry and on
+    exit) their hand-off flags (both allocated when omitted). A geometry the kernel would
+    refuse raises ``ValueError`` naming the field before anything else is checked.
     """
     from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
@@ -213,6 +221,14 @@ def trellis_matmul(
         m_tiles=tiles[0] if tiles else 1, n_tiles=tiles[1] if tiles else 1, warps=warps,
         m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
     )  # fmt: skip
+    if stream_k is not False and (
+        stream_k is not True or not wgmma or m_warps != warps or split_k != 1
+    ):
+        raise ValueError(
+            "stream_k: True runs a wgmma mainloop (wgmma=True, m_warps == warps) with split_k "
+            f"1; got stream_k={stream_k!r}, wgmma={wgmma!r}, m_warps={m_warps}, "
+            f"warps={warps}, split_k={split_k!r}"
+        )
     if shaped and cluster > 1:  # the cluster's CTAs along N: refused before any device check
         group = 16 * tiles[1] * warps
         ctas = trellis.shape[1] * 16 // group
@@ -266,6 +282,8 @@ def trellis_matmul(
         swap_ab=swap_ab,
         cluster=cluster,
     )
+    if stream_k:
+        return _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags)
     if splits == 1:
         whole = GemmLaunch(
             a=a.view(torch.int32),
@@ -294,6 +312,68 @@ def trellis_matmul(
     _kernel(spec, a.device)(*split.args())
     reduce = ReduceLaunch(partials=partials, out=out.view(torch.int32))
     _kernel(KernelSpec("reduce", bf16=bf16), a.device)(*reduce.args())
+    return out
+
+
+def _stream_k_layout(spec: KernelSpec):
+    from b12x.kernels.shared_layout import shared_decode_layout, swap_ab_layout
+
+    geometry = dict(
+        bits=spec.bits, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps,
+        rows=spec.shared_rows, stages=spec.smem_stages,
+    )  # fmt: skip
+    if spec.swap_ab:
+        return swap_ab_layout(**geometry, cluster=spec.cluster)
+    return shared_decode_layout(**geometry, m_warps=spec.m_warps)
+
+
+def stream_k_ctas(spec: KernelSpec, m: int, k: int, n: int, sm_count: int) -> int:
+    """CTAs of a stream-K launch: one per SM, in whole clusters, at most one cluster per unit of
+    work (every cluster's range is then non-empty; :mod:`b12x.kernels.stream_k`)."""
+    from b12x.kernels.stream_k_schedule import stream_k_units
+
+    lay = _stream_k_layout(spec)
+    tiles = (n // (16 * lay.cta_tiles * spec.cluster)) * -(-m // lay.cta_m)
+    units = tiles * stream_k_units(k // 16, lay.period * spec.shared_rows)
+    return spec.cluster * min(sm_count // spec.cluster, units)
+
+
+def stream_k_partials(spec: KernelSpec, ctas: int) -> int:
+    """fp32 elements of a stream-K launch's partials: one accumulator set per CTA."""
+    lay = _stream_k_layout(spec)
+    return ctas * spec.m_tiles * lay.mma_tiles * 8 * 32 * spec.warps
+
+
+def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
+    """The stream-K launch of :func:`trellis_matmul` (its buffers checked, or allocated)."""
+    m, k = a.shape
+    n = out.shape[1]
+    props = torch.cuda.get_device_properties(a.device)
+    ctas = stream_k_ctas(spec, m, k, n, props.multi_processor_count)
+    if (m + 1) * (k // 16 + 1) * n // 16 * ctas >= 2**31:  # the kernel's 32-bit unit math
+        raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
+    need = stream_k_partials(spec, ctas)
+    if scratch is None:
+        scratch = _allocate("scratch", "scratch", (need,), torch.float32, a.device)
+    _check_tensor("scratch", scratch, dtypes=(torch.float32,), device=a.device)
+    if scratch.numel() < need:
+        raise ValueError(f"scratch: stream-K needs {need} fp32 elements, has {scratch.numel()}")
+    if flags is None:
+        flags = torch.zeros(ctas, dtype=torch.int32, device=a.device)
+    _check_tensor("flags", flags, dtypes=(torch.int32,), ndim=1, device=a.device)
+    if flags.numel() < ctas:
+        raise ValueError(f"flags: stream-K needs {ctas} int32 flags, has {flags.numel()}")
+    launch = StreamKGemmLaunch(
+        a=a.view(torch.int32),
+        payload=trellis.view(torch.int32),
+        out=out.view(torch.int32),
+        partials=scratch.view(-1)[:need].view(ctas, need // ctas),
+        flags=flags[:ctas],
+        lut_addr=lut,
+        ctas=ctas,
+    )
+    stream_spec = dataclasses.replace(spec, kind="gemm_stream_k")
+    _kernel(stream_spec, a.device)(*launch.args())
     return out
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "PairGemmLaunch",
     "RECORDS",
     "ReduceLaunch",
+    "StreamKGemmLaunch",
     "check_records",
     "entry_parameters",
 ]
@@ -153,6 +154,20 @@ class GemmLaunch(LaunchRecord):
     lut_addr: int
     k_rows_per_split: int
     splits: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class StreamKGemmLaunch(LaunchRecord):
+    """:class:`b12x.kernels.stream_k.DenseStreamKGemmKernel` (``flags`` zero on entry)."""
+
+    entry: ClassVar[str] = "b12x.kernels.stream_k.DenseStreamKGemmKernel"
+    a: torch.Tensor
+    payload: torch.Tensor
+    out: torch.Tensor
+    partials: torch.Tensor
+    flags: torch.Tensor
+    lut_addr: int
+    ctas: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -288,6 +303,7 @@ class MoePackLaunch(LaunchRecord):
 RECORDS: tuple[type[LaunchRecord], ...] = (
     DecodeLaunch,
     GemmLaunch,
+    StreamKGemmLaunch,
     ReduceLaunch,
     InputRotationLaunch,
     OutputRotationLaunch,

@@ -46,7 +46,11 @@ __all__ = [
 
 #: The values of :attr:`KernelSpec.kind`: the registry's kinds whose spec is a ``KernelSpec``
 #: (``tests/b12x/test_kinds.py`` keeps the two equal).
-KERNEL_SPEC_KINDS = ("decode", "gemm", "reduce", "rotate_in", "rotate_out")
+KERNEL_SPEC_KINDS = ("decode", "gemm", "gemm_stream_k", "reduce", "rotate_in", "rotate_out")
+
+#: The kinds that run a trellis GEMM (``gemm_stream_k``: a ``wgmma`` mainloop on a stream-K
+#: schedule, :mod:`b12x.kernels.stream_k`).
+_GEMM_KINDS = ("gemm", "gemm_stream_k")
 
 
 @dataclass(frozen=True)
@@ -92,20 +96,24 @@ class KernelSpec:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
         from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
 
-        if self.swap_ab is not False and self.kind != "gemm":
+        if self.swap_ab is not False and self.kind not in _GEMM_KINDS:
             raise ValueError(f"swap_ab: only a gemm spec has the swap-AB mainloop, not {self.kind}")
         check_dense_mainloop(
             swap_ab=self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
             n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
             stages=self.smem_stages, cluster=self.cluster,
         )  # fmt: skip
-        if self.wgmma and self.kind != "gemm":
+        if self.wgmma and self.kind not in _GEMM_KINDS:
             raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
+        if self.kind == "gemm_stream_k" and (not self.wgmma or self.write_partials):
+            raise ValueError(
+                "kind: gemm_stream_k runs a wgmma mainloop only (wgmma, no write_partials)"
+            )
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 
             object.__setattr__(self, "fmt", resolve_format(self.fmt))
-        if self.kind in ("decode", "gemm") and (self.fmt is None or self.bits is None):
+        if self.kind in ("decode", *_GEMM_KINDS) and (self.fmt is None or self.bits is None):
             raise ValueError(f"codebook/bits: a {self.kind} spec needs both")
 
     @property
@@ -115,7 +123,7 @@ class KernelSpec:
 
     @property
     def uses_mma(self) -> bool:
-        return self.kind == "gemm"
+        return self.kind in _GEMM_KINDS
 
 
 def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
@@ -157,8 +165,9 @@ def build_kernel(spec: KernelSpec):
             fmt, spec.bits, warps_per_cta=spec.warps, out_bf16=spec.out_bf16
         )
         return kernel, (payload, out, Int64(0), stream)
-    if spec.kind == "gemm":
+    if spec.kind in _GEMM_KINDS:
         from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
+        from b12x.kernels.stream_k import DenseStreamKGemmKernel
 
         fmt = spec.fmt
         m = cute.sym_int()
@@ -171,22 +180,19 @@ def build_kernel(spec: KernelSpec):
             out = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=n_group)))
         else:
             out = fake(Int32, (m, cute.sym_int(divisibility=n_group // 2)))
+        geometry = dict(
+            bf16=spec.bf16, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps,
+            unroll=spec.unroll, depth=spec.depth, smem_stages=spec.smem_stages,
+            m_warps=spec.m_warps, shared_rows=spec.shared_rows, wgmma=spec.wgmma,
+            swap_ab=spec.swap_ab, cluster=spec.cluster,
+        )  # fmt: skip
+        if spec.kind == "gemm_stream_k":
+            kernel = DenseStreamKGemmKernel(fmt, spec.bits, **geometry)
+            partials = fake(Float32, (cute.sym_int(), kernel.acc_count * kernel.threads))
+            flags = fake(Int32, (cute.sym_int(),))
+            return kernel, (a, payload, out, partials, flags, Int64(0), Int32(1), stream)
         kernel = DenseTrellisGemmKernel(
-            fmt,
-            spec.bits,
-            bf16=spec.bf16,
-            m_tiles=spec.m_tiles,
-            n_tiles=spec.n_tiles,
-            warps=spec.warps,
-            write_partials=spec.write_partials,
-            unroll=spec.unroll,
-            depth=spec.depth,
-            smem_stages=spec.smem_stages,
-            m_warps=spec.m_warps,
-            shared_rows=spec.shared_rows,
-            wgmma=spec.wgmma,
-            swap_ab=spec.swap_ab,
-            cluster=spec.cluster,
+            fmt, spec.bits, write_partials=spec.write_partials, **geometry
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":

@@ -12,6 +12,8 @@ planned geometry, slots and split reach the launch unchanged (CPU stand-in launc
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 
 import pytest
@@ -158,9 +160,9 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
 
 
 def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:
-    """The mainloop keywords a plan passes to ``trellis_matmul``."""
+    """The mainloop keywords a plan passes to ``trellis_matmul`` (no stream-K: no flags)."""
     return dict(m_warps=m_warps, shared_rows=rows, smem_stages=stages, wgmma=wgmma,
-                swap_ab=swap_ab, cluster=cluster)  # fmt: skip
+                swap_ab=swap_ab, cluster=cluster, flags=None, stream_k=False)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -220,3 +222,37 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     swap = [plans[id(c)] for c in tensor if plans[id(c)].swap_ab]
     assert {(p.m_tiles, p.n_tiles) for p in swap} == {(8, 2), (16, 1)}
     assert {c.m % 128 for c in tensor if plans[id(c)].swap_ab} - {0}, "no partial token tile"
+
+
+def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels, monkeypatch):
+    """The deep row on the stream-K schedule (the row's value decides): the plan compiles the
+    ``gemm_stream_k`` kind, lists the partials and the zeroed flags (132 CTAs on the H200's 132
+    SMs at 8192 x 1024, M = 64: 4 tiles x 32 units), and the launch gets exactly those buffers;
+    an explicit split-K request keeps the split (and the plain kernel)."""
+    rows = tuple(
+        dataclasses.replace(r, value=dataclasses.replace(L.TENSOR_DEEP, stream_k=True))
+        if r.name == "tensor_core_deep"
+        else r
+        for r in L.ROWS
+    )
+    monkeypatch.setattr(L, "ROWS", rows)
+    f16 = torch.float16
+    plan = plan_dense(device=H200, m=64, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
+    assert plan.stream_k and plan.split_k == 1
+    assert [s.kind for s in plan.kernel_specs if "gemm" in s.kind] == ["gemm_stream_k"]
+    specs = {b.name: b for b in plan.buffers}
+    assert specs["stream_k_flags"].shape == (128,) and specs["stream_k_flags"].zeroed
+    assert specs["stream_k_partials"].shape == (128 * 128 * 256,)
+    buffers = allocate_dense_buffers(plan, "cpu")
+    bound = bind_dense(plan, **buffers)
+    x = torch.randn(64, 8192, generator=torch.Generator().manual_seed(1)).to(f16)
+    trellis = torch.zeros(512, 64, 64, dtype=torch.int16)
+    run_dense(bound, x, trellis, torch.ones(8192, dtype=f16), torch.ones(1024, dtype=f16))
+    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
+    assert gemm[3] is buffers["stream_k_partials"]
+    (launched,) = fake_kernels.mainloops
+    assert launched["stream_k"] is True and launched["flags"] is buffers["stream_k_flags"]
+    split = plan_dense(device=H200, m=64, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16,
+                       split_k=2)  # fmt: skip
+    assert not split.stream_k and split.split_k == 2
+    assert not {"stream_k_flags", "stream_k_partials"} & {b.name for b in split.buffers}

@@ -33,6 +33,20 @@ from b12x.support import compile_specialization
 SPECS = (
     KernelSpec("decode", "mcg", 4),
     KernelSpec("gemm", "sqg_e4m3", 3, m_tiles=2, n_tiles=2, write_partials=True),
+    KernelSpec(
+        "gemm_stream_k",
+        "mcg",
+        4,
+        m_tiles=16,
+        n_tiles=1,
+        warps=8,
+        m_warps=8,
+        shared_rows=4,
+        smem_stages=4,
+        wgmma=True,
+        swap_ab=True,
+        cluster=2,
+    ),  # fmt: skip
     KernelSpec("reduce", bf16=True),
     KernelSpec("rotate_in"),
     KernelSpec("rotate_out", out_bf16=True),

@@ -31,6 +31,18 @@ B12X = Path(kinds.__file__).resolve().parents[1]
 SAMPLE_SPECS = (
     KernelSpec("decode", "mcg", 4),
     KernelSpec("gemm", "sqg_e4m3", 3, m_tiles=2, n_tiles=2),
+    KernelSpec(
+        "gemm_stream_k",
+        "mcg",
+        4,
+        m_tiles=1,
+        n_tiles=2,
+        warps=8,
+        m_warps=8,
+        shared_rows=4,
+        smem_stages=4,
+        wgmma=True,
+    ),  # fmt: skip
     KernelSpec("reduce", bf16=True),
     KernelSpec("rotate_in"),
     KernelSpec("rotate_out", out_bf16=True),
@@ -91,7 +103,7 @@ def coverage_problems(scanned: set[str], registry) -> list[str]:
 
 def test_the_scan_finds_the_kernel_classes():
     scanned = kernel_classes(B12X / "kernels")
-    assert len(scanned) == 11  # 5 dense + 2 MoE GEMM + 3 boundary + packer: not vacuous
+    assert len(scanned) == 12  # 6 dense + 2 MoE GEMM + 3 boundary + packer: not vacuous
     assert "b12x.kernels.moe_pair_gemm.MoePairGemmKernel" in scanned
     assert not any(name.endswith(("Spec", "Bundle", "_SmemRing")) for name in scanned)
 

@@ -230,6 +230,9 @@ class SharedDecode:
     swap_ab: bool = False
     #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = each copies its own).
     cluster: int = 1
+    #: The ``wgmma`` shared decode on a stream-K schedule (:mod:`b12x.kernels.stream_k`: one
+    #: CTA per SM shares every tile's K range; fp32 partials and flags as scratch).
+    stream_k: bool = False
 
     @property
     def cta_m(self) -> int:

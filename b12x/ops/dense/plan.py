@@ -120,6 +120,8 @@ BUFFER_NAMES = (
     "gemm_output_f16",
     "weight_f16",
     "weight_compute",
+    "stream_k_partials",
+    "stream_k_flags",
 )
 K6_WARPS, K6_N_TILES = 4, 2  # the K6 stand-in's GEMM geometry (128-wide N tiles)
 # (decode_matmul records the same geometry; it launches no trellis GEMM)
@@ -170,6 +172,8 @@ class DensePlan(PlannedBuffers):
     swap_ab: bool = False
     #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = unshared).
     cluster: int = 1
+    #: The ``wgmma`` shared decode runs on a stream-K schedule (:mod:`b12x.kernels.stream_k`).
+    stream_k: bool = False
 
     @property
     def buffer_owner(self) -> str:
@@ -189,7 +193,7 @@ class DensePlan(PlannedBuffers):
         else:
             specs.append(
                 KernelSpec(
-                    "gemm",
+                    "gemm_stream_k" if self.stream_k else "gemm",
                     p.fmt,
                     p.bits,
                     bf16=bf16,
@@ -254,6 +258,22 @@ def device_limits(device: Any = None) -> dense_tiles.DeviceLimits:
     smem = getattr(props, "shared_memory_per_block_optin", None) or props.shared_memory_per_block
     return dense_tiles.DeviceLimits(
         props.name, props.multi_processor_count, int(smem), (props.major, props.minor)
+    )
+
+
+def _stream_k_buffers(problem: DenseProblem, shared, sm_count: int) -> tuple:
+    """The stream-K GEMM's scratch: one fp32 accumulator set per CTA and one flag per CTA
+    (zeroed; every launch leaves it zero), for the CTAs the launch will run at the planned M
+    (a live M below it runs no more CTAs)."""
+    spec = KernelSpec(
+        "gemm_stream_k", problem.fmt, problem.bits, m_tiles=shared.m_tiles,
+        n_tiles=shared.n_tiles, warps=shared.warps, m_warps=shared.m_warps,
+        shared_rows=shared.shared_rows, smem_stages=shared.smem_stages, wgmma=True,
+    )  # fmt: skip
+    ctas = launchers.stream_k_ctas(spec, problem.m, problem.k, problem.n, sm_count)
+    return (
+        BufferSpec("stream_k_partials", (launchers.stream_k_partials(spec, ctas),), torch.float32),
+        BufferSpec("stream_k_flags", (ctas,), torch.int32, zeroed=True),
     )
 
 
@@ -496,6 +516,8 @@ def plan_dense(
         }
     )
     splits = _launched_splits(k, split.split_k)
+    # an explicit split-K request keeps the split (the stream-K schedule splits K itself)
+    stream_k = shared is not None and shared.stream_k and splits == 1
     return DensePlan(
         problem=problem,
         device=limits,
@@ -506,7 +528,8 @@ def plan_dense(
         n_tiles=n_tiles,
         warps=warps,
         split_k=splits,
-        buffers=_buffers(problem, choice.path, splits, limits.sm_count),
+        buffers=_buffers(problem, choice.path, splits, limits.sm_count)
+        + (_stream_k_buffers(problem, shared, limits.sm_count) if stream_k else ()),
         split_reasons=split.reasons,
         m_warps=0 if shared is None else shared.m_warps,
         shared_rows=2 if shared is None else shared.shared_rows,
@@ -515,6 +538,7 @@ def plan_dense(
         wgmma=shared is not None and shared.wgmma,
         swap_ab=shared is not None and shared.swap_ab,
         cluster=1 if shared is None else shared.cluster,
+        stream_k=stream_k,
     )
 
 
@@ -628,7 +652,9 @@ def run_dense(
                 p.codebook,
                 split_k=plan.split_k,
                 out=gemm,
-                scratch=buf["c_tmp"] if plan.split_k > 1 else None,
+                scratch=_gemm_scratch(plan, buf),
+                flags=buf["stream_k_flags"] if plan.stream_k else None,
+                stream_k=plan.stream_k,
                 tiles=(plan.m_tiles, plan.n_tiles),
                 warps=plan.warps,
                 m_warps=plan.m_warps,
@@ -651,6 +677,13 @@ def run_dense(
     if final is not output:
         output.copy_(out16)
     return output
+
+
+def _gemm_scratch(plan: DensePlan, buf) -> torch.Tensor | None:
+    """The generic GEMM's fp32 scratch: split-K slices or the stream-K CTAs' partials."""
+    if plan.stream_k:
+        return buf["stream_k_partials"]
+    return buf["c_tmp"] if plan.split_k > 1 else None
 
 
 class DenseOp:

@@ -1,0 +1,119 @@
+"""CPU checks of the stream-K GEMM (:mod:`b12x.kernels.stream_k`): its schedule, its refusals
+and its compile. The GPU half is ``tests/b12x/test_dense_stream_k_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from b12x import support
+from b12x.kernels.stream_k_schedule import head_owner, segments, stream_k_range, stream_k_units
+from b12x.launch import host
+from b12x.launch.specs import KernelSpec
+from b12x.ops.dense import mainloop as mainloop_table
+
+DEEP = mainloop_table.TENSOR_DEEP
+DEEP_GEOMETRY = dict(
+    m_tiles=DEEP.m_tiles, n_tiles=DEEP.n_tiles, warps=DEEP.warps, m_warps=DEEP.m_warps,
+    shared_rows=DEEP.shared_rows, smem_stages=DEEP.smem_stages, wgmma=True,
+)  # fmt: skip
+
+
+def _walk(tiles: int, units: int, ctas: int):
+    """Every CTA's segments: ``{(tile, unit): cta}``, the pieces per tile (CTAs in order) and
+    the head's CTA and peers per tile."""
+    total = tiles * units
+    cover, pieces, heads = {}, {}, {}
+    for c in range(ctas):
+        written = 0
+        for tile, u0, u1, peers in segments(c, total, ctas, units):
+            assert 0 <= u0 < u1 <= units
+            for u in range(u0, u1):
+                assert (tile, u) not in cover, f"unit {u} of tile {tile} runs twice"
+                cover[(tile, u)] = c
+            if peers is None:
+                written += 1
+                pieces.setdefault(tile, []).append(c)
+            else:
+                assert tile not in heads
+                heads[tile] = (c, peers)
+                assert all(p > c for p in peers), "a head waits on a lower CTA"
+        assert written <= 1, f"CTA {c} writes {written} partials into its one slot"
+    return cover, pieces, heads
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 200))
+def test_the_schedule_runs_every_unit_once_and_adds_every_piece(tiles, units, ctas):
+    ctas = min(ctas, tiles * units)
+    cover, pieces, heads = _walk(tiles, units, ctas)
+    assert len(cover) == tiles * units
+    assert sorted(heads) == list(range(tiles))
+    for tile, (c, peers) in heads.items():
+        assert peers == pieces.get(tile, []), f"tile {tile}: head adds {peers}"
+        assert cover[(tile, 0)] == c
+    last = segments(ctas - 1, tiles * units, ctas, units)[-1]
+    assert not last[3], "the last CTA would wait"  # a piece (None) or a whole tile ([])
+
+
+def test_the_ranges_are_even_and_head_owner_inverts_them():
+    for total, ctas in [(3584, 132), (7168, 132), (10, 10), (7, 3)]:
+        lengths = {e - s for s, e in (stream_k_range(c, total, ctas) for c in range(ctas))}
+        assert max(lengths) - min(lengths) <= 1 and min(lengths) >= 1
+        for u in range(total):
+            c = head_owner(u, total, ctas)
+            start, end = stream_k_range(c, total, ctas)
+            assert start <= u < end
+    assert stream_k_units(512, 16) == 32 and stream_k_units(45, 16) == 3
+
+
+def test_the_deep_row_at_m64_runs_0_87_of_a_tile_per_sm():
+    """The case this kernel exists for (8192 x 28672, M = 64, 132 SMs): 112 tiles of 32 units
+    over 132 CTAs, at most 28 units (0.875 of a tile) each instead of 32."""
+    spec = KernelSpec("gemm", "mcg", 4, **DEEP_GEOMETRY)
+    ctas = host.stream_k_ctas(spec, 64, 8192, 28672, 132)
+    assert ctas == 132
+    total = 112 * 32
+    assert max(e - s for s, e in (stream_k_range(c, total, ctas) for c in range(ctas))) == 28
+    assert host.stream_k_ctas(spec, 64, 16 * 80, 512, 132) == 10  # one unit per CTA
+
+
+def test_segments_refuses_more_ctas_than_units():
+    with pytest.raises(ValueError, match="ctas"):
+        segments(0, 4, 5, 2)
+
+
+def test_spec_refuses_what_stream_k_does_not_run():
+    no_wgmma = {"wgmma": False, "m_warps": 4, "smem_stages": 3, "shared_rows": 2}
+    with pytest.raises(ValueError, match="gemm_stream_k"):
+        KernelSpec("gemm_stream_k", "mcg", 4, **{**DEEP_GEOMETRY, **no_wgmma})
+    with pytest.raises(ValueError, match="gemm_stream_k"):
+        KernelSpec("gemm_stream_k", "mcg", 4, write_partials=True, **DEEP_GEOMETRY)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"split_k": 2}, "split_k=2"), ({"wgmma": False}, "wgmma=False"), ({"stream_k": 1}, "=1")],
+)
+def test_host_refuses_before_any_device_check(change, field):
+    a = torch.zeros(64, 1280, dtype=torch.bfloat16)
+    payload = torch.zeros(80, 32, 64, dtype=torch.int16)
+    kwargs = dict(
+        tiles=(1, 2), warps=8, m_warps=8, shared_rows=4, smem_stages=4, wgmma=True,
+        stream_k=True, split_k=1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=field):
+        host.trellis_matmul(a, payload, "mcg", **{**kwargs, **change})
+
+
+def test_the_deep_stream_k_kernel_compiles_spill_free():
+    """The table's headline case (K4, fp16 compute) at its first spill-free level, with the
+    flag hand-off in the PTX. (K6 and K8 bf16 reach zero spills only at level 1, as
+    :func:`~b12x.launch.toolchain.compile_spill_free` then picks.)"""
+    spec = KernelSpec("gemm_stream_k", "mcg", 4, **DEEP_GEOMETRY)
+    report = support.compile_specialization(spec, "sm_90")
+    assert report.spill_bytes == 0, report.spill_bytes
+    assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
+    assert "ld.acquire.gpu.global.u32" in report.ptx and "st.release.gpu.global.u32" in report.ptx
