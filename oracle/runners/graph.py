@@ -202,6 +202,13 @@ _BUILDERS: dict[str, Callable[[GraphTarget, Any], Any]] = {
 K6_PLACEHOLDERS = ("gemm_output", "c_tmp", "rotated_compute", "gemm_output_f16")
 
 
+def persistent_buffers(plan: Any) -> frozenset[str]:
+    """The plan's buffers that carry state from one launch to the next and are never poisoned:
+    those its specs mark ``zeroed`` (a lock workspace, the stream-K GEMM's flags), which the
+    kernels leave zero again after every launch."""
+    return frozenset(spec.name for spec in plan.buffers if spec.zeroed)
+
+
 def _fixture(contract, op, problem, sets, *, placeholders: bool, device) -> Any:
     from oracle.graph_protocol import ConsumerFixture
 
@@ -211,7 +218,7 @@ def _fixture(contract, op, problem, sets, *, placeholders: bool, device) -> Any:
         for name in K6_PLACEHOLDERS:
             buffers.setdefault(name, torch.empty(1, dtype=torch.float32, device=device))
     outputs = tuple(n for n in ("output", "out") if n in buffers)
-    persistent = {"workspace"}
+    persistent = persistent_buffers(plan)
     scratch = tuple(n for n in buffers if n not in outputs and n not in persistent)
     inputs = {k: torch.empty_like(t) for k, t in sets[0].items()}
     return ConsumerFixture(buffers, inputs, sets, outputs=outputs, scratch=scratch)

@@ -13,7 +13,6 @@ planned geometry, slots and split reach the launch unchanged (CPU stand-in launc
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 
 import pytest
