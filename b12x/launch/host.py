@@ -350,7 +350,7 @@ def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
     n = out.shape[1]
     props = torch.cuda.get_device_properties(a.device)
     ctas = stream_k_ctas(spec, m, k, n, props.multi_processor_count)
-    if (m + 1) * (k // 16 + 1) * n // 16 * ctas >= 2**31:  # the kernel's 32-bit unit math
+    if ctas * (stream_k_ctas(spec, m, k, n, 2**31) + 1) >= 2**31:  # 32-bit unit math
         raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
     need = stream_k_partials(spec, ctas)
     if scratch is None:
