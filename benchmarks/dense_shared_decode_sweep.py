@@ -139,7 +139,8 @@ def main(argv=None) -> int:
             cluster=cluster, stream_k=stream_k, flags=flags if stream_k else None,
         )  # fmt: skip
 
-    flags = torch.zeros(1024, dtype=torch.int32, device="cuda")  # stream-K: zero between launches
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    flags = torch.zeros(sms, dtype=torch.int32, device="cuda")  # stream-K: one CTA per SM
 
     # ---- checks
     for codebook in args.codebooks.split(","):

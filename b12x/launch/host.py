@@ -207,7 +207,8 @@ def trellis_matmul(
     swap-AB) on a stream-K schedule (:mod:`b12x.kernels.stream_k`): one CTA per SM shares
     every tile's K range;
     ``scratch`` then holds the CTAs' fp32 partials and ``flags`` (int32, zero on entry and on
-    exit) their hand-off flags (both allocated when omitted). A geometry the kernel would
+    exit) their hand-off flags, one per CTA slot: the launch runs at most ``flags.numel()``
+    CTAs (default: one per SM; both allocated when omitted). A geometry the kernel would
     refuse raises ``ValueError`` naming the field before anything else is checked.
     """
     from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
@@ -348,8 +349,14 @@ def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
     """The stream-K launch of :func:`trellis_matmul` (its buffers checked, or allocated)."""
     m, k = a.shape
     n = out.shape[1]
-    props = torch.cuda.get_device_properties(a.device)
-    ctas = stream_k_ctas(spec, m, k, n, props.multi_processor_count)
+    if flags is None:  # one CTA per SM of the device
+        slots = torch.cuda.get_device_properties(a.device).multi_processor_count
+    else:  # the caller's flags: one per CTA it provisioned (a plan: per SM of its device)
+        _check_tensor("flags", flags, dtypes=(torch.int32,), ndim=1, device=a.device)
+        slots = flags.numel()
+    ctas = stream_k_ctas(spec, m, k, n, slots)
+    if ctas == 0:
+        raise ValueError(f"flags: {slots} flags hold no cluster of {spec.cluster} CTAs")
     if ctas * (stream_k_ctas(spec, m, k, n, 2**31) + 1) >= 2**31:  # 32-bit unit math
         raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
     need = stream_k_partials(spec, ctas)
@@ -360,9 +367,6 @@ def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
         raise ValueError(f"scratch: stream-K needs {need} fp32 elements, has {scratch.numel()}")
     if flags is None:
         flags = torch.zeros(ctas, dtype=torch.int32, device=a.device)
-    _check_tensor("flags", flags, dtypes=(torch.int32,), ndim=1, device=a.device)
-    if flags.numel() < ctas:
-        raise ValueError(f"flags: stream-K needs {ctas} int32 flags, has {flags.numel()}")
     launch = StreamKGemmLaunch(
         a=a.view(torch.int32),
         payload=trellis.view(torch.int32),

@@ -12,7 +12,6 @@ planned geometry, slots and split reach the launch unchanged (CPU stand-in launc
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -143,7 +142,8 @@ def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
 def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     g = L.slots_for(bits, geometry)
     spec = KernelSpec(
-        "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps,
+        "gemm_stream_k" if g.stream_k else "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles,
+        n_tiles=g.n_tiles, warps=g.warps,
         write_partials=g.split_k > 1, m_warps=g.m_warps, shared_rows=g.shared_rows,
         smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab, cluster=g.cluster,
     )  # fmt: skip
@@ -159,9 +159,10 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
 
 
 def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:
-    """The mainloop keywords a plan passes to ``trellis_matmul`` (no stream-K: no flags)."""
+    """The mainloop keywords a plan passes to ``trellis_matmul`` (besides the stream-K flags
+    buffer): every ``wgmma`` row runs on the stream-K schedule."""
     return dict(m_warps=m_warps, shared_rows=rows, smem_stages=stages, wgmma=wgmma,
-                swap_ab=swap_ab, cluster=cluster, flags=None, stream_k=False)  # fmt: skip
+                swap_ab=swap_ab, cluster=cluster, stream_k=wgmma)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -184,12 +185,16 @@ def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, til
     device = H200 if mainloop.get("wgmma") else A100
     plan = plan_dense(device=device, m=m, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
     assert plan.path == "generic"
-    bound = bind_dense(plan, **allocate_dense_buffers(plan, "cpu"))
+    buffers = allocate_dense_buffers(plan, "cpu")
+    bound = bind_dense(plan, **buffers)
     x = torch.randn(m, 8192, generator=torch.Generator().manual_seed(m)).to(f16)
     trellis = torch.zeros(512, 64, 64, dtype=torch.int16)
     run_dense(bound, x, trellis, torch.ones(8192, dtype=f16), torch.ones(1024, dtype=f16))
     gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
-    assert fake_kernels.mainloops == [mainloop]
+    (launched,) = fake_kernels.mainloops
+    flags = launched.pop("flags")
+    assert launched == mainloop
+    assert flags is (buffers["stream_k_flags"] if plan.stream_k else None)
     assert (gemm[5], gemm[6], gemm[4]) == ((plan.m_tiles, plan.n_tiles), plan.warps, plan.split_k)
     if tiles is not None:
         assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)
@@ -223,18 +228,11 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     assert {c.m % 128 for c in tensor if plans[id(c)].swap_ab} - {0}, "no partial token tile"
 
 
-def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels, monkeypatch):
-    """The deep row on the stream-K schedule (the row's value decides): the plan compiles the
-    ``gemm_stream_k`` kind, lists the partials and the zeroed flags (132 CTAs on the H200's 132
-    SMs at 8192 x 1024, M = 64: 4 tiles x 32 units), and the launch gets exactly those buffers;
-    an explicit split-K request keeps the split (and the plain kernel)."""
-    rows = tuple(
-        dataclasses.replace(r, value=dataclasses.replace(L.TENSOR_DEEP, stream_k=True))
-        if r.name == "tensor_core_deep"
-        else r
-        for r in L.ROWS
-    )
-    monkeypatch.setattr(L, "ROWS", rows)
+def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels):
+    """The deep row on the stream-K schedule: the plan compiles the ``gemm_stream_k`` kind,
+    lists the partials and the zeroed flags (128 CTAs at 8192 x 1024, M = 64: 4 tiles x 32
+    units, under the H200's 132 SMs), and the launch gets exactly those buffers; an explicit
+    split-K request keeps the split (and the plain kernel)."""
     f16 = torch.float16
     plan = plan_dense(device=H200, m=64, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
     assert plan.stream_k and plan.split_k == 1
@@ -255,3 +253,6 @@ def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels, mon
                        split_k=2)  # fmt: skip
     assert not split.stream_k and split.split_k == 2
     assert not {"stream_k_flags", "stream_k_partials"} & {b.name for b in split.buffers}
+    pair = plan_dense(device=H200, m=256, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
+    assert pair.stream_k and pair.cluster == 2  # 4 pair tiles x 32 units over 66 CTA pairs
+    assert {b.name: b.shape for b in pair.buffers}["stream_k_flags"] == (132,)

@@ -38,6 +38,12 @@ def _payload(bits: int, seed: int, k_rows: int, n: int) -> torch.Tensor:
     return case_inputs.payload(torch.Generator().manual_seed(seed), k_rows, n // 16, 16 * bits)
 
 
+def _flags() -> torch.Tensor:
+    """One zeroed flag per SM: the launch runs one CTA per SM (at most)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return torch.zeros(sms, dtype=torch.int32, device="cuda")
+
+
 def _stream_k(a, payload, codebook="mcg", *, geometry=L.TENSOR_DEEP, flags=None, scratch=None,
               out=None):  # fmt: skip
     g = geometry
@@ -78,7 +84,7 @@ def test_random_activations_reproducible_and_bounded(name, m):
     a = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16)
     w = ref_trellis.decode(payload, "mcg").to(torch.bfloat16).double()
     exact = a.double() @ w
-    flags = torch.zeros(132 * 4, dtype=torch.int32, device="cuda")
+    flags = _flags()
     got = _stream_k(a.cuda(), payload.cuda(), geometry=geometry, flags=flags)
     assert not flags.any(), "a raised flag was left set"
     ulp = torch.finfo(torch.bfloat16).eps * exact.abs()
@@ -100,7 +106,7 @@ def test_graph_replay_with_caller_buffers(name, m):
     a = (torch.randn(m, 16 * k_rows, generator=torch.Generator().manual_seed(9)) * 0.5).to(
         torch.bfloat16
     ).cuda()  # fmt: skip
-    flags = torch.zeros(132 * 4, dtype=torch.int32, device="cuda")
+    flags = _flags()
     scratch = torch.empty(8 << 20, dtype=torch.float32, device="cuda")
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     run = dict(geometry=geometry, flags=flags, scratch=scratch, out=out)

@@ -117,3 +117,28 @@ def test_the_deep_stream_k_kernel_compiles_spill_free():
     assert report.spill_bytes == 0, report.spill_bytes
     assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
     assert "ld.acquire.gpu.global.u32" in report.ptx and "st.release.gpu.global.u32" in report.ptx
+
+
+def test_the_flags_set_the_launched_ctas(monkeypatch):
+    """``flags`` holds one slot per CTA the launch may run (a plan sizes it per SM of its
+    device); the launch runs no more CTAs than units, in whole clusters, with its partials."""
+    from b12x.launch.records import StreamKGemmLaunch
+
+    launched = []
+    monkeypatch.setattr(host, "_kernel", lambda spec, device: lambda *a: launched.append((spec, a)))
+    monkeypatch.setattr(host, "_check_tensor", lambda *a, **k: None)
+    monkeypatch.setattr(host, "_lut_addr", lambda fmt, device: 0)
+    a = torch.zeros(64, 1280, dtype=torch.bfloat16)
+    payload = torch.zeros(80, 32, 64, dtype=torch.int16)  # 2 tiles x 5 units
+    geometry = {k: v for k, v in DEEP_GEOMETRY.items() if k not in ("m_tiles", "n_tiles")}
+    for slots, ctas in [(7, 7), (132, 10)]:
+        flags = torch.zeros(slots, dtype=torch.int32)
+        scratch = torch.zeros(132 * 128 * 256)
+        host.trellis_matmul(a, payload, "mcg", tiles=(1, 2), stream_k=True, flags=flags,
+                            scratch=scratch, **geometry)  # fmt: skip
+        spec, args = launched.pop()
+        order = StreamKGemmLaunch.parameters()
+        assert spec.kind == "gemm_stream_k"
+        assert args[order.index("ctas")] == ctas
+        assert tuple(args[order.index("partials")].shape) == (ctas, 128 * 256)
+        assert args[order.index("flags")].numel() == ctas

@@ -166,14 +166,11 @@ def test_a_selection_no_case_qualifies_for_fails_naming_the_tile(monkeypatch):
     assert "no grid case of this selection qualifies" in fail.reason and "rejected" in fail.reason
 
 
-def test_the_graph_fixture_never_poisons_a_zeroed_buffer(monkeypatch):
+def test_the_graph_fixture_never_poisons_a_zeroed_buffer():
     """The graph protocol poisons scratch before each replay; a buffer whose spec is ``zeroed``
     carries state between launches (the K6 lock workspace, the stream-K GEMM's flags, which a
     poisoned value would leave waiting forever) and must be kept. Derived from the specs, so a
     new zeroed buffer is kept without a name list to update."""
-    import dataclasses
-
-    from b12x.ops.dense import mainloop as table
     from b12x.ops.dense.plan import plan_dense
     from oracle.runners.graph import persistent_buffers
     from oracle.tiles import SimulatedDevice
@@ -181,15 +178,8 @@ def test_the_graph_fixture_never_poisons_a_zeroed_buffer(monkeypatch):
     h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
     sm120 = SimulatedDevice("sm120", 188, 99 * 1024, (12, 0))
     problem = dict(k=8192, n=1024, bits=4, codebook="mcg", x_dtype=torch.float16)
-    assert persistent_buffers(plan_dense(device=h200, m=64, **problem)) == frozenset()
+    assert persistent_buffers(plan_dense(device=h200, m=8, **problem)) == frozenset()
     k6 = plan_dense(device=sm120, m=4, **{**problem, "bits": 6})
     assert k6.path == "k6_mcg_small_m"
     assert persistent_buffers(k6) == {"workspace"}
-    rows = tuple(
-        dataclasses.replace(r, value=dataclasses.replace(table.TENSOR_DEEP, stream_k=True))
-        if r.name == "tensor_core_deep"
-        else r
-        for r in table.ROWS
-    )
-    monkeypatch.setattr(table, "ROWS", rows)
     assert persistent_buffers(plan_dense(device=h200, m=64, **problem)) == {"stream_k_flags"}

@@ -21,7 +21,8 @@ Layout
   5. ``shared_thin`` — M <= :data:`THIN_MAX_M` (32): :data:`THIN` (4 warps, 32 rows, 128
      columns per CTA), split 4.
   6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0 and M <= :data:`DEEP_MAX_M` (64):
-     :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4).
+     :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4), on
+     the stream-K schedule.
   7. ``tensor_swap`` — capability (9, 0), N % 256 == 0 (so M >= 65, past the deep row, up to
      the dispatch table's sm_90 threshold,
      :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`): the swap-AB mainloop
@@ -29,10 +30,10 @@ Layout
      registers, the CTA's tokens are the B operand), :func:`swap_geometry`: 128 tokens x 256
      weight rows per CTA up to M = 128 (:data:`SWAP_WIDE`, slots 2 x 6), else 256 x 128
      (:data:`SWAP_TALL`, CTA pairs sharing each token tile by TMA multicast, slots 4 x 4),
-     split 1. It replaced the ``tensor_core`` row (:data:`TENSOR`: 128 rows x 256 columns
-     decoded into shared memory), which it beats at M = 128 (161.0 against 192.9 us, H100,
-     GEMM alone); on sm_90 the dispatch table's decode_matmul row starts at M = 257
-     (:mod:`b12x.ops.dense.dispatch`).
+     split 1, both on the stream-K schedule. It replaced the ``tensor_core`` row
+     (:data:`TENSOR`: 128 rows x 256 columns decoded into shared memory), which it beats at
+     M = 128 (161.0 against 192.9 us, H100, GEMM alone); on sm_90 the dispatch table's
+     decode_matmul row starts at M = 257 (:mod:`b12x.ops.dense.dispatch`).
   8. ``shared_wide`` — :data:`WIDE` (8 warps, 128 rows, 128 columns per CTA), split 1.
 
   The slots of a shared geometry (``shared_rows`` x ``smem_stages``) are the first of
@@ -159,6 +160,26 @@ profiler's launch table at M = 256 (``profile_launches.py --m 256 --only dense``
 336.2 us; its output rotation shows 170.7 us of device time because, launched early (PDL), it
 waits resident while the GEMM's second partial wave (224 CTAs on 132 SMs) runs.
 
+Stream-K (H200, 2026-12-07, ``benchmarks/dense_shared_decode_sweep.py --m 32,64 --bits 2,4,6
+--geometries 1x2x8x8w,1x2x8x8wk --slots 4x4`` and ``--m 128,256 --bits 4 --geometries
+16x1x8x8s2,16x1x8x8s2k,0x2x8x8s,0x2x8x8sk --slots 4x4,2x6``, GEMM alone, bf16, us; every
+stream-K geometry checked against float32 first, and ``tests/b12x/test_dense_stream_k_gpu.py``
+passed: identity = decode bit for bit, bounded, reproducible, graph replay):
+
+====  ===========================  ==============  ==============
+M     geometry                     per tile        stream-K
+====  ===========================  ==============  ==============
+32    deep 1x2x8x8w, K2 / K4 / K6  135.2 / 136.7 / 163.0   124.8 / 124.2 / 152.5
+64    deep 1x2x8x8w, K2 / K4 / K6  153.4 / 144.1 / 185.9   139.0 / 128.1 / 165.2
+128   swap 0x2x8x8s (2 x 6), K4    164.2           149.4
+256   swap pairs 16x1x8x8s2 (4x4)  263.1           234.7
+====  ===========================  ==============  ==============
+
+The tiles' K ranges shared over one CTA per SM take the idle SMs of the deep row's 0.85 waves
+and of the swap pairs' 1.70 (9-12 %). At M = 32 the thin row's whole linear (125.4 us at K4,
+rotations included) stays ahead of the deep GEMM alone, so ``shared_thin`` keeps M <= 32. At
+M = 128 the 4 x 4 slots lose on stream-K (193.6), so the wide swap row keeps 2 x 6.
+
 Invariants
 ----------
 * ``explain`` is a pure function of the case; every field is validated before any row runs.
@@ -254,14 +275,17 @@ TENSOR = SharedDecode(
 )
 #: :data:`TENSOR` with 4 K16 rows per step (the same 4 slots; 192 KB at K8): at M <= 64 one
 #: warpgroup multiplies, and the deeper step halves the barriers per K16 row.
-TENSOR_DEEP = dataclasses.replace(TENSOR, shared_rows=4)
+#: On the stream-K schedule (:mod:`b12x.kernels.stream_k`): its 112 tiles at N = 28672 leave 20
+#: of 132 SMs idle otherwise (module docstring, "Stream-K").
+TENSOR_DEEP = dataclasses.replace(TENSOR, shared_rows=4, stream_k=True)
 #: Largest M of :data:`TENSOR_DEEP` (H100 sweep in the module docstring).
 DEEP_MAX_M = 64
 #: Tokens per CTA of a swap-AB launch at M <= :data:`SWAP_WIDE_MAX_M`: 128 tokens x 256 weight
 #: rows (two N16 tiles per warp, 128 accumulators per thread), 2 K16 rows per step, 6 slots.
+#: Stream-K, as every swap-AB row (module docstring, "Stream-K").
 SWAP_WIDE = SharedDecode(
     m_tiles=8, n_tiles=2, warps=8, m_warps=8, split_k=1, shared_rows=2, smem_stages=6,
-    wgmma=True, swap_ab=True,
+    wgmma=True, swap_ab=True, stream_k=True,
 )  # fmt: skip
 #: Largest M of :data:`SWAP_WIDE`.
 SWAP_WIDE_MAX_M = 128

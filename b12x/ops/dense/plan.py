@@ -269,6 +269,7 @@ def _stream_k_buffers(problem: DenseProblem, shared, sm_count: int) -> tuple:
         "gemm_stream_k", problem.fmt, problem.bits, m_tiles=shared.m_tiles,
         n_tiles=shared.n_tiles, warps=shared.warps, m_warps=shared.m_warps,
         shared_rows=shared.shared_rows, smem_stages=shared.smem_stages, wgmma=True,
+        swap_ab=shared.swap_ab, cluster=shared.cluster,
     )  # fmt: skip
     ctas = launchers.stream_k_ctas(spec, problem.m, problem.k, problem.n, sm_count)
     return (
