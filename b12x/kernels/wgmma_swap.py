@@ -101,7 +101,12 @@ What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sw
   A persistent stream-K schedule over the 132 SMs would recover the tail (at most the 21 % of
   idle SM cycles, less the partials' fix-up). Split-K does not round the tail away (4 slices:
   the busiest SM runs 7 quarter tiles, 1.75 tiles against 2 today, and 117 MB of fp32 partials
-  go through HBM), nor do other weight-row tiles (28672 / 132 is no multiple of 64).
+  go through HBM), nor do other weight-row tiles (28672 / 132 is no multiple of 64). The
+  stream-K schedule (:mod:`b12x.kernels.stream_k`, now planned) took the GEMM from 263.1 to
+  234.7 us (H200, 2026-12-07, ``dense_shared_decode_sweep.py --m 256 --geometries
+  16x1x8x8s2,16x1x8x8s2k --slots 4x4``): 11 %, against the tail's 15 % (1.70 / 2 of the pair
+  tiles per pair), less one extra prologue and one fix-up per CTA. What it leaves is the
+  latency of 8 warps per SM.
 * **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
   (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
   steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256

@@ -404,7 +404,7 @@ ROWS: tuple[Row, ...] = (
     ),
     _row(
         "tensor_core_deep",
-        "sm_90, M <= 64: the tensor-core CTA with 4 K16 rows per step",
+        "sm_90, M <= 64: the tensor-core CTA with 4 K16 rows per step, stream-K",
         (
             _GENERIC,
             _NOT_PINNED,
@@ -419,7 +419,7 @@ ROWS: tuple[Row, ...] = (
     ),
     _row(
         "tensor_swap",
-        "sm_90, M >= 65: swap-AB, weights decoded into the wgmma A registers, split 1",
+        "sm_90, M >= 65: swap-AB, weights decoded into the wgmma A registers, stream-K",
         (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256),
         lambda c: swap_geometry(c["m"]),
     ),
