@@ -176,9 +176,14 @@ M     geometry                     per tile        stream-K
 ====  ===========================  ==============  ==============
 
 The tiles' K ranges shared over one CTA per SM take the idle SMs of the deep row's 0.85 waves
-and of the swap pairs' 1.70 (9-12 %). At M = 32 the thin row's whole linear (125.4 us at K4,
-rotations included) stays ahead of the deep GEMM alone, so ``shared_thin`` keeps M <= 32. At
-M = 128 the 4 x 4 slots lose on stream-K (193.6), so the wide swap row keeps 2 x 6.
+and of the swap pairs' 1.70 (9-12 %). Whole linear with the stream-K rows planned (H100 80GB,
+``benchmarks/dense_trellis.py``, one run, time / cuBLAS bf16 in the same run, K2 / K3 / K4 /
+K6): M = 64 0.755 / 0.776 / 0.773 / 0.939 (the per-tile rows' run of the same day, another
+H100: 0.865 / 0.876 / 0.829 / 0.973); M = 256 1.258 / 1.338 / 1.278 / 1.348 (1.344 / 1.388 /
+1.355 / 1.405). The oracle's curated GPU cases and graph targets passed through these plans.
+At M = 32 the thin row's whole linear (125.4 us at K4, rotations included) stays ahead of the
+deep GEMM alone, so ``shared_thin`` keeps M <= 32. At M = 128 the 4 x 4 slots lose on
+stream-K (193.6), so the wide swap row keeps 2 x 6.
 
 Invariants
 ----------
