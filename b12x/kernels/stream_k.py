@@ -20,8 +20,9 @@ cluster`` takes its CTA of each pair tile), and each segment starts the slots' m
 afresh (:meth:`~b12x.kernels.wgmma_swap.SwapAbMainloop.token_copier`: every use of the last
 segment's barriers was waited for, and its cluster barrier makes both CTAs ready).
 
-Status: GPU-tested by ``tests/b12x/test_dense_stream_k_gpu.py`` (not run yet when this
-landed); the dense table does not plan it until measured.
+Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloop`,
+"Stream-K", with the measurements); ``tests/b12x/test_dense_stream_k_gpu.py`` passed on an H200
+and an H100 (2026-12-07).
 
 Schedule (:mod:`b12x.kernels.stream_k_schedule`: pure integer math, the same functions run in
 the kernel and on the host for the tests)
