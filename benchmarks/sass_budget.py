@@ -33,7 +33,8 @@ nvidia-cuda-nvdisasm``) or a CUDA toolkit on ``PATH``.
 
 Usage: ``python benchmarks/sass_budget.py [--codebooks mcg,3inst,mul1] [--bits 2,3,4,6]
 [--arch sm_90] [--tiles 1x4] [--bf16] [--depth 1] [--unroll 1] [--smem-stages 0]
-[--swap-ab [--shared-rows 2] [--cluster 2]] [--json out.json] [--dump DIR]``; with
+[--swap-ab [--shared-rows 2] [--cluster 2]] [--wgmma] [--stream-k] [--json out.json]
+[--dump DIR]``; with
 ``--swap-ab`` the tiles are ``tokens/16 x N16 tiles per warp`` of the swap-AB mainloop
 (``--tiles 16x1``: 256 tokens x 128 weight rows) and its loop's HGMMAs count the weights.
 """
@@ -295,6 +296,8 @@ def budget(
     swap_ab: bool = False,
     shared_rows: int = 2,
     cluster: int = 1,
+    wgmma: bool = False,
+    stream_k: bool = False,
     nvdisasm: str | None = None,
     dump: str | None = None,
 ) -> LoopBudget:
@@ -302,7 +305,12 @@ def budget(
     ``swap_ab``: the swap-AB mainloop (8 warps, ``16·m_tiles`` tokens, ``shared_rows`` x
     ``smem_stages`` slots, 6 when 0), whose every HGMMA consumes one decoded N16 x K16 tile per
     warp: 8 weights per thread; ``cluster`` > 1: CTAs sharing each token tile by TMA multicast
-    (:data:`b12x.ops.dense.mainloop.SWAP_TALL`), whose issuer regions are amortised."""
+    (:data:`b12x.ops.dense.mainloop.SWAP_TALL`), whose issuer regions are amortised.
+    ``wgmma``: the ``wgmma`` shared decode (8 warps, every warp multiplies, ``shared_rows`` x
+    ``smem_stages`` slots, 4 when 0; the deep row is ``--tiles 1x2 --shared-rows 4``), whose
+    warpgroup HGMMAs cover the CTA width: one per M16 block and K16 row, while each thread
+    decodes ``n_tiles`` tiles (8 weights each) per K16 row. ``stream_k``: either ``wgmma``
+    mainloop as the stream-K kernel compiles it (:mod:`b12x.kernels.stream_k`)."""
     from b12x.launch.specs import KernelSpec
 
     tool = nvdisasm or find_nvdisasm()
@@ -316,9 +324,15 @@ def budget(
         )  # fmt: skip
     elif cluster != 1:
         raise ValueError(f"cluster: only swap-AB CTAs share a token tile, got cluster={cluster}")
-    spec = KernelSpec(
-        "gemm", codebook, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, **mainloop
-    )
+    elif wgmma:
+        mainloop = dict(
+            warps=8, m_warps=8, shared_rows=shared_rows, smem_stages=smem_stages or 4,
+            wgmma=True,
+        )  # fmt: skip
+    if stream_k and not (swap_ab or wgmma):
+        raise ValueError("stream_k: the stream-K kernel runs the wgmma mainloops only")
+    kind = "gemm_stream_k" if stream_k else "gemm"
+    spec = KernelSpec(kind, codebook, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, **mainloop)
     comp = compile_cubin(spec, arch)
     sass = disassemble(comp.cubin, tool)
     if dump:
@@ -339,6 +353,10 @@ def budget(
     hmma = sum(n for op, n in opcodes.items() if pipe_class(op) == "mma")
     if swap_ab:
         weights = 8 * hmma
+    elif wgmma:
+        if hmma % m_tiles:
+            raise ValueError(f"sass: {hmma} HGMMA is not a multiple of m_tiles={m_tiles}")
+        weights = 8 * n_tiles * hmma // m_tiles
     elif hmma % (2 * m_tiles):
         raise ValueError(f"sass: {hmma} HMMA is not a multiple of 2·m_tiles={2 * m_tiles}")
     else:
@@ -383,6 +401,8 @@ def main(argv=None) -> int:
     parser.add_argument("--swap-ab", action="store_true", help="the sm_90 swap-AB mainloop")
     parser.add_argument("--shared-rows", type=int, default=2, help="swap-AB K16 rows per step")
     parser.add_argument("--cluster", type=int, default=1, help="swap-AB CTAs sharing tokens")
+    parser.add_argument("--wgmma", action="store_true", help="the sm_90 wgmma shared decode")
+    parser.add_argument("--stream-k", action="store_true", help="the stream-K kernel's loop")
     parser.add_argument("--json", default=None)
     parser.add_argument("--dump", default=None, help="write each disassembly into this folder")
     args = parser.parse_args(argv)
@@ -396,6 +416,7 @@ def main(argv=None) -> int:
     print(
         f"{args.arch} tiles {m_tiles}x{n_tiles} {dtype} depth {args.depth} unroll {args.unroll}"
         f" smem_stages {args.smem_stages}{' swap-AB' if args.swap_ab else ''}"
+        f"{' wgmma' if args.wgmma else ''}{' stream-K' if args.stream_k else ''}"
         f"{f' cluster {args.cluster}' if args.cluster > 1 else ''}"
     )
     print(f"codebook     loop / weights  instr/w   {head}   (per decoded weight)")
@@ -415,6 +436,8 @@ def main(argv=None) -> int:
                 swap_ab=args.swap_ab,
                 shared_rows=args.shared_rows,
                 cluster=args.cluster,
+                wgmma=args.wgmma,
+                stream_k=args.stream_k,
                 nvdisasm=tool,
                 dump=args.dump,
             )

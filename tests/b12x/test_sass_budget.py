@@ -131,3 +131,22 @@ def test_planned_swap_ab_loop_amortises_the_token_copies_over_the_cta():
     # measured 9.07 (12.80 counting warp 0's copies on every warp); the module docstring of
     # b12x.kernels.wgmma_swap cites it as the M = 256 row's instruction count
     assert b.per_weight <= 9.3, b.as_dict()
+
+
+@needs_nvdisasm
+def test_planned_deep_stream_k_loop_counts_the_ctas_decoded_weights():
+    """The planned M <= 64 geometry (TENSOR_DEEP on the stream-K schedule): one m64n256 HGMMA per
+    K16 row covers the 16 N16 tiles the 8 warps decode (2 each: 16 weights per thread); the
+    loop is 4 steps of 4 K16 rows (16 HGMMAs, 256 weights per thread). Measured 6.34 per
+    weight at K4 (the M = 64 cells' bound in the closing note of issue 14)."""
+    from b12x.ops.dense.mainloop import TENSOR_DEEP as g
+
+    b = sass_budget.budget(
+        "mcg", 4, arch="sm_90", m_tiles=g.m_tiles, n_tiles=g.n_tiles, wgmma=True,
+        stream_k=g.stream_k, shared_rows=g.shared_rows, smem_stages=g.smem_stages,
+        nvdisasm=_TOOL,
+    )  # fmt: skip
+    assert b.spill_bytes == 0
+    hgmma = sum(n for op, n in b.opcodes.items() if op.startswith("HGMMA"))
+    assert hgmma == g.shared_rows * 4 and b.weights_per_iteration == 256, b.as_dict()
+    assert b.per_weight <= 6.6, b.as_dict()

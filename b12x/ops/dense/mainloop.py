@@ -181,8 +181,13 @@ and of the swap pairs' 1.70 (9-12 %). Whole linear with the stream-K rows planne
 K6): M = 64 0.755 / 0.776 / 0.773 / 0.939 (the per-tile rows' run of the same day, another
 H100: 0.865 / 0.876 / 0.829 / 0.973); M = 256 1.258 / 1.338 / 1.278 / 1.348 (1.344 / 1.388 /
 1.355 / 1.405). The oracle's curated GPU cases and graph targets passed through these plans.
-At M = 32 the thin row's whole linear (125.4 us at K4, rotations included) stays ahead of the
-deep GEMM alone, so ``shared_thin`` keeps M <= 32. At M = 128 the 4 x 4 slots lose on
+What bounds the deep row now: its loop's decode issue at 8 warps per SM. SASS per decoded weight
+of the stream-K loop (``benchmarks/sass_budget.py --codebooks mcg --bits 4,6 --tiles 1x2 --wgmma
+--stream-k --shared-rows 4 --smem-stages 4``): 6.34 at K4, 7.26 at K6 (1.15x; the per-tile
+kernel's loop: 7.06 / 7.98, K2 7.20, K3 7.83), and the M = 64 whole linear follows it (K6 / K4
+1.21 in the run above; the profile at K4 before stream-K: 0.49 issued per scheduler, no pipe
+full). At M = 32 the thin row's whole linear (125.4 us at K4, rotations included) stays ahead of
+the deep GEMM alone, so ``shared_thin`` keeps M <= 32. At M = 128 the 4 x 4 slots lose on
 stream-K (193.6), so the wide swap row keeps 2 x 6.
 
 Invariants
