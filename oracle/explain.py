@@ -356,6 +356,7 @@ def explain_dense(
             "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
             "smem_stages": plan.smem_stages, "wgmma": int(plan.wgmma),
             "swap_ab": int(plan.swap_ab), "cluster": plan.cluster,
+            "stream_k": int(plan.stream_k),
         },
         mainloop_row=loop.path,
         mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),
