@@ -296,7 +296,11 @@ class DenseTrellisGemmKernel:
         bits."""
         k_begin = bz * k_rows_per_split
         k_end = cutlass.min(k_begin + k_rows_per_split, payload.shape[0])
-        return k_begin, k_end, Int64(payload.shape[1] * (4 * 8 * self.bits))
+        return k_begin, k_end, self._row_bytes(payload)
+
+    def _row_bytes(self, payload):
+        """Bytes of one payload K16 row (``N/16`` tiles of ``32·bits`` B), formed in 64 bits."""
+        return Int64(payload.shape[1] * (4 * 8 * self.bits))
 
     def _cta_payload_run(self, payload, bx):
         """Byte address of CTA column ``bx``'s payload run in K16 row 0 (a shared mainloop's
@@ -477,28 +481,13 @@ class DenseTrellisGemmKernel:
         tid = cute.arch.thread_idx()[0]
         bx, by, bz = cute.arch.block_idx()
         lane, warp, r, g = lane_coords(tid)
-        lay = self.layout
-        m = a.shape[0]
-        wm, wn = self.shared.warp_coords(warp)
-        cta_row0 = by * lay.cta_m
-        row_base = cta_row0 + wm * (16 * self.m_tiles)
+        row0 = by * self.layout.cta_m
         k_begin, k_end, row_bytes = self._k_slice(payload, bz, k_rows_per_split)
         first, off = lane_ring_start(lane, self.bits)
-        lanes = self.shared.setup(
-            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a,
-            pay_cta=self._cta_payload_run(payload, bx),
-            a_row_source=lambda local: (
-                cutlass.min(cta_row0 + local, m - 1), cta_row0 + local < m
-            ),
-        )  # fmt: skip
-        loop = dict(
-            lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=off,
-        )  # fmt: skip
-        live_rows = cta_row0 + self.shared.live_row0(warp) < m  # past M: idle
-        store = dict(
-            out=out, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
-            bz=bz, g=g, r=r,
+        loop, live_rows, store = self._shared_decode_parts(
+            a=a, payload=payload, out=out, smem=None, tid=tid, lane=lane, warp=warp, g=g, r=r,
+            first=first, off=off, bx=bx, row0=row0, bz=bz, k_begin=k_begin, k_end=k_end,
+            row_bytes=row_bytes, lut_addr=lut_addr,
         )  # fmt: skip
         if cutlass.const_expr(self.shared.helpers):
             # Warp specialised (warpgroup-uniform roles): warps < m_warps decode and multiply,
@@ -512,6 +501,34 @@ class DenseTrellisGemmKernel:
                 self.shared.run(**loop, live_rows=False, multiply=False)
         else:
             self._multiply_and_store(loop=loop, live_rows=live_rows, store=store)
+
+    @cute.jit
+    def _shared_decode_parts(self, *, a, payload, out, smem, tid, lane, warp, g, r, first, off,
+                             bx, row0, bz, k_begin, k_end, row_bytes, lut_addr):  # fmt: skip
+        """``(loop, live_rows, store)`` of CTA column ``bx`` and CTA rows ``row0 ..`` over K16
+        rows ``[k_begin, k_end)``: the shared mainloop's arguments (``self.shared.run(**loop,
+        live_rows=...)``; ``smem`` None: allocated here), whether the warp's warpgroup holds
+        rows below M (past M: idle), and the :meth:`_epilogue` arguments besides the
+        accumulators and the tile count."""
+        lay = self.layout
+        m = a.shape[0]
+        wm, wn = self.shared.warp_coords(warp)
+        row_base = row0 + wm * (16 * self.m_tiles)
+        lanes = self.shared.setup(
+            tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a, smem=smem,
+            pay_cta=self._cta_payload_run(payload, bx),
+            a_row_source=lambda local: (cutlass.min(row0 + local, m - 1), row0 + local < m),
+        )  # fmt: skip
+        loop = dict(
+            lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes, lut_addr=lut_addr,
+            off=off,
+        )  # fmt: skip
+        live_rows = row0 + self.shared.live_row0(warp) < m
+        store = dict(
+            out=out, m=m, row_base=row_base, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles,
+            bz=bz, g=g, r=r,
+        )  # fmt: skip
+        return loop, live_rows, store
 
     @cute.jit
     def _swap_ab_kernel(self, a, payload, out, lut_addr: Int64, k_rows_per_split: Int32,
@@ -532,10 +549,7 @@ class DenseTrellisGemmKernel:
             first=first, off=off, bx=bx, by=by, k_begin=k_begin, k_end=k_end,
             row_bytes=row_bytes, lut_addr=lut_addr, tma=tma,
         )  # fmt: skip
-        self._swap_ab_epilogue(
-            out=out, acc=acc, m=m, tok0=tok0, tile0=bx * lay.cta_tiles + warp * self.n_tiles,
-            bz=bz, g=g, r=r,
-        )  # fmt: skip
+        self._swap_ab_epilogue(out=out, acc=acc, m=m, tok0=tok0, bx=bx, warp=warp, bz=bz, g=g, r=r)
 
     @cute.jit
     def _swap_ab_mainloop(self, *, a, payload, smem, tid, lane, warp, first, off, bx, by,
@@ -562,14 +576,17 @@ class DenseTrellisGemmKernel:
         )  # fmt: skip
 
     @cute.jit
-    def _swap_ab_epilogue(self, *, out, acc, m, tok0, tile0, bz, g, r):
-        """Store the transposed accumulators (:mod:`b12x.kernels.wgmma_swap`, "Geometry"): the
-        lane holds weight rows ``g, g + 8`` of each of its N16 tiles for tokens ``2r, 2r + 1``
+    def _swap_ab_epilogue(self, *, out, acc, m, tok0, bx, warp, bz, g, r):
+        """Store the transposed accumulators of CTA column ``bx``'s warp ``warp`` (its N16
+        tiles from ``bx·cta_tiles + warp·n_tiles``) for tokens ``tok0 ..``
+        (:mod:`b12x.kernels.wgmma_swap`, "Geometry"): the lane holds weight rows ``g, g + 8``
+        of each of its N16 tiles for tokens ``2r, 2r + 1``
         of each n-block. fp32 partials are stored one element at a time; the compute dtype is
         stored as column pairs: lanes ``g`` and ``g ^ 1`` (``lane ^ 4``) swap one value, so the
         even lane stores columns ``(g, g + 1)`` of token ``2r`` and the odd one of token
         ``2r + 1``. Tokens ``>= M`` are never stored."""
         odd = g % 2
+        tile0 = bx * self.layout.cta_tiles + warp * self.n_tiles
         for nt in cutlass.range_constexpr(self.n_tiles):
             for t in cutlass.range_constexpr(self.m_tiles):
                 for nb in cutlass.range_constexpr(2):

@@ -73,7 +73,7 @@ from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
 from b12x.kernels.dependent_launch import await_upstream, launch_options
 from b12x.kernels.mainloop import lane_coords
-from b12x.kernels.stream_k_schedule import head_owner, stream_k_range
+from b12x.kernels.stream_k_schedule import head_owner, stream_k_range, stream_k_units
 from b12x.kernels.trellis_decode import lane_ring_start
 
 __all__ = ["DenseStreamKGemmKernel", "FIXUP_LOADS"]
@@ -179,10 +179,10 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
         m = a.shape[0]
         k_rows = payload.shape[0]
         tiles_n = payload.shape[1] // (lay.cta_tiles * self.cluster)
-        units = (k_rows + self.span - 1) // self.span
+        units = stream_k_units(k_rows, self.span)
         total = tiles_n * ((m + lay.cta_m - 1) // lay.cta_m) * units
         start, end = stream_k_range(group, total, groups)
-        row_bytes = Int64(payload.shape[1] * (4 * 8 * self.bits))
+        row_bytes = self._row_bytes(payload)
         first, off = lane_ring_start(lane, self.bits)
         smem = self.shared.allocate()
         for tile in cutlass.range(start // units, (end - 1) // units + 1, unroll=1):
@@ -190,8 +190,8 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
             u1 = cutlass.min(end, (tile + 1) * units) - tile * units
             bx = (tile % tiles_n) * self.cluster + rank
             row0 = (tile // tiles_n) * lay.cta_m
-            live_rows, acc = self._segment(
-                a=a, payload=payload, smem=smem, tid=tid, lane=lane, warp=warp, g=g, r=r,
+            live_rows, acc, store = self._segment(
+                a=a, payload=payload, out=out, smem=smem, tid=tid, lane=lane, warp=warp, g=g, r=r,
                 first=first, off=off, bx=bx, row0=row0, by=tile // tiles_n,
                 k_begin=u0 * self.span, k_end=cutlass.min(u1 * self.span, k_rows),
                 row_bytes=row_bytes, lut_addr=lut_addr, tma=tma,
@@ -223,17 +223,16 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
                             got = ptx.ld_global_cg_v4_f32(theirs, offset=16 * j * self.threads)
                             for q in cutlass.range_constexpr(4):
                                 acc[4 * j + q] = acc[4 * j + q] + got[q]
-                self._store(out=out, acc=acc, m=m, warp=warp, g=g, r=r, bx=bx, row0=row0)
+                self._store(acc, store)
             cute.arch.sync_threads()  # every warp is done with the slots before the next prologue
 
     @cute.jit
-    def _segment(self, *, a, payload, smem, tid, lane, warp, g, r, first, off, bx, row0, by,
+    def _segment(self, *, a, payload, out, smem, tid, lane, warp, g, r, first, off, bx, row0, by,
                  k_begin, k_end, row_bytes, lut_addr, tma):  # fmt: skip
-        """One K range of one tile from zero accumulators: ``(live_rows, accumulators)``
-        (``live_rows``: the warp's warpgroup holds rows below M; always true for swap-AB,
-        whose tokens past M are zero-filled)."""
-        m = a.shape[0]
-        live_rows = True
+        """One K range of one tile from zero accumulators: ``(live_rows, accumulators,
+        store)``, ``live_rows`` whether the warp's warpgroup holds rows below M (always true
+        for swap-AB, whose tokens past M are zero-filled), ``store`` the plain kernel's
+        epilogue arguments besides the accumulators (:meth:`_store`)."""
         if cutlass.const_expr(self.swap_ab):
             # the slots' mbarriers start afresh each segment (every use of the last segment's
             # was waited for, so no arrival or byte is pending)
@@ -242,35 +241,22 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
                 off=off, bx=bx, by=by, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes,
                 lut_addr=lut_addr, tma=tma,
             )  # fmt: skip
-        else:
-            lanes = self.shared.setup(
-                tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a, smem=smem,
-                pay_cta=self._cta_payload_run(payload, bx),
-                a_row_source=lambda local: (cutlass.min(row0 + local, m - 1), row0 + local < m),
-            )  # fmt: skip
-            live_rows = row0 + self.shared.live_row0(warp) < m
-            acc = self.shared.run(
-                lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes,
-                lut_addr=lut_addr, off=off, live_rows=live_rows,
-            )  # fmt: skip
-        return live_rows, acc
+            store = dict(out=out, m=a.shape[0], tok0=row0, bx=bx, warp=warp, bz=0, g=g, r=r)
+            return True, acc, store
+        loop, live_rows, store = self._shared_decode_parts(
+            a=a, payload=payload, out=out, smem=smem, tid=tid, lane=lane, warp=warp, g=g, r=r,
+            first=first, off=off, bx=bx, row0=row0, bz=0, k_begin=k_begin, k_end=k_end,
+            row_bytes=row_bytes, lut_addr=lut_addr,
+        )  # fmt: skip
+        return live_rows, self.shared.run(**loop, live_rows=live_rows), store
 
     @cute.jit
-    def _store(self, *, out, acc, m, warp, g, r, bx, row0):
+    def _store(self, acc, store):
         """The whole tile's epilogue (the plain kernel's, compute dtype)."""
-        lay = self.layout
         if cutlass.const_expr(self.swap_ab):
-            self._swap_ab_epilogue(
-                out=out, acc=acc, m=m, tok0=row0,
-                tile0=bx * lay.cta_tiles + warp * self.n_tiles, bz=0, g=g, r=r,
-            )  # fmt: skip
+            self._swap_ab_epilogue(acc=acc, **store)
         else:
-            wm, wn = self.shared.warp_coords(warp)
-            self._epilogue(
-                out=out, acc=acc, m=m, row_base=row0 + wm * (16 * self.m_tiles),
-                tile0=bx * lay.cta_tiles + wn * lay.mma_tiles, bz=0, g=g, r=r,
-                n_tiles=lay.mma_tiles,
-            )  # fmt: skip
+            self._epilogue(acc=acc, n_tiles=self.layout.mma_tiles, **store)
 
     def _partial(self, partials, cta, tid):
         """Byte address of thread ``tid``'s first accumulators in CTA ``cta``'s partial (its

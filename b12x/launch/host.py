@@ -328,15 +328,20 @@ def _stream_k_layout(spec: KernelSpec):
     return shared_decode_layout(**geometry, m_warps=spec.m_warps)
 
 
-def stream_k_ctas(spec: KernelSpec, m: int, k: int, n: int, sm_count: int) -> int:
-    """CTAs of a stream-K launch: one per SM, in whole clusters, at most one cluster per unit of
-    work (every cluster's range is then non-empty; :mod:`b12x.kernels.stream_k`)."""
+def _stream_k_units(spec: KernelSpec, m: int, k: int, n: int) -> int:
+    """Units of work of a stream-K launch: tiles (pair tiles with clusters) x units per tile
+    (:mod:`b12x.kernels.stream_k_schedule`)."""
     from b12x.kernels.stream_k_schedule import stream_k_units
 
     lay = _stream_k_layout(spec)
     tiles = (n // (16 * lay.cta_tiles * spec.cluster)) * -(-m // lay.cta_m)
-    units = tiles * stream_k_units(k // 16, lay.period * spec.shared_rows)
-    return spec.cluster * min(sm_count // spec.cluster, units)
+    return tiles * stream_k_units(k // 16, lay.period * spec.shared_rows)
+
+
+def stream_k_ctas(spec: KernelSpec, m: int, k: int, n: int, sm_count: int) -> int:
+    """CTAs of a stream-K launch: one per SM, in whole clusters, at most one cluster per unit of
+    work (every cluster's range is then non-empty; :mod:`b12x.kernels.stream_k`)."""
+    return spec.cluster * min(sm_count // spec.cluster, _stream_k_units(spec, m, k, n))
 
 
 def stream_k_partials(spec: KernelSpec, ctas: int) -> int:
@@ -354,11 +359,13 @@ def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
     else:  # the caller's flags: one per CTA it provisioned (a plan: per SM of its device)
         _check_tensor("flags", flags, dtypes=(torch.int32,), ndim=1, device=a.device)
         slots = flags.numel()
-    ctas = stream_k_ctas(spec, m, k, n, slots)
-    if ctas == 0:
+    units = _stream_k_units(spec, m, k, n)
+    groups = min(slots // spec.cluster, units)
+    if groups == 0:
         raise ValueError(f"flags: {slots} flags hold no cluster of {spec.cluster} CTAs")
-    if ctas * (stream_k_ctas(spec, m, k, n, 2**31) + 1) >= 2**31:  # 32-bit unit math
+    if groups * (units + 1) >= 2**31:  # the kernel's 32-bit unit math (group x units)
         raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
+    ctas = spec.cluster * groups
     need = stream_k_partials(spec, ctas)
     if scratch is None:
         scratch = _allocate("scratch", "scratch", (need,), torch.float32, a.device)

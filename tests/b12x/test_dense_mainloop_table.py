@@ -156,6 +156,9 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
         assert f"wgmma.mma_async.sync.aligned.m64n{g.cta_m}k16" in report.ptx
     elif g.wgmma:
         assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
+    if g.stream_k:  # the fix-up's flag hand-off (b12x.kernels.stream_k)
+        assert "ld.acquire.gpu.global.u32" in report.ptx
+        assert "st.release.gpu.global.u32" in report.ptx
 
 
 def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:

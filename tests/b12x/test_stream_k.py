@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b12x import support
 from b12x.kernels.stream_k_schedule import head_owner, segments, stream_k_range, stream_k_units
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec
@@ -108,17 +107,6 @@ def test_host_refuses_before_any_device_check(change, field):
         host.trellis_matmul(a, payload, "mcg", **{**kwargs, **change})
 
 
-def test_the_deep_stream_k_kernel_compiles_spill_free():
-    """The table's headline case (K4, fp16 compute) at its first spill-free level, with the
-    flag hand-off in the PTX. (K6 and K8 bf16 reach zero spills only at level 1, as
-    :func:`~b12x.launch.toolchain.compile_spill_free` then picks.)"""
-    spec = KernelSpec("gemm_stream_k", "mcg", 4, **DEEP_GEOMETRY)
-    report = support.compile_specialization(spec, "sm_90")
-    assert report.spill_bytes == 0, report.spill_bytes
-    assert "wgmma.mma_async.sync.aligned.m64n256k16" in report.ptx
-    assert "ld.acquire.gpu.global.u32" in report.ptx and "st.release.gpu.global.u32" in report.ptx
-
-
 def test_the_flags_set_the_launched_ctas(monkeypatch):
     """``flags`` holds one slot per CTA the launch may run (a plan sizes it per SM of its
     device); the launch runs no more CTAs than units, in whole clusters, with its partials."""
@@ -142,3 +130,30 @@ def test_the_flags_set_the_launched_ctas(monkeypatch):
         assert args[order.index("ctas")] == ctas
         assert tuple(args[order.index("partials")].shape) == (ctas, 128 * 256)
         assert args[order.index("flags")].numel() == ctas
+
+
+def test_the_32_bit_guard_refuses_only_what_would_overflow(monkeypatch):
+    """The kernel forms ``group·total`` and ``(u + 1)·groups`` in 32 bits: the host refuses a
+    problem only when those could overflow (meta tensors: nothing is allocated). The planned
+    8192 x 28672 shapes pass at every M the swap rows take."""
+    launched = []
+    monkeypatch.setattr(host, "_kernel", lambda spec, device: lambda *a: launched.append(a))
+    monkeypatch.setattr(host, "_check_tensor", lambda *a, **k: None)
+    monkeypatch.setattr(host, "_lut_addr", lambda fmt, device: 0)
+    geometry = {k: v for k, v in DEEP_GEOMETRY.items() if k not in ("m_tiles", "n_tiles")}
+
+    def run(m, k, n):
+        a = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+        payload = torch.empty(k // 16, n // 16, 64, dtype=torch.int16, device="meta")
+        flags = torch.empty(132, dtype=torch.int32, device="meta")
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+        scratch = torch.empty(132 * 128 * 256, device="meta")
+        host.trellis_matmul(a, payload, "mcg", tiles=(1, 2), stream_k=True, flags=flags,
+                            scratch=scratch, out=out, **geometry)  # fmt: skip
+
+    for m in (64, 100, 256, 4096):
+        run(m, 8192, 28672)
+    assert len(launched) == 4
+    with pytest.raises(ValueError, match="too large for the stream-K schedule"):
+        run(4096, 16 * 16 * 5000, 28672)  # 3584 tiles x 5000 units x 132 CTAs > 2^31
+    assert len(launched) == 4
