@@ -5,13 +5,15 @@
 # ncu profile (--clock-control none) of the trellis GEMM of one dense linear at M = 1 and M = 16
 # (K4, MCG; DENSE_BITS="4 6" adds K6): speed of light, warp stall reasons, scheduler,
 # occupancy, launch statistics, and the instructions each pipe executed and its busy share (alu,
-# fma, fmaheavy, fmalite, fp16, lsu, tensor). DENSE_M=1 profiles M = 1 only; LAUNCHES=0 skips
-# the tables. Logs under $OUT.
+# fma, fmaheavy, fmalite, fp16, lsu, tensor). DENSE_M=1 profiles M = 1 only (DENSE_M="64 256" the
+# stream-K rows); LAUNCHES=0 skips the tables. Logs under $OUT.
 #   usage (device tool, carry [".device"]):
 #     source .device/env.sh && bash scripts/profile_small_m.sh
 set -u
 OUT="${OUT:-./results/device}"; mkdir -p "$OUT"
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+# the trellis GEMM: the plain kernels and, where the plan takes it (M 33..256 on sm_90), stream-K
+KERNEL_RE="${KERNEL_RE:-Dense(TrellisGemm|StreamKGemm)}"
 if [ "${LAUNCHES:-1}" = 1 ]; then
   timeout -k 5 "${LAUNCH_S:-150}" python3 benchmarks/profile_launches.py --m 1,16 --bits 2,4,6 \
     --only dense > "$OUT/launches_dense.log" 2>&1; echo "launches dense rc=$?"
@@ -24,7 +26,7 @@ for m in ${DENSE_M:-1 16}; do
 for b in ${DENSE_BITS:-4}; do
   # the trellis GEMM of the fourth call (after three warm-ups), not the setup kernels before it
   timeout -k 5 "${NCU_S:-150}" "$NCU" --clock-control none --target-processes all \
-    --kernel-name regex:DenseTrellisGemm --launch-skip 3 --launch-count 1 \
+    --kernel-name "regex:$KERNEL_RE" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --section ComputeWorkloadAnalysis --section InstructionStats \

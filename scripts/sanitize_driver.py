@@ -22,9 +22,10 @@ Cases (``--only SUBSTRING`` selects, ``--list`` lists):
 * ``moe_uniform_bf16_proj``: uniform MCG K4, proj FC1, bf16 input and compute, inactive ids.
 * ``moe_shared_decode``: the grouped GEMMs' shared decode (128-slot route blocks, the K-slice
   fold), planned M 300, live M 290, bf16 compute, inactive ids.
-* ``dense_wgmma``: the sm_90 row at M 65..256 (the swap-AB mainloop), planned M 100, live M 70,
-  bf16 compute;
-  ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step), planned M 64, live M 50;
+* ``dense_wgmma``: the sm_90 row at M 65..128 (the swap-AB mainloop, planned as stream-K:
+  partials and flags), planned M 100, live M 70, bf16 compute;
+  ``dense_wgmma_pairs``: its M 129..256 row (stream-K over CTA pairs), planned M 200, live 150;
+  ``dense_wgmma_deep``: its M <= 64 row (4 K16 rows per step, stream-K), planned M 64, live 50;
   ``dense_swap_ab``: the swap-AB mainloop launched directly, 256 tokens per CTA, M 290,
   unsplit and split 3; ``dense_swap_cluster``: the same with CTA pairs sharing each token tile
   (TMA multicast), N 512.
@@ -75,13 +76,16 @@ def _signs(g, *shape, scale=1.0) -> torch.Tensor:
 
 def _dense(
     m_plan, m_live, k, n, bits, codebook, x_dtype, *, expect_path, seed, expect_wgmma=None,
-    **plan_kw,
+    expect_stream_k=None, expect_cluster=None, **plan_kw,
 ):  # fmt: skip
     plan = plan_dense(m=m_plan, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x_dtype, **plan_kw)
     if plan.path != expect_path:
         raise RuntimeError(f"planned path {plan.path!r}, expected {expect_path!r}")
-    if expect_wgmma is not None and plan.wgmma != expect_wgmma:
-        raise RuntimeError(f"planned mainloop {plan.mainloop_reasons[-1]!r}: wgmma={plan.wgmma}")
+    got = {"wgmma": plan.wgmma, "stream_k": plan.stream_k, "cluster": plan.cluster}
+    want = {"wgmma": expect_wgmma, "stream_k": expect_stream_k, "cluster": expect_cluster}
+    wrong = {key: got[key] for key, value in want.items() if value not in (None, got[key])}
+    if wrong:  # the case would sanitise another kernel than its name says
+        raise RuntimeError(f"planned mainloop {plan.mainloop_reasons[-1]!r}: {wrong}, want {want}")
     bound = bind_dense(plan, **allocate_dense_buffers(plan, DEV))
     g = _gen(seed)
     x = (0.5 * torch.randn(m_live, k, generator=g)).to(x_dtype).to(DEV)
@@ -109,21 +113,32 @@ def decode_kernel():
 
 
 def dense_wgmma():
-    """The sm_90 row at M 65..256 (since 2026-12-06 the swap-AB mainloop, 128 tokens x 256
-    weight rows per CTA): planned M 100, live M 70 (tokens past it zero-filled), N 512 (two CTA
-    columns), bf16 compute, K3 sqg_e4m3 (a LUT codebook)."""
+    """The sm_90 row at M 65..128 (the swap-AB mainloop, 128 tokens x 256 weight rows per CTA,
+    planned as stream-K since 2026-12-06: one CTA per SM, so at this size most K pieces are
+    fixed up across CTAs through the partials and flags): planned M 100, live M 70 (tokens past
+    it zero-filled), N 512 (two CTA columns), bf16 compute, K3 sqg_e4m3 (a LUT codebook)."""
     return _dense(
         100, 70, 512, 512, 3, "sqg_e4m3", BF16, expect_path="generic", seed=11,
-        expect_wgmma=True, compute_dtype=BF16,
+        expect_wgmma=True, expect_stream_k=True, expect_cluster=1, compute_dtype=BF16,
+    )  # fmt: skip
+
+
+def dense_wgmma_pairs():
+    """The sm_90 row at M 129..256: swap-AB CTA pairs sharing each token tile (TMA multicast),
+    stream-K over the pairs: planned M 200, live M 150, K 1024, N 512, bf16, mcg K4."""
+    return _dense(
+        200, 150, 1024, 512, 4, "mcg", BF16, expect_path="generic", seed=23,
+        expect_wgmma=True, expect_stream_k=True, expect_cluster=2, compute_dtype=BF16,
     )  # fmt: skip
 
 
 def dense_wgmma_deep():
-    """The sm_90 tensor-core row at M <= 64 (4 K16 rows per step): planned M 64, live M 50
-    (the second warpgroup dead, the first partly live), K 1024 (4 steps of 4 rows), bf16."""
+    """The sm_90 tensor-core row at M <= 64 (4 K16 rows per step, stream-K planned): planned
+    M 64, live M 50 (the second warpgroup dead, the first partly live), K 1024 (4 steps of 4
+    rows), bf16."""
     return _dense(
         64, 50, 1024, 512, 4, "mcg", BF16, expect_path="generic", seed=13,
-        expect_wgmma=True, compute_dtype=BF16,
+        expect_wgmma=True, expect_stream_k=True, expect_cluster=1, compute_dtype=BF16,
     )  # fmt: skip
 
 
@@ -300,6 +315,7 @@ def moe_tiered():
 #: Cases whose plans need sm_90 (the wgmma mainloops): skipped, and counted, elsewhere.
 WGMMA_CASES = (
     "dense_wgmma",
+    "dense_wgmma_pairs",
     "dense_wgmma_deep",
     "dense_swap_ab",
     "dense_swap_cluster",
@@ -312,6 +328,7 @@ CASES = {
         dense_generic_f16_splitk,
         dense_generic_bf16,
         dense_wgmma,
+        dense_wgmma_pairs,
         dense_wgmma_deep,
         dense_swap_ab,
         dense_swap_cluster,

@@ -33,3 +33,33 @@ def test_the_swap_cases_are_selectable(capsys):
     assert driver.main(["--only", "dense_swap", "--list"]) == 0
     assert capsys.readouterr().out.split() == ["dense_swap_ab", "dense_swap_cluster"]
     assert "dense_swap_cluster" in driver.WGMMA_CASES  # skipped and counted off sm_90
+
+
+def test_the_tensor_core_cases_plan_the_kernels_they_name(monkeypatch):
+    """The sanitizer's dense tensor-core cases plan, on an H100-shaped device, the mainloop their
+    names say (stream-K: swap-AB alone, swap-AB CTA pairs, the deep row), so a planner change
+    cannot quietly move "0 errors" onto another kernel. The driver checks this itself before any
+    allocation; here it is checked on CPU. Planted: the pairs case expecting cluster 1 raises the
+    driver's mismatch instead of reaching the allocation."""
+    from b12x.ops.dense.tiles import DeviceLimits
+
+    driver = _driver()
+    h100 = DeviceLimits("H100 (simulated)", 132, 232448, (9, 0))
+    plan_on_device = driver.plan_dense
+    monkeypatch.setattr(driver, "plan_dense", lambda **kw: plan_on_device(**{"device": h100, **kw}))
+
+    class Planned(Exception):
+        pass
+
+    def stop_before_allocating(plan, device):
+        raise Planned(plan)
+
+    monkeypatch.setattr(driver, "allocate_dense_buffers", stop_before_allocating)
+    for name, cluster in (("dense_wgmma", 1), ("dense_wgmma_pairs", 2), ("dense_wgmma_deep", 1)):
+        assert name in driver.WGMMA_CASES
+        try:
+            driver.CASES[name]()
+        except Planned as planned:
+            plan = planned.args[0]
+        assert (plan.wgmma, plan.stream_k, plan.cluster) == (True, True, cluster), name
+        assert {"stream_k_partials", "stream_k_flags"} <= set(plan.buffer_names), name
