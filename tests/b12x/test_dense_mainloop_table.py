@@ -13,6 +13,8 @@ planned geometry, slots and split reach the launch unchanged (CPU stand-in launc
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,6 +161,17 @@ def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     if g.stream_k:  # the fix-up's flag hand-off (b12x.kernels.stream_k)
         assert "ld.acquire.gpu.global.u32" in report.ptx
         assert "st.release.gpu.global.u32" in report.ptx
+    # the ncu step of scripts/profile_small_m.sh filters kernels by name: it must find the one
+    # this row plans (planted: its old filter, DenseTrellisGemm, misses the three stream-K rows)
+    (entry,) = re.findall(r"\.entry\s+(\w+)", report.ptx)
+    assert re.search(_profiled_kernels(), entry), entry
+
+
+def _profiled_kernels() -> str:
+    """The default kernel-name regex of ``scripts/profile_small_m.sh`` (``KERNEL_RE``)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "profile_small_m.sh"
+    (regex,) = re.findall(r'KERNEL_RE="\$\{KERNEL_RE:-([^}]*)\}"', script.read_text())
+    return regex
 
 
 def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:
