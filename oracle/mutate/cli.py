@@ -28,8 +28,8 @@ process group is killed, the temporary copies are removed (:func:`oracle.mutate.
 and the command exits 130.
 
 Exit code: 0 when no selected mutant survived, went stale, errored or had a failing baseline;
-1 otherwise; 2 for a usage error (unknown id, bad option, unreadable --from-json, --tier gpu
-without CUDA); 130 when interrupted.
+1 otherwise; 2 for a usage error (unknown id, an ``--only`` id of another tier, bad option,
+unreadable --from-json, --tier gpu without CUDA); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -96,17 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def select(mutants: Sequence, tier: str, only: str | None) -> list:
-    """The mutants of ``tier`` (``all`` = every tier), restricted to ``only`` ids if given."""
+    """The mutants of ``tier`` (``all`` = every tier), restricted to ``only`` ids if given.
+
+    An ``only`` id of another tier is refused, not run: ``--only`` with the default ``--tier
+    cpu`` used to run a GPU mutant anyway, which on a CPU machine is "not-applicable", so the
+    gate exited 0 having judged nothing (found 2026-12-07 with a stream-K GPU mutant).
+    """
     if tier not in ("cpu", "gpu", "all"):
         raise ValueError(f"tier: expected cpu, gpu or all, got {tier!r}")
     chosen = [m for m in mutants if tier == "all" or m.tier == tier]
     if only:
         wanted = [i.strip() for i in only.split(",") if i.strip()]
-        known = {m.id for m in mutants}
-        unknown = [i for i in wanted if i not in known]
+        tiers = {m.id: m.tier for m in mutants}
+        unknown = [i for i in wanted if i not in tiers]
         if unknown:
             raise ValueError(f"only: unknown mutant id(s) {unknown}")
-        chosen = [m for m in mutants if m.id in wanted]
+        other = [f"{i} ({tiers[i]})" for i in wanted if tier not in ("all", tiers[i])]
+        if other:
+            raise ValueError(
+                f"only: {', '.join(other)} not in --tier {tier} (pass its tier or --tier all)"
+            )
+        chosen = [m for m in chosen if m.id in wanted]
     return chosen
 
 

@@ -310,6 +310,13 @@ def test_cli_selection_and_usage_errors(capsys):
     assert mutate_main(["--only", "no-such-mutant"]) == 2
     err = capsys.readouterr().err
     assert "no-such-mutant" in err and err.count("\n") == 1
+    # an id of another tier is refused, never run as "not-applicable" under a passing exit code
+    (gpu_id, *_) = [m.id for m in mutants if m.tier == "gpu"]
+    with pytest.raises(ValueError, match=f"{gpu_id} \\(gpu\\) not in --tier cpu"):
+        select(mutants, "cpu", gpu_id)
+    assert [m.id for m in select(mutants, "gpu", gpu_id)] == [gpu_id]
+    assert mutate_main(["--only", gpu_id]) == 2
+    assert "not in --tier cpu" in capsys.readouterr().err
     assert mutate_main(["--list", "--tier", "gpu"]) == 0
     listed = capsys.readouterr().out
     assert "b12x-window-off-by-one" in listed and "k6-small-m-row-removed" not in listed
