@@ -2,7 +2,8 @@
 
 Each case plans, allocates exactly the plan's caller buffers, runs once, synchronises and prints
 one line: ``ok <case> <wall s> sum=<finite sum of the output>``, ``skip <case>: <reason>`` or
-``FAIL <case>: <error>``; the exit status is 1 when any case failed. Shapes are tiny (the
+``FAIL <case>: <error>``; the exit status is 1 when any case failed, 2 when the selection ran
+nothing (no case matches, no CUDA device, or every case skipped). Shapes are tiny (the
 sanitizers slow kernels down 10-100x) but still cross the boundaries that matter: a tail M that
 is not a multiple of 16 and a live M below the planned M, split-K, bf16 compute, codebooks with
 and without a look-up table, inactive route ids (−1, E, 2^40) and unmapped tier ids.
@@ -382,6 +383,9 @@ def main(argv=None) -> int:
             traceback.print_exc()
     ran = len(names) - skipped
     print(f"driver: {ran - failed} ok, {failed} failed, {skipped} skipped", flush=True)
+    if not ran:  # e.g. only wgmma cases selected off sm_90: a sanitizer's "0 errors" judged nothing
+        print("driver: every selected case was skipped; nothing was sanitised", flush=True)
+        return 2
     return 1 if failed else 0
 
 

@@ -63,3 +63,16 @@ def test_the_tensor_core_cases_plan_the_kernels_they_name(monkeypatch):
             plan = planned.args[0]
         assert (plan.wgmma, plan.stream_k, plan.cluster) == (True, True, cluster), name
         assert {"stream_k_partials", "stream_k_flags"} <= set(plan.buffer_names), name
+
+
+def test_a_selection_that_skips_every_case_is_not_a_clean_run(monkeypatch, capsys):
+    """Off sm_90 the wgmma cases are skipped and counted; a selection of only those used to
+    print "driver: 0 ok, 0 failed, 3 skipped" and exit 0, so ``sanitize.sh`` reported "memcheck:
+    0 errors" over a run that sanitised nothing. The driver now exits 2 (and the script requires
+    a nonzero ok count). Planted: the check removed, main returns 0 and the test fails."""
+    driver = _driver()
+    monkeypatch.setattr(driver.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(driver.torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert driver.main(["--only", "dense_wgmma"]) == 2
+    out = capsys.readouterr().out
+    assert "driver: 0 ok, 0 failed, 3 skipped" in out and "nothing was sanitised" in out
