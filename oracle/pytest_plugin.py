@@ -4,6 +4,9 @@
   ``--strict-markers`` is on, so a typo is an error rather than a silently unselected test.
 * A test marked ``gpu`` (or ``multi_gpu``) is skipped *at collection* when CUDA is absent (or
   fewer than two devices are visible), with the reason in the report; no test body decides that.
+* ``--require-gpu`` refuses the session (usage error, exit 4) when no CUDA device is visible:
+  a GPU tier run on a machine whose GPU is missing would otherwise skip every ``gpu`` test and
+  pass. The device scripts (``scripts/gpu_tier.sh`` and friends) pass it.
 * Hypothesis profiles: ``ci`` (derandomised, no deadline; chosen automatically when ``CI`` is
   set), ``dev`` (the default locally) and ``stress`` (many examples). Pick one with
   ``--hypothesis-profile``.
@@ -127,12 +130,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="where tests using the oracle_case fixture save their case when they fail",
     )
     group.addoption(
+        "--require-gpu",
+        action="store_true",
+        help="refuse to run (usage error) when no CUDA device is visible, instead of skipping "
+        "every gpu-marked test",
+    )
+    group.addoption(
         "--shuffle-seed",
         type=int,
         default=None,
         metavar="N",
         help="run the tests in a pseudo-random order fixed by N (order-independence check)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # after the root conftest pinned each xdist worker's GPU, so counting here initialises CUDA
+    # only where the pinning already holds
+    if config.getoption("require_gpu", False) and _cuda_device_count() == 0:
+        raise pytest.UsageError(
+            "--require-gpu: no CUDA device is visible; every gpu-marked test would be skipped "
+            "and the run would pass without testing anything on a GPU"
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -31,7 +31,7 @@ for name in ("cold", "warm"):
 PY
 left=$((BUDGET_S - (SECONDS - start)))
 if [ "${TESTS:-1}" = 1 ] && [ "$left" -gt 60 ]; then
-  timeout -k 5 "$left" python3 -m pytest tests -m "gpu and not multi_gpu" -n 8 -q \
+  timeout -k 5 "$left" python3 -m pytest tests -m "gpu and not multi_gpu" -n 8 -q --require-gpu \
     -p no:cacheprovider --shuffle-seed "$SEED" -rfE > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? (seed $SEED, ${left}s budget)"
   grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -n 2

@@ -56,7 +56,7 @@ skipped() {
 if [ "${TESTS:-1}" = 1 ]; then
   workers="${WORKERS:-8}"   # compiles are CPU-bound; all workers share the one GPU
   phase gpu_tests "$TESTS_S" "$OUT/gpu_tests.log" \
-    python3 -m pytest tests -m "gpu and not multi_gpu" -n "$workers" -q \
+    python3 -m pytest tests -m "gpu and not multi_gpu" -n "$workers" -q --require-gpu \
     -p no:cacheprovider -o addopts="--strict-markers --import-mode=importlib" -rfE \
     ${SHUFFLE_SEED:+--shuffle-seed "$SHUFFLE_SEED"}
   tail -n 40 "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$summary"

@@ -17,7 +17,7 @@
 set -u
 OUT="${OUT:-./results/device}"; mkdir -p "$OUT"
 if [ -n "${TESTS:-}" ]; then  # GPU tests of what this tree changed, first
-  timeout -k 5 "${TESTS_S:-150}" python3 -m pytest $TESTS -m gpu -q -n 8 -p no:cacheprovider \
+  timeout -k 5 "${TESTS_S:-150}" python3 -m pytest $TESTS -m gpu -q -n 8 --require-gpu -p no:cacheprovider \
     -rfE > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/gpu_tests.log" | tail -n 20
 fi

@@ -107,3 +107,23 @@ def test_shuffle_seed_reorders_collection_reproducibly(tmp_path: Path):
     assert sorted(shuffled) == plain and shuffled != plain
     assert _collected_order(tmp_path, "--shuffle-seed", "7") == shuffled  # same seed, same order
     assert _collected_order(tmp_path, "--shuffle-seed", "8") != shuffled
+
+
+def test_require_gpu_refuses_a_machine_without_one(tmp_path: Path):
+    """``--require-gpu`` (passed by the device scripts) turns "every gpu test skipped, exit 0"
+    into a usage error when no CUDA device is visible. Planted: the option ignored, the child
+    skips ``test_needs_gpu`` and exits 0, and this test fails."""
+    (tmp_path / "test_child.py").write_text(CHILD_TESTS)
+    (tmp_path / "pytest.ini").write_text(INI)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--require-gpu"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out  # pytest.ExitCode.USAGE_ERROR
+    assert "--require-gpu: no CUDA device is visible" in out, out
