@@ -5,9 +5,18 @@ Layout
 *Plan* (pure and deterministic; no CUDA, no randomness, no dict-order dependence):
 
 * :func:`kernel_group` maps a case to the kernel specialisation it compiles first (decode kernel
-  per codebook/K; GEMM per codebook/K/dtype/tile, where the tile follows the launcher's own
-  ``choose_tiles(M, N)``; the large-M decode-then-GEMM path groups with the decode kernel).
-  The M of a case never enters the key except through the tile band it selects.
+  per codebook/K; the large-M decode-then-GEMM path groups with the decode kernel). Given the
+  ``device`` the shard runs on, a plain dense case is keyed by what its plan launches there
+  (:func:`oracle.runners.dense.planned_product_spec`: the GEMM with its mainloop, or the decode
+  kernel), so cases that compile one specialisation share a shard. Without one (the parent of a
+  multi-GPU run plans before any CUDA; a CPU machine) the key is the device-free estimate: GEMM
+  per codebook/K/dtype/tile, the tile from the launcher's ``choose_tiles(M, N)``. That estimate
+  is wrong on sm_90, whose dispatch plans the ``wgmma`` and stream-K mainloops at M 33..256 and
+  decode-then-GEMM only from M 257: on an H100 it grouped M 129..256 with the decode kernel and
+  spread 25 GEMM specialisations of the default job over two shards each, and its heaviest
+  worker compiled 79 dense specialisations against 62 with the planned key (the cold default
+  job ran past its 300 s target on an H100, 2026-12-07, with exactly the two heaviest workers
+  unfinished). The M of a case enters the key only through what it plans.
 * :func:`estimate_cost` is a relative cost model (units of roughly 50 ms of one H200):
   :data:`CASE_OVERHEAD` per case plus terms in K·N (payload generation, decode, copies) and
   M·K·N (GEMM and the fp64 reference). A group costs :data:`COMPILE_COST` (one compile) plus
@@ -48,6 +57,7 @@ the environment lists every shard's device and ``CUDA_VISIBLE_DEVICES``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -81,6 +91,7 @@ __all__ = [
     "run_multi_gpu",
     "run_shard",
     "select_cases",
+    "shard_plan",
     "visible_gpus",
 ]
 
@@ -150,11 +161,20 @@ def parse_shard(text: str) -> ShardSpec:
 # --- plan --------------------------------------------------------------------------------------
 
 
-def kernel_group(case: Any) -> str:
-    """The kernel specialisation ``case`` compiles first (module docstring)."""
+def kernel_group(case: Any, device: Any = None) -> str:
+    """The kernel specialisation ``case`` compiles first (module docstring): planned on
+    ``device`` (a CUDA device or index, or a simulated part) when one is given."""
     v = case.variant
     if v.op == "decode":
         return f"decode/{v.codebook}/k{v.bits}"
+    if v.op == "dense" and v.pair_kind is None and v.tier_layout is None and device is not None:
+        from oracle.runners.dense import planned_product_spec
+
+        spec = planned_product_spec(case, device)
+        if spec is not None and spec.kind == "decode":
+            return f"decode/{v.codebook}/k{v.bits}"
+        if spec is not None:
+            return f"{spec.kind}/{_spec_fields(spec)}"
     if v.op == "dense" and v.pair_kind is None and v.tier_layout is None:
         from b12x.launch.host import choose_tiles
         from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
@@ -164,6 +184,15 @@ def kernel_group(case: Any) -> str:
         m_tiles, n_tiles = choose_tiles(case.m, case.n)
         return f"gemm/{v.codebook}/k{v.bits}/{v.compute_dtype}/{m_tiles}x{n_tiles}"
     return f"variant/{v.name}"
+
+
+def _spec_fields(spec: Any) -> str:
+    """``name=value`` of every field of a spec dataclass, a format by its name: the same text in
+    every process (no object address)."""
+    return ",".join(
+        f"{f.name}={getattr(getattr(spec, f.name), 'name', getattr(spec, f.name))}"
+        for f in dataclasses.fields(spec)
+    )
 
 
 def estimate_cost(case: Any) -> float:
@@ -198,10 +227,14 @@ def plan_shards(
     cases: Iterable[Any],
     count: int,
     *,
-    group_key: Callable[[Any], str] = kernel_group,
+    device: Any = None,
+    group_key: Callable[[Any], str] | None = None,
     cost: Callable[[Any], float] = estimate_cost,
 ) -> ShardPlan:
-    """Deterministic split of ``cases`` over ``count`` slices plus the serial phase."""
+    """Deterministic split of ``cases`` over ``count`` slices plus the serial phase; groups by
+    ``group_key`` (default :func:`kernel_group` planned on ``device``)."""
+    if group_key is None:
+        group_key = functools.partial(kernel_group, device=device)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count: expected a positive int, got {count!r}")
     if not callable(group_key) or not callable(cost):
@@ -297,6 +330,17 @@ def _guarded(name: str, fn: Callable[[], Any]) -> list[CheckResult]:
     return list(got) if isinstance(got, list) else [got]
 
 
+def shard_plan(runnable: Sequence[Any], spec: ShardSpec, *, cuda: bool) -> ShardPlan:
+    """The plan a shard computes (every shard of a host computes the same one): with ``cuda``,
+    the cases are grouped by what they plan on this process's GPU (:func:`kernel_group`)."""
+    device = None
+    if cuda:
+        import torch
+
+        device = torch.cuda.current_device()
+    return plan_shards(runnable, spec.count or 1, device=device)
+
+
 def run_shard(ctx: Any, spec: ShardSpec, *, selection: Selection | None = None) -> Report:
     """Run slice ``spec`` of the selection of ``ctx`` (a CheckContext) in this process."""
     if not isinstance(spec, ShardSpec):
@@ -305,10 +349,10 @@ def run_shard(ctx: Any, spec: ShardSpec, *, selection: Selection | None = None) 
         selection = select_cases(
             filter=ctx.filter, case=ctx.case, max_cases=ctx.max_cases, heavy=ctx.heavy
         )
-    plan = plan_shards(selection.runnable, spec.count or 1)
+    executed = bool(ctx.cuda) and ctx.tier == "gpu"
+    plan = shard_plan(selection.runnable, spec, cuda=bool(ctx.cuda))
     mine = plan.cases_for(spec)
     checks: list[CheckResult] = list(selection.notes) if spec.index == 0 else []
-    executed = bool(ctx.cuda) and ctx.tier == "gpu"
     if not executed:
         why = "no CUDA device" if not ctx.cuda else "tier cpu selected (--tier)"
         reason = f"{len(mine)} case(s) of shard {spec.label} not run: {why}"

@@ -31,7 +31,14 @@ import torch
 from oracle.runners import inputs as case_inputs
 from oracle.runners.common import Outcome, require_equal, run_op
 
-__all__ = ["SIMULATED_PARTS", "dense_problem", "executions", "identity_h128", "run_case"]
+__all__ = [
+    "SIMULATED_PARTS",
+    "dense_problem",
+    "executions",
+    "identity_h128",
+    "planned_product_spec",
+    "run_case",
+]
 
 
 def _simulated_parts() -> tuple[Any, ...]:
@@ -84,6 +91,23 @@ def executions(case: Any, contract: Any, tile: list[int] | None = None) -> list[
         if path != native:
             out.append(Execution(f"{path}@{part.name.replace(' ', '_')}", part))
     return out
+
+
+def planned_product_spec(case: Any, device: Any) -> Any:
+    """The kernel specialisation that computes the product in the plan of ``case`` on ``device``
+    (a CUDA device or index, or a simulated part): the trellis GEMM, plain or stream-K, or the
+    decode kernel on the decode-then-GEMM path (the rotations and reductions around it are shared
+    by many cases). ``None`` when the plan launches neither."""
+    from oracle.declared import op_contract
+
+    callback = identity_h128 if case.variant.rotation == "none" else None
+    op = op_contract("dense").graph_op(device=device, hadamard_128=callback)
+    specs = op.plan(dense_problem(case)).kernel_specs
+    for kinds in (("gemm", "gemm_stream_k"), ("decode",)):
+        for spec in specs:
+            if spec.kind in kinds:
+                return spec
+    return None
 
 
 def _gemm_operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -424,6 +424,9 @@ def test_run_shard_runs_its_slice_and_merges(monkeypatch):
     selection = S.Selection(cases, (note,))
     ctx = CheckContext(tier="gpu", cuda=True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", _h100)  # the shard plans on its GPU
     specs = [S.ShardSpec(0, 2), S.ShardSpec(1, 2), S.SERIAL]
     parts = [S.run_shard(ctx, spec, selection=selection) for spec in specs]
     shard0 = parts[0].environment()["shard"]
@@ -602,3 +605,63 @@ def test_cli_gpus_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     assert [c["name"] for c in data["checks"]] == ["gpu.shard"]  # CPU tier: one skip, why
     assert data["checks"][0]["reason"].startswith("1 case(s) of shard 0/1 not run: ")
     assert (tmp_path / "r" / "shards" / "part_0.json").is_file()
+
+
+def _h100():
+    from b12x.ops.dense.tiles import DeviceLimits
+
+    return DeviceLimits("H100 (simulated)", 132, 232448, (9, 0))
+
+
+def _plain_dense(cases):
+    return [c for c in cases if c.variant.op == "dense" and c.variant.pair_kind is None
+            and c.variant.tier_layout is None]  # fmt: skip
+
+
+@pytest.mark.parametrize("count", [3, 8])
+def test_planned_groups_give_each_product_kernel_one_shard(count):
+    """Planned on the shard's device (an H100 here), every GEMM or decode kernel that computes a
+    dense case's product is compiled by one shard only. Planted: the device-free key (no
+    ``device``) sends M 129..256, which sm_90 plans on the stream-K swap-AB mainloop, to the
+    decode kernel's group, and the same GEMM lands on two shards (3 of 3 runs fail)."""
+    from oracle.runners.dense import planned_product_spec
+
+    h100 = _h100()
+    plan = S.plan_shards(sample_cases(), count, device=h100)
+    owners: dict[object, set[int]] = {}
+    for index, shard in enumerate(plan.shards):
+        for case in _plain_dense(shard):
+            owners.setdefault(planned_product_spec(case, h100), set()).add(index)
+    assert {s.kind for s in owners} >= {"gemm", "gemm_stream_k", "decode"}  # every row planned
+    split = {spec: shards for spec, shards in owners.items() if len(shards) > 1}
+    assert not split, split
+
+
+def test_the_planned_key_follows_the_sm90_rows():
+    """On sm_90 the dispatch plans stream-K ``wgmma`` GEMMs at M 33..256 and decode-then-GEMM
+    only from M 257; the planned key says so, the device-free one does not (module docstring)."""
+    h100 = _h100()
+    v = Variant.from_name("dense/mcg/k4/fp16")
+    decode_key = S.kernel_group(G.Case(Variant.from_name("decode/mcg/k4/fp16"), 1, 4096, 4096))
+    at = {m: S.kernel_group(G.Case(v, m, 4096, 4096), device=h100) for m in (1, 64, 200, 300)}
+    assert at[200].startswith("gemm_stream_k/") and "cluster=2" in at[200]
+    assert at[64].startswith("gemm_stream_k/") and at[64] != at[200]
+    assert at[1].startswith("gemm/") and "wgmma=False" in at[1]
+    assert at[300] == decode_key
+    assert S.kernel_group(G.Case(v, 200, 4096, 4096)) == decode_key  # the device-free estimate
+    assert S.kernel_group(G.Case(v, 200, 4096, 4096), device=h100) == at[200]  # deterministic
+
+
+def test_a_shard_with_cuda_groups_by_its_device(monkeypatch):
+    """A shard with CUDA plans its slice with the planned key on its own GPU (here the current
+    device is faked as a simulated H100); without CUDA it keeps the device-free key. Planted:
+    the device left out, the plan keeps the device-free groups and the test fails."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", _h100)
+    spec = S.ShardSpec(0, 3)
+    planned = S.plan_shards(sample_cases(), 3, device=_h100())
+    free = S.plan_shards(sample_cases(), 3)
+    assert planned.groups != free.groups
+    assert S.shard_plan(sample_cases(), spec, cuda=True).groups == planned.groups
+    assert S.shard_plan(sample_cases(), spec, cuda=False).groups == free.groups
