@@ -190,6 +190,32 @@ full). At M = 32 the thin row's whole linear (125.4 us at K4, rotations included
 the deep GEMM alone, so ``shared_thin`` keeps M <= 32. At M = 128 the 4 x 4 slots lose on
 stream-K (193.6), so the wide swap row keeps 2 x 6.
 
+The planned stream-K rows profiled (H100 80GB, 2026-12-07, ncu ``--clock-control none``,
+``DENSE_M="64 256" DENSE_BITS="4 6" LAUNCHES=0 bash scripts/profile_small_m.sh``, the whole
+linear's GEMM, 132 CTAs of 256 threads, one per SM: 12.5 % occupancy, bound by registers
+(250-255) and shared memory):
+
+====  ====  ========  ===========  =========  ========  =========  ==========================
+M     K     us        warp instr   issued/    no        tensor     top stalls (per issue)
+                                   scheduler  eligible  pipe
+====  ====  ========  ===========  =========  ========  =========  ==========================
+64    4     122.8     47.3 M       0.45       55 %      28 %       long scoreboard 0.82, short
+                                                                   scoreboard 0.55
+64    6     155.2     54.0 M       0.39       61 %      21 %       MIO throttle 1.10, wait
+                                                                   0.85, short scoreboard 0.63
+256   4     234.3     65.6 M       0.33       67 %      58 %       wait 1.44, barrier 1.13,
+                                                                   gmma 0.75, dispatch 0.71
+256   6     244.0     71.5 M       0.34       66 %      56 %       wait 1.50, barrier 1.08,
+                                                                   gmma 0.66
+====  ====  ========  ===========  =========  ========  =========  ==========================
+
+No pipe and no memory level is full (DRAM 21-38 %). M = 64: K6 issues 1.14x K4's instructions
+(the SASS ratio 1.15 above) and takes 1.26x the time: at K6 its 8 warps also stall on a full
+MIO queue (the decode's shared-memory instructions), which K4 does not show. M = 256: latency
+at one 8-warp CTA per SM, the consumers waiting on the ``wgmma`` pipeline and the slot
+barriers; the tensor pipe is 58 % busy. More warps per SM (fewer registers or a smaller token
+tile) is the lever for both rows.
+
 Invariants
 ----------
 * ``explain`` is a pure function of the case; every field is validated before any row runs.
