@@ -27,6 +27,12 @@ Layout (under ``--work``, default ``results/oracle_job/``; ``results/`` is git-i
 and the summary (table data, environment) is written to ``--out`` (default
 ``results/oracle_job.json``).
 
+A run past ``--timeout`` kills the job's whole process group, not only its parent: the GPU job's
+worker processes (``python -m oracle run --shard i/N``) would otherwise go on compiling and
+launching into the next run (a cold run that timed out on an H100, 2026-12-07, left two of its
+eight workers running). Its row names the workers that wrote their compile stats
+(``stats_shards``), so the ones missing are the ones that did not finish.
+
 Usage: ``python benchmarks/oracle_job.py [--work DIR] [--cache-dir DIR] [--out FILE]
 [--timeout S] [--runs cold,warm|cold|warm] [-- ORACLE ARGS...]``; ``--runs cold`` then, in a
 later process on the same machine, ``--runs warm`` splits the two over two calls of a device
@@ -39,9 +45,11 @@ at your real cache to measure a warm run only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -91,15 +99,9 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
     cmd = [sys.executable, "-m", "oracle", "--json", str(report)]
     cmd += ["--results", str(work / "oracle-results"), "-q", *oracle_args]
     start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-        rc, log = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, log = "timeout", f"{exc.stdout or ''}{exc.stderr or ''}"
+    rc, log = run_group(cmd, cwd=cwd, env=env, timeout=timeout)
     wall = time.perf_counter() - start
-    (work / f"{name}.log").write_text(log if isinstance(log, str) else log.decode())
+    (work / f"{name}.log").write_text(log)
     summary: dict[str, Any] = {}
     environment: dict[str, Any] = {}
     case_time: dict[str, Any] = {}
@@ -123,7 +125,36 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
         "stray_files": sorted(p.name for p in cwd.iterdir()),
         "case_seconds": case_time,
         **_sum_stats(stats_file),
+        "stats_shards": _stats_shards(stats_file),
     }
+
+
+def run_group(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float):
+    """``(returncode or "timeout", stdout + stderr)`` of ``cmd`` run as the leader of a new
+    process group; past ``timeout`` the whole group is killed (module docstring)."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return "timeout", (out or "") + (err or "")
+
+
+def _stats_shards(path: Path) -> list[str]:
+    """The ``--shard`` labels of the processes that wrote compile stats (they exited)."""
+    labels = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            argv = json.loads(line).get("argv", []) if line.strip() else []
+            if "--shard" in argv[:-1]:
+                labels.append(argv[argv.index("--shard") + 1])
+    return sorted(labels)
 
 
 def case_seconds(checks: list[dict[str, Any]], slowest: int = 8) -> dict[str, Any]:
@@ -257,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(
                 f"{row['run']}: python -m oracle exited {row['rc']} (see {row['run']}.log)"
             )
+        if row["rc"] == "timeout" and row["stats_shards"]:
+            done = ", ".join(row["stats_shards"])
+            notes.append(f"{row['run']}: workers that finished before the kill: {done}")
         if row["stray_files"]:
             notes.append(f"{row['run']}: stray files in the working dir: {row['stray_files'][:5]}")
     for note in notes:

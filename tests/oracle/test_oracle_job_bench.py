@@ -44,3 +44,38 @@ def test_worker_seconds_sums_each_part_once_and_skips_unreadable(tmp_path):
     got = _module().worker_seconds(tmp_path)
     assert got == {"0of2": 7.0, "1of2": 1.5}
     assert _module().worker_seconds(tmp_path / "absent") == {}
+
+
+def test_a_timed_out_job_takes_its_workers_with_it(tmp_path):
+    """Past the timeout the job's whole process group dies: a worker the job started (here a
+    grandchild that would write a file 1.5 s later) cannot run on into the next run. Planted: a
+    kill of the parent alone (``subprocess.run(timeout=)``) leaves the file written."""
+    import os
+    import sys
+    import time
+
+    marker = tmp_path / "worker_ran_on"
+    worker = f"import time; time.sleep(1.5); open({str(marker)!r}, 'w').write('late')"
+    job = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {worker!r}]); print('started', flush=True); "
+        "time.sleep(30)"
+    )
+    cmd = [sys.executable, "-c", job]
+    start = time.perf_counter()
+    rc, log = _module().run_group(cmd, cwd=tmp_path, env=dict(os.environ), timeout=0.8)
+    assert rc == "timeout" and "started" in log
+    assert time.perf_counter() - start < 10
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+def test_the_row_names_the_workers_that_wrote_stats(tmp_path):
+    import json
+
+    stats = tmp_path / "cold.stats.jsonl"
+    lines = [{"argv": ["oracle", "run", "--shard", s], "compiles": 1} for s in ("6/8", "1/8")]
+    lines.append({"argv": ["oracle"], "compiles": 2})  # the parent: no shard
+    stats.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    assert _module()._stats_shards(stats) == ["1/8", "6/8"]
+    assert _module()._stats_shards(tmp_path / "missing.jsonl") == []
