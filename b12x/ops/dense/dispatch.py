@@ -70,12 +70,14 @@ at M = 4096, against measured overheads of 350 us (960.9 - 610.8) and 463 us (30
 2635.6): the extra passes explain 70 % and 86 % of the gap. The launches measured (H100 80GB,
 2026-12-07, ``python benchmarks/profile_launches.py --m 1024,4096 --bits 4 --only dense
 --anchor``, device time under the profiler, us): decode 210.1 / 209.5 (2.80 TB/s of the 587.2
-MB), input rotation 12.4 / 46.8, output rotation 36.1 / 153.5, and the fp16 GEMM 621.8 / 2498.6
-against the bf16 anchor's 594.2 / 2364.6, so the rest of the gap is cuBLAS's fp16 kernel
-running 5 % slower than its bf16 one on the same shape (at M = 4096: 210 + 200 + 134 of 544 us
-over the anchor). The fused alternative on sm_90 (the
-swap-AB mainloop) decodes the weight once per 256-token tile, four times at M = 1024, and was
-slower there (1385.7 against 875.9 us, :mod:`b12x.ops.dense.mainloop`).
+MB), input rotation 12.4 / 46.8, output rotation 36.1 / 153.5, and the GEMM 621.8 / 2498.6
+against the anchor's 594.2 / 2364.6: the rest of the gap is cuBLAS's kernel for this GEMM (fp16,
+the decoded weight ``[K, N]``: ``nvjet_sm90_hsh_*_NNT``) running 5 % slower than the anchor's
+(bf16, ``W[N, K]^T``: ``nvjet_sm90_tst_*_TNT``); whether the dtype or the layout costs it was
+not measured (at M = 4096: 210 + 200 + 134 of the 544 us over the anchor). The fused
+alternative on sm_90 (the swap-AB mainloop) decodes the weight once per 256-token tile, four
+times at M = 1024, and was slower there (1385.7 against 875.9 us,
+:mod:`b12x.ops.dense.mainloop`).
 
 Invariants
 ----------
