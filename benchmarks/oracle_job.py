@@ -31,7 +31,9 @@ A run past ``--timeout`` kills the job's whole process group, not only its paren
 worker processes (``python -m oracle run --shard i/N``) would otherwise go on compiling and
 launching into the next run (a cold run that timed out on an H100, 2026-12-07, left two of its
 eight workers running). Its row names the workers that wrote their compile stats
-(``stats_shards``), so the ones missing are the ones that did not finish.
+(``stats_shards``), so the ones missing are the ones that did not finish, and a run that wrote no
+report sums the checks of the worker parts written during it (``partial``, :func:`partial_parts`),
+so a failure in a finished worker shows even when the job as a whole ran out of time.
 
 Usage: ``python benchmarks/oracle_job.py [--work DIR] [--cache-dir DIR] [--out FILE]
 [--timeout S] [--runs cold,warm|cold|warm] [-- ORACLE ARGS...]``; ``--runs cold`` then, in a
@@ -53,6 +55,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,7 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
     cmd = [sys.executable, "-m", "oracle", "--json", str(report)]
     cmd += ["--results", str(work / "oracle-results"), "-q", *oracle_args]
     start = time.perf_counter()
+    started = time.time()
     rc, log = run_group(cmd, cwd=cwd, env=env, timeout=timeout)
     wall = time.perf_counter() - start
     (work / f"{name}.log").write_text(log)
@@ -126,6 +130,10 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
         "case_seconds": case_time,
         **_sum_stats(stats_file),
         "stats_shards": _stats_shards(stats_file),
+        # no report (a timeout or a crash): what the workers that finished wrote, this run only
+        "partial": None
+        if report.is_file()
+        else partial_parts(work / "oracle-results" / "workers", since=started),
     }
 
 
@@ -175,6 +183,31 @@ def case_seconds(checks: list[dict[str, Any]], slowest: int = 8) -> dict[str, An
         per_op[op] = round(per_op.get(op, 0.0) + wall, 2)
     top = sorted(walls.items(), key=lambda item: -item[1])[:slowest]
     return {"per_op_s": per_op, "slowest": [[key, round(w, 3)] for key, w in top]}
+
+
+def partial_parts(parts_dir: Path, *, since: float) -> dict[str, Any] | None:
+    """The checks of the worker parts (``part_<tag>.json``) written at or after ``since`` (epoch
+    seconds), summed by status with the first failing names; ``None`` when there is none. A job
+    killed at its timeout writes no report, but the workers that finished wrote theirs: a
+    failure among them must show, and a part older than the run (a warm run reuses the cold
+    run's results directory) must not pass for this run's."""
+    tags, counts, failed = [], Counter(), []
+    for part in sorted(parts_dir.glob("part_*.json")):
+        try:
+            if part.stat().st_mtime < since:
+                continue
+            checks = json.loads(part.read_text()).get("checks", [])
+        except (OSError, ValueError):
+            continue
+        tags.append(part.stem.removeprefix("part_"))
+        for check in checks:
+            counts[check.get("status")] += 1
+            if check.get("status") == "fail":
+                failed.append(check.get("name"))
+    if not tags:
+        return None
+    return {"parts": tags, **{k: counts[k] for k in ("pass", "fail", "skip")},
+            "failed": failed[:5]}  # fmt: skip
 
 
 def worker_seconds(parts_dir: Path) -> dict[str, float]:
@@ -287,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         if row["rc"] not in (0, 1):
             notes.append(
                 f"{row['run']}: python -m oracle exited {row['rc']} (see {row['run']}.log)"
+            )
+        if row["partial"]:
+            part = row["partial"]
+            notes.append(
+                f"{row['run']}: no report; {len(part['parts'])} worker part(s) written this run: "
+                f"{part['pass']} pass / {part['fail']} fail / {part['skip']} skip"
+                + (f", failing: {part['failed']}" if part["fail"] else "")
             )
         if row["rc"] == "timeout" and row["stats_shards"]:
             done = ", ".join(row["stats_shards"])

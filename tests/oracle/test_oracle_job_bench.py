@@ -79,3 +79,32 @@ def test_the_row_names_the_workers_that_wrote_stats(tmp_path):
     stats.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     assert _module()._stats_shards(stats) == ["1/8", "6/8"]
     assert _module()._stats_shards(tmp_path / "missing.jsonl") == []
+
+
+def test_a_job_without_report_shows_its_finished_workers_checks(tmp_path):
+    """A job killed at its timeout writes no report; the parts its finished workers wrote are
+    summed (a failure among them named), and a part from before the run is not counted.
+    Planted: without the age check the stale part's failure is counted and the test fails."""
+    import json
+    import os
+    import time
+
+    def part(tag, statuses, age_s=0.0):
+        path = tmp_path / f"part_{tag}.json"
+        checks = [{"name": f"gpu.dense.{tag}.{i}", "tier": "gpu", "status": s}
+                  for i, s in enumerate(statuses)]  # fmt: skip
+        path.write_text(json.dumps({"checks": checks}))
+        if age_s:
+            past = time.time() - age_s
+            os.utime(path, (past, past))
+
+    part("0", ["fail"], age_s=3600)  # the cold run's, left for the warm run
+    since = time.time() - 1
+    part("1", ["pass", "pass", "skip"])
+    part("2", ["pass", "fail"])
+    (tmp_path / "part_3.json").write_text("{not json")
+    got = _module().partial_parts(tmp_path, since=since)
+    assert got == {"parts": ["1", "2"], "pass": 3, "fail": 1, "skip": 1,
+                   "failed": ["gpu.dense.2.1"]}  # fmt: skip
+    assert _module().partial_parts(tmp_path, since=time.time() + 60) is None
+    assert _module().partial_parts(tmp_path / "absent", since=since) is None
