@@ -70,9 +70,11 @@ def _empty(path: Path) -> None:
 
 
 def _sum_stats(path: Path) -> dict[str, Any]:
-    """Sum the per-process lines of a ``B12X_COMPILE_STATS`` file."""
+    """Sum the per-process lines of a ``B12X_COMPILE_STATS`` file; ``stats_shards`` are the
+    ``--shard`` labels of the worker processes among them (those that exited)."""
     total: dict[str, Any] = {name: 0 for name in STAT_SUMS}
     total["processes"] = 0
+    shards = []
     if path.is_file():
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -81,6 +83,10 @@ def _sum_stats(path: Path) -> dict[str, Any]:
             total["processes"] += 1
             for name in STAT_SUMS:
                 total[name] += record.get(name, 0)
+            argv = record.get("argv", [])
+            if "--shard" in argv[:-1]:
+                shards.append(argv[argv.index("--shard") + 1])
+    total["stats_shards"] = sorted(shards)
     for name in STAT_SUMS:
         if name.endswith("_s"):
             total[name] = round(total[name], 2)
@@ -129,7 +135,6 @@ def run_job(name: str, work: Path, cache_dir: Path, oracle_args: list[str], time
         "stray_files": sorted(p.name for p in cwd.iterdir()),
         "case_seconds": case_time,
         **_sum_stats(stats_file),
-        "stats_shards": _stats_shards(stats_file),
         # no report (a timeout or a crash): what the workers that finished wrote, this run only
         "partial": None
         if report.is_file()
@@ -152,17 +157,6 @@ def run_group(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float)
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return "timeout", (out or "") + (err or "")
-
-
-def _stats_shards(path: Path) -> list[str]:
-    """The ``--shard`` labels of the processes that wrote compile stats (they exited)."""
-    labels = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            argv = json.loads(line).get("argv", []) if line.strip() else []
-            if "--shard" in argv[:-1]:
-                labels.append(argv[argv.index("--shard") + 1])
-    return sorted(labels)
 
 
 def case_seconds(checks: list[dict[str, Any]], slowest: int = 8) -> dict[str, Any]:
@@ -192,14 +186,8 @@ def partial_parts(parts_dir: Path, *, since: float) -> dict[str, Any] | None:
     failure among them must show, and a part older than the run (a warm run reuses the cold
     run's results directory) must not pass for this run's."""
     tags, counts, failed = [], Counter(), []
-    for part in sorted(parts_dir.glob("part_*.json")):
-        try:
-            if part.stat().st_mtime < since:
-                continue
-            checks = json.loads(part.read_text()).get("checks", [])
-        except (OSError, ValueError):
-            continue
-        tags.append(part.stem.removeprefix("part_"))
+    for tag, checks in _parts(parts_dir, since=since):
+        tags.append(tag)
         for check in checks:
             counts[check.get("status")] += 1
             if check.get("status") == "fail":
@@ -214,14 +202,22 @@ def worker_seconds(parts_dir: Path) -> dict[str, float]:
     """Summed case wall per worker process (``part_<tag>.json`` of a one-GPU job's workers):
     how evenly the shard plan spread the grid. Empty when the job ran in one process."""
     out: dict[str, float] = {}
+    for tag, checks in _parts(parts_dir):
+        out[tag] = round(sum(case_seconds(checks)["per_op_s"].values()), 2)
+    return out
+
+
+def _parts(parts_dir: Path, *, since: float | None = None):
+    """``(tag, checks)`` of each readable ``part_<tag>.json`` under ``parts_dir``, by name; with
+    ``since`` (epoch seconds) only those written at or after it."""
     for part in sorted(parts_dir.glob("part_*.json")):
         try:
+            if since is not None and part.stat().st_mtime < since:
+                continue
             checks = json.loads(part.read_text()).get("checks", [])
         except (OSError, ValueError):
             continue
-        per_op = case_seconds(checks)["per_op_s"]
-        out[part.stem.removeprefix("part_")] = round(sum(per_op.values()), 2)
-    return out
+        yield part.stem.removeprefix("part_"), checks
 
 
 def _table(rows: list[dict[str, Any]], gpu: bool) -> str:

@@ -2,7 +2,8 @@
 
 Layout
 ------
-*Plan* (pure and deterministic; no CUDA, no randomness, no dict-order dependence):
+*Plan* (pure and deterministic; no randomness, no dict-order dependence; CUDA only to read the
+limits of the ``device`` a shard plans on):
 
 * :func:`kernel_group` maps a case to the kernel specialisation it compiles first (decode kernel
   per codebook/K; the large-M decode-then-GEMM path groups with the decode kernel). Given the
@@ -167,15 +168,13 @@ def kernel_group(case: Any, device: Any = None) -> str:
     v = case.variant
     if v.op == "decode":
         return f"decode/{v.codebook}/k{v.bits}"
-    if v.op == "dense" and v.pair_kind is None and v.tier_layout is None and device is not None:
-        from oracle.runners.dense import planned_product_spec
-
-        spec = planned_product_spec(case, device)
-        if spec is not None and spec.kind == "decode":
-            return f"decode/{v.codebook}/k{v.bits}"
-        if spec is not None:
-            return f"{spec.kind}/{_spec_fields(spec)}"
     if v.op == "dense" and v.pair_kind is None and v.tier_layout is None:
+        if device is not None:
+            from oracle.runners.dense import planned_product_spec
+
+            spec = planned_product_spec(case, device)
+            if spec is not None:  # its repr names every field, the format by name
+                return f"decode/{v.codebook}/k{v.bits}" if spec.kind == "decode" else repr(spec)
         from b12x.launch.host import choose_tiles
         from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
 
@@ -184,15 +183,6 @@ def kernel_group(case: Any, device: Any = None) -> str:
         m_tiles, n_tiles = choose_tiles(case.m, case.n)
         return f"gemm/{v.codebook}/k{v.bits}/{v.compute_dtype}/{m_tiles}x{n_tiles}"
     return f"variant/{v.name}"
-
-
-def _spec_fields(spec: Any) -> str:
-    """``name=value`` of every field of a spec dataclass, a format by its name: the same text in
-    every process (no object address)."""
-    return ",".join(
-        f"{f.name}={getattr(getattr(spec, f.name), 'name', getattr(spec, f.name))}"
-        for f in dataclasses.fields(spec)
-    )
 
 
 def estimate_cost(case: Any) -> float:

@@ -77,8 +77,10 @@ def test_the_row_names_the_workers_that_wrote_stats(tmp_path):
     lines = [{"argv": ["oracle", "run", "--shard", s], "compiles": 1} for s in ("6/8", "1/8")]
     lines.append({"argv": ["oracle"], "compiles": 2})  # the parent: no shard
     stats.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    assert _module()._stats_shards(stats) == ["1/8", "6/8"]
-    assert _module()._stats_shards(tmp_path / "missing.jsonl") == []
+    got = _module()._sum_stats(stats)
+    assert got["stats_shards"] == ["1/8", "6/8"] and got["processes"] == 3
+    assert got["compiles"] == 4
+    assert _module()._sum_stats(tmp_path / "missing.jsonl")["stats_shards"] == []
 
 
 def test_a_job_without_report_shows_its_finished_workers_checks(tmp_path):
