@@ -6,7 +6,8 @@ Layout
 * :mod:`b12x.kernels.trellis_decode` — window extraction, per-codebook decoders, decode kernel.
 * :mod:`b12x.kernels.mainloop` — the device primitives the three GEMMs compose.
 * :mod:`b12x.kernels.dense_gemm` — the decode-and-accumulate mainloop (a shared body), the GEMM
-  kernel (mma.sync m16n8k16, fp32 accumulation, split-K partials) and the split-K reduction.
+  kernel (mma.sync m16n8k16, fp32 accumulation, split-K partials);
+  :mod:`b12x.kernels.split_k_reduce` — the split-K reduction (the ordered fp32 sum).
 * :mod:`b12x.kernels.hadamard` — the input/output H128 rotation kernels.
 * :mod:`b12x.kernels.moe_gemm`, :mod:`b12x.kernels.moe_pair_gemm` — the grouped and the QSRT
   pair MoE GEMM (and ``MoeGemmSpec``); :mod:`b12x.kernels.moe_boundary` — the MoE step's rotate

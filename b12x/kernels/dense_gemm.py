@@ -6,7 +6,7 @@ Layout
   ``int32[M, K/2]`` (two elements per word). ``payload``: ``int32[K/16, N/16, 8b]`` (the int16
   trellis viewed as int32; ring words, spec §1.2). Output: either the compute dtype ``[M, N]``
   viewed as ``int32[M, N/2]`` (no split-K) or fp32 partials ``[S, M, N]`` (split-K), summed by
-  :class:`SplitKReduceKernel` in split order (deterministic).
+  :class:`b12x.kernels.split_k_reduce.SplitKReduceKernel` in split order (deterministic).
 * **Work split.** A CTA has ``warps`` warps; warp w of CTA (x, y, z) owns N16 tiles
   ``(x·warps + w)·n_tiles + [0, n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows
   ``[z·kps, min((z+1)·kps, K/16))`` (``kps`` = K16 rows per split, a runtime argument).
@@ -83,7 +83,7 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Int32, Int64, Uint32
 
 from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
@@ -122,7 +122,6 @@ from b12x.kernels.wgmma_swap import SwapAbMainloop
 
 __all__ = [
     "DenseTrellisGemmKernel",
-    "SplitKReduceKernel",
     "decode_and_accumulate",
     "SMEM_STAGES",
     "SMEM_LIMIT",
@@ -747,60 +746,3 @@ class _SmemRing:
     a_row_bytes: object
     pay_base: object
     first: object
-
-
-#: Splits whose partials one reduce thread loads before it adds any of them.
-REDUCE_BATCH = 8
-
-
-class SplitKReduceKernel:
-    """``out[m, n] = Σ_s partials[s, m, n]`` in split order, rounded to the compute dtype.
-
-    ``partials``: fp32 ``[S, M, N]``; ``out``: compute dtype ``[M, N]`` viewed as int32
-    ``[M, N/2]``. One thread per output pair. The partials were just written by the GEMM and
-    mostly sit in L2, so the kernel is bound by load latency: a thread issues the loads of
-    :data:`REDUCE_BATCH` splits before the first of their adds (``ceil(S / 8)`` round trips, not
-    one per split or two), and the adds stay in split order (the sum is the ordered fp32 sum
-    ``tests/b12x/test_split_reduce_gpu.py`` checks bit for bit).
-    """
-
-    def __init__(self, *, bf16: bool, threads: int = 256):
-        self.bf16 = bf16
-        self.threads = threads
-
-    @abi_entry
-    @cute.jit
-    def __call__(self, partials: cute.Tensor, out: cute.Tensor, stream):
-        pairs = out.shape[0] * out.shape[1]
-        grid = (pairs + self.threads - 1) // self.threads
-        self.kernel(partials, out).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, **launch_options()
-        )
-
-    @cute.kernel
-    def kernel(self, partials: cute.Tensor, out: cute.Tensor):
-        await_upstream()
-        idx = cute.arch.block_idx()[0] * self.threads + cute.arch.thread_idx()[0]
-        half_n = out.shape[1]
-        if idx < out.shape[0] * half_n:
-            row = idx // half_n
-            pair = idx - row * half_n
-            splits = partials.shape[0]
-            lo = Float32(0.0)
-            hi = Float32(0.0)
-            for first in range(0, splits, REDUCE_BATCH):
-                # Loads first: the batch's loads are all in flight before its first add (a split
-                # past the end reloads the last one, never read past the buffer), then the adds
-                # in split order, a split past the end skipped: the same sum, bit for bit.
-                batch = []
-                for j in cutlass.range_constexpr(REDUCE_BATCH):
-                    s = cutlass.min(first + j, splits - 1)
-                    batch.append((partials[s, row, 2 * pair], partials[s, row, 2 * pair + 1]))
-                for j in cutlass.range_constexpr(REDUCE_BATCH):
-                    if first + j < splits:
-                        lo = lo + batch[j][0]
-                        hi = hi + batch[j][1]
-            if cutlass.const_expr(self.bf16):
-                out[row, pair] = Int32(ptx.f32x2_to_bfloat2(lo, hi))
-            else:
-                out[row, pair] = Int32(ptx.f32x2_to_half2(lo, hi))

@@ -126,7 +126,7 @@ _REGISTRY = (
     _dense("decode", "b12x.kernels.trellis_decode.TrellisDecodeKernel"),
     _dense("gemm", "b12x.kernels.dense_gemm.DenseTrellisGemmKernel"),
     _dense("gemm_stream_k", "b12x.kernels.stream_k.DenseStreamKGemmKernel"),
-    _dense("reduce", "b12x.kernels.dense_gemm.SplitKReduceKernel"),
+    _dense("reduce", "b12x.kernels.split_k_reduce.SplitKReduceKernel"),
     _dense("rotate_in", "b12x.kernels.hadamard.InputRotationKernel"),
     _dense("rotate_out", "b12x.kernels.hadamard.OutputRotationKernel"),
     KernelKind(

@@ -172,9 +172,9 @@ class StreamKGemmLaunch(LaunchRecord):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class ReduceLaunch(LaunchRecord):
-    """:class:`b12x.kernels.dense_gemm.SplitKReduceKernel`."""
+    """:class:`b12x.kernels.split_k_reduce.SplitKReduceKernel`."""
 
-    entry: ClassVar[str] = "b12x.kernels.dense_gemm.SplitKReduceKernel"
+    entry: ClassVar[str] = "b12x.kernels.split_k_reduce.SplitKReduceKernel"
     partials: torch.Tensor
     out: torch.Tensor
 

@@ -196,7 +196,7 @@ def build_kernel(spec: KernelSpec):
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":
-        from b12x.kernels.dense_gemm import SplitKReduceKernel
+        from b12x.kernels.split_k_reduce import SplitKReduceKernel
 
         m = cute.sym_int()
         partials = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=2)))

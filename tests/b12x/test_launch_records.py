@@ -351,6 +351,7 @@ def test_check_records_covers_every_compiled_kernel_class():
     assert {e.rpartition(".")[0] for e in entries} == {
         "b12x.kernels.trellis_decode",
         "b12x.kernels.dense_gemm",
+        "b12x.kernels.split_k_reduce",
         "b12x.kernels.stream_k",
         "b12x.kernels.hadamard",
         "b12x.kernels.moe_gemm",

@@ -1,6 +1,6 @@
 """GPU: the split-K reduce kernel sums the fp32 partials in split order, bit for bit.
 
-:class:`b12x.kernels.dense_gemm.SplitKReduceKernel` must return ``((0 + p_0) + p_1) + … +
+:class:`b12x.kernels.split_k_reduce.SplitKReduceKernel` must return ``((0 + p_0) + p_1) + … +
 p_{S-1}`` in fp32, rounded once to the compute dtype: the order every split-K consumer and the
 determinism claims rely on. The envelope tests cannot see the order (any order is as accurate)
 and the one-hot split tests cannot either (one non-zero partial per output), so this test draws
