@@ -20,9 +20,11 @@ import pytest
 import torch
 
 from b12x import support
+from b12x.formats import FORMATS
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import mainloop as L
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
+from b12x.ops.dense.tiles import tensor_core_takes_decoder
 from oracle import dispatch as O
 from oracle.tiles import SimulatedDevice
 
@@ -234,7 +236,8 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     rows = {plans[id(c)].mainloop_reasons[-1] for c in tensor}
     assert rows == {"tensor_core_deep: selected", "tensor_swap: selected"}, rows
     assert len(tensor) >= 40, len(tensor)
-    assert {c.variant.codebook for c in tensor} == {"mcg", "3inst", "mul1", "sqg_e4m3", "sqg_fp16"}
+    # every codebook family whose decoder runs them spill-free (D3L, sqg_fp16, does not: below)
+    assert {c.variant.codebook for c in tensor} == {"mcg", "3inst", "mul1", "sqg_e4m3"}
     assert {c.variant.compute_dtype for c in tensor} == {"fp16", "bf16"}
     assert {c.variant.bits for c in tensor} == set(range(1, 9))
     assert {33 <= c.m <= 256 for c in tensor} == {True}
@@ -272,3 +275,56 @@ def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels):
     pair = plan_dense(device=H200, m=256, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
     assert pair.stream_k and pair.cluster == 2  # 4 pair tiles x 32 units over 66 CTA pairs
     assert {b.name: b.shape for b in pair.buffers}["stream_k_flags"] == (132,)
+
+
+def test_a_decoder_that_spills_in_the_tensor_core_mainloops_keeps_the_shared_decode():
+    """D3L (sqg_fp16, tile hint 2) spills 48-1152 B in every sm_90 tensor-core geometry (the
+    slow test below; b12x.ops.dense.tiles.TENSOR_CORE_MIN_TILE_CAP): on the H200 its plans at
+    M 33..128 take the spill-free mma.sync wide geometry and M >= 129 decode + cuBLAS (the sm_80
+    threshold), while MCG at the same shapes keeps the wgmma rows. Planted: without the tensor
+    rows' tile-hint condition sqg_fp16 plans wgmma here and this fails."""
+    f16 = torch.float16
+    for m in (33, 64, 65, 128):
+        d3l = plan_dense(device=H200, m=m, k=8192, n=28672, bits=6, codebook="sqg_fp16",
+                         x_dtype=f16)  # fmt: skip
+        mcg = plan_dense(device=H200, m=m, k=8192, n=28672, bits=6, codebook="mcg", x_dtype=f16)
+        assert mcg.wgmma and mcg.stream_k, m
+        assert (d3l.path, d3l.wgmma, d3l.stream_k) == ("generic", False, False), m
+        assert (d3l.m_tiles, d3l.n_tiles, d3l.warps, d3l.m_warps) == (2, 1, 8, 4), m  # WIDE
+        assert d3l.mainloop_reasons[-1] == "shared_wide: selected", d3l.mainloop_reasons
+    for m in (129, 256):
+        assert plan_dense(device=H200, m=m, k=8192, n=28672, bits=5, codebook="sqg_fp16",
+                          x_dtype=f16).path == "decode_matmul"  # fmt: skip
+        assert plan_dense(device=H200, m=m, k=8192, n=28672, bits=5, codebook="mcg",
+                          x_dtype=f16).path == "generic"  # fmt: skip
+
+
+def _tensor_core_spec(geometry, codebook: str, bits: int, bf16: bool) -> KernelSpec:
+    g = L.slots_for(bits, geometry)
+    return KernelSpec(
+        "gemm_stream_k" if g.stream_k else "gemm", codebook, bits, bf16=bf16, m_tiles=g.m_tiles,
+        n_tiles=g.n_tiles, warps=g.warps, write_partials=g.split_k > 1, m_warps=g.m_warps,
+        shared_rows=g.shared_rows, smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
+        cluster=g.cluster,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codebook", sorted(FORMATS))
+def test_every_tensor_core_decoder_compiles_spill_free(codebook, request):
+    """The tile-hint rule's evidence, per codebook (about 3 minutes each on 2 cores): a decoder
+    the tensor-core rows take compiles spill-free in all three geometries at every legal rate
+    and both compute dtypes; one they refuse spills in each (so the rule is still needed) and
+    its fallback, the mma.sync wide geometry, compiles spill-free."""
+    if "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("the tensor-core decoder sweep runs only when selected with -m slow")
+    fmt = FORMATS[codebook]
+    takes = tensor_core_takes_decoder(fmt.wide_tile_cap)
+    for bits, bf16 in itertools.product(fmt.legal_bits, (True, False)):
+        for geometry in (L.TENSOR_DEEP, L.SWAP_WIDE, L.SWAP_TALL):
+            spec = _tensor_core_spec(geometry, codebook, bits, bf16)
+            spill = support.compile_specialization(spec, "sm_90").spill_bytes
+            assert (spill == 0) == takes, (spec, spill)
+        if not takes:
+            spec = _tensor_core_spec(L.WIDE, codebook, bits, bf16)
+            assert support.compile_specialization(spec, "sm_90").spill_bytes == 0, spec

@@ -208,7 +208,8 @@ def test_buffer_contract_rules_hold_on_every_plan(
         assert ("gemm_output_f16" in names) == (compute_dtype == BF16 and external)
         assert ("c_tmp" in names) == (plan.path == "generic" and plan.split_k > 1)
         decoded = {"weight_f16", "weight_compute"} & names
-        threshold = 257 if device.capability == (9, 0) else 129  # sm_90: swap-AB up to 256
+        # sm_90: swap-AB up to 256, for every decoder but D3L (it spills in the tensor-core loops)
+        threshold = 257 if device.capability == (9, 0) and codebook != "sqg_fp16" else 129
         assert bool(decoded) == (plan.path == "decode_matmul") == (m >= threshold)
         assert decoded <= {"weight_compute" if compute_dtype == BF16 else "weight_f16"}
 

@@ -506,6 +506,8 @@ def _mainloop_valid(arg, key, v, base):
         return isinstance(v, bool)
     if arg == "capability":
         return _case_valid(arg, key, v, base)
+    if arg == "wide_tile_cap":  # a decoder's tile hint: one of the registry's values
+        return _isint(v) and v in (2, 4)
     return _pos(v)
 
 

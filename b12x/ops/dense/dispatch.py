@@ -17,8 +17,9 @@ Layout
      explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
   2. ``decode_matmul`` — decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM:
      M ≥ :data:`DECODE_MATMUL_MIN_M` (129; on sm_90 M ≥ :data:`HOPPER_DECODE_MATMUL_MIN_M`,
-     257), sm_80+, unpaired, no explicit tile. (Its M range and the K6 row's, M ≤ 128, are
-     disjoint.)
+     257, for a decoder that runs the tensor-core mainloops: D3L, which spills in them, keeps
+     129, :func:`decode_matmul_min_m`), sm_80+, unpaired, no explicit tile. (Its M range and
+     the K6 row's, M ≤ 128, are disjoint.)
   3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
   Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
   every row's reason (fail closed).
@@ -27,7 +28,8 @@ Layout
   ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
 * :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
   K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
-  explicit pin, M 128/129 for decode_matmul off the K6 row). :data:`TABLE`
+  explicit pin, M 128/129 for decode_matmul off the K6 row, on sm_90 256/257, and 128/129 for
+  sqg_fp16 there). :data:`TABLE`
   (a :class:`~b12x.ops.tables.DecisionTable`) bundles ``name``, ``paths``, ``boundaries`` and
   ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields);
   it reads :data:`ROWS` at every call.
@@ -132,13 +134,23 @@ DECODE_MATMUL_MIN_M = 129
 HOPPER_DECODE_MATMUL_MIN_M = 257
 
 
-def decode_matmul_min_m(capability: tuple[int, int]) -> int:
-    """The decode_matmul row's threshold on a device of ``capability``:
-    :data:`HOPPER_DECODE_MATMUL_MIN_M` on the ``wgmma`` part (sm_90),
-    :data:`DECODE_MATMUL_MIN_M` elsewhere."""
-    if capability == WGMMA_CAPABILITY:
+def decode_matmul_min_m(
+    capability: tuple[int, int], wide_tile_cap: int = dense_tiles.WIDE_TILE_CAP
+) -> int:
+    """The decode_matmul row's threshold on a device of ``capability`` for a decoder with tile
+    hint ``wide_tile_cap`` (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`):
+    :data:`HOPPER_DECODE_MATMUL_MIN_M` on the ``wgmma`` part (sm_90) where the decoder runs its
+    tensor-core mainloops (:func:`b12x.ops.dense.tiles.tensor_core_takes_decoder`; D3L spills in
+    them, so its M 129..256 would fall to the mma.sync shared decode, which decode + cuBLAS
+    beats), :data:`DECODE_MATMUL_MIN_M` otherwise."""
+    if capability == WGMMA_CAPABILITY and dense_tiles.tensor_core_takes_decoder(wide_tile_cap):
         return HOPPER_DECODE_MATMUL_MIN_M
     return DECODE_MATMUL_MIN_M
+
+
+def _case_min_m(c: Mapping[str, Any]) -> int:
+    """:func:`decode_matmul_min_m` of a dispatch case (its capability and codebook)."""
+    return decode_matmul_min_m(c["capability"], resolve_format(c["codebook"]).wide_tile_cap)
 
 
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp16/bf16 operands
@@ -282,8 +294,8 @@ DECODE_MATMUL_ROW = Row(
         _SM80,
         _cond(
             "m>=decode_matmul_min_m",
-            lambda c: c["m"] >= decode_matmul_min_m(c["capability"]),
-            lambda c: f"m={c['m']} < {decode_matmul_min_m(c['capability'])}",
+            lambda c: c["m"] >= _case_min_m(c),
+            lambda c: f"m={c['m']} < {_case_min_m(c)}",
         ),
         _UNPAIRED,
         _NO_PIN,
@@ -368,6 +380,16 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "m",
         256,
         257,
+        "generic",
+        "decode_matmul",
+    ),
+    # D3L spills in the sm_90 tensor-core mainloops (b12x.ops.dense.tiles), so sm_90 keeps 129
+    Boundary(
+        "decode_matmul_min_M_sm90_d3l",
+        _k6(capability=(9, 0), codebook="sqg_fp16", bits=6),
+        "m",
+        128,
+        129,
         "generic",
         "decode_matmul",
     ),

@@ -20,10 +20,14 @@ Layout
   4. ``n_not_128`` — N % 128 != 0: both shared geometries cover 128 columns per CTA: ``None``.
   5. ``shared_thin`` — M <= :data:`THIN_MAX_M` (32): :data:`THIN` (4 warps, 32 rows, 128
      columns per CTA), split 4.
-  6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0 and M <= :data:`DEEP_MAX_M` (64):
+  6. ``tensor_core_deep`` — capability (9, 0), N % 256 == 0, a decoder whose tile hint
+     ``wide_tile_cap`` is at least :data:`~b12x.ops.dense.tiles.TENSOR_CORE_MIN_TILE_CAP` (4:
+     D3L, sqg_fp16, spills 48-1152 B in all three tensor-core geometries and takes
+     ``shared_wide``) and M <= :data:`DEEP_MAX_M` (64):
      :data:`TENSOR_DEEP`, the tensor-core CTA below with 4 K16 rows per step (slots 4 x 4), on
      the stream-K schedule.
-  7. ``tensor_swap`` — capability (9, 0), N % 256 == 0 (so M >= 65, past the deep row, up to
+  7. ``tensor_swap`` — capability (9, 0), N % 256 == 0, the same decoder hint (so M >= 65,
+     past the deep row, up to
      the dispatch table's sm_90 threshold,
      :data:`b12x.ops.dense.dispatch.HOPPER_DECODE_MATMUL_MIN_M`): the swap-AB mainloop
      (:mod:`b12x.kernels.wgmma_swap`: every warp decodes its weights into the ``wgmma`` A
@@ -40,7 +44,8 @@ Layout
   :data:`SLOT_CHOICES` whose layout fits :data:`~b12x.kernels.shared_layout.SMEM_LIMIT` at the
   case's bits (2 x 3 up to K5, 1 x 4 from K6): :func:`slots_for`.
 * :data:`BOUNDARIES` put both sides of every threshold (M 16/17, 32/33 and 64/65, N
-  128-multiple, pinned, path) as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
+  128-multiple, pinned, path, the decoder's tile hint 4/2) as data; :data:`TABLE` bundles it
+  all for :mod:`oracle.dispatch`.
 
 What bounds ``small_m`` (the issue table's M = 1 row): decode instruction issue. The planned
 per-warp loop (1 M16 block x 2 N16 tiles per warp, fp16 compute) costs, per decoded weight,
@@ -232,6 +237,12 @@ from typing import Any
 from b12x.kernels.shared_layout import SLOT_CHOICES, WGMMA_CAPABILITY, fitting_slots
 from b12x.ops import tables
 from b12x.ops.dense.dispatch import PATH_NAMES, check_capability
+from b12x.ops.dense.tiles import (
+    TENSOR_CORE_MIN_TILE_CAP,
+    WIDE_TILE_CAP,
+    WIDE_TILE_CAPS,
+    tensor_core_takes_decoder,
+)
 from b12x.ops.tables import Boundary, Condition, DecisionTable, Explanation, Row
 from b12x.runtime.validate import check_bool, check_choice, check_positive_int
 
@@ -368,6 +379,12 @@ SCHEMA = tables.Schema(
         tables.Field("bits", tables.int_choice(tuple(range(1, 9))), 4),
         tables.Field("pinned", check_bool, False, "an explicit tile was given"),
         tables.Field("capability", check_capability, (9, 0), "(major, minor) of the device"),
+        tables.Field(
+            "wide_tile_cap",
+            tables.int_choice(WIDE_TILE_CAPS),
+            WIDE_TILE_CAP,
+            "the decoder's tile hint (b12x.formats.DecodeFormat.wide_tile_cap)",
+        ),
     ),
     unknown=tables.UNKNOWN_SORTED,
 )
@@ -389,6 +406,14 @@ _N_256 = Condition(
     "n%256==0",
     lambda c: c["n"] % TENSOR_CTA_N == 0,
     lambda c: f"n={c['n']} is not a multiple of {TENSOR_CTA_N}",
+)
+_TENSOR_DECODER = Condition(
+    "wide_tile_cap>=4",
+    lambda c: tensor_core_takes_decoder(c["wide_tile_cap"]),
+    lambda c: (
+        f"wide_tile_cap={c['wide_tile_cap']} < {TENSOR_CORE_MIN_TILE_CAP}: the decoder "
+        "spills in the tensor-core mainloops"
+    ),
 )
 _N_128 = Condition(
     "n%128==0", lambda c: c["n"] % CTA_N == 0, lambda c: f"n={c['n']} is not a multiple of 128"
@@ -447,6 +472,7 @@ ROWS: tuple[Row, ...] = (
             _SHARED_M,
             _HOPPER,
             _N_256,
+            _TENSOR_DECODER,
             Condition(
                 "m<=64", lambda c: c["m"] <= DEEP_MAX_M, lambda c: f"m={c['m']} > {DEEP_MAX_M}"
             ),
@@ -456,7 +482,7 @@ ROWS: tuple[Row, ...] = (
     _row(
         "tensor_swap",
         "sm_90, M >= 65: swap-AB, weights decoded into the wgmma A registers, stream-K",
-        (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256),
+        (_GENERIC, _NOT_PINNED, _SHARED_M, _HOPPER, _N_256, _TENSOR_DECODER),
         lambda c: swap_geometry(c["m"]),
     ),
     _row(
@@ -495,6 +521,10 @@ BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("n_256_large_m", _case(m=128), "n", 28672, 28800, "tensor_swap", "shared_wide"),
     Boundary("n_128", _case(capability=(8, 0)), "n", 28672, 28736, "shared_wide",
              "n_not_128"),
+    Boundary("tensor_decoder", _case(), "wide_tile_cap", 4, 2, "tensor_core_deep",
+             "shared_wide"),
+    Boundary("tensor_decoder_large_m", _case(m=128), "wide_tile_cap", 4, 2, "tensor_swap",
+             "shared_wide"),
 )  # fmt: skip
 
 

@@ -495,6 +495,7 @@ def plan_dense(
             "bits": bits,
             "pinned": pinned is not None,
             "capability": limits.capability,
+            "wide_tile_cap": problem.fmt.wide_tile_cap,
         }
     )
     shared = loop.value  # a SharedDecode, or None: the per-warp decode

@@ -88,6 +88,10 @@ __all__ = [
     "specializations",
     "wave_fc2_fits",
     "wave_fc2_takes_decoder",
+    "tensor_core_takes_decoder",
+    "TENSOR_CORE_MIN_TILE_CAP",
+    "WIDE_TILE_CAP",
+    "WIDE_TILE_CAPS",
     "WAVE_BALANCED_FC2_DEPTH",
 ]
 
@@ -344,6 +348,31 @@ def wave_fc2_takes_decoder(wide_tile_cap: int) -> bool:
     can take the wave-balanced FC2 tile's N16 tiles per warp: D3L's cap 2 spilled 400-700 B
     there (the ``decoder_takes_four_tiles`` condition of ``b12x.ops.moe.fc2_tile.FC2_TILE``)."""
     return wide_tile_cap >= kernel_geometry(WAVE_BALANCED_FC2)[1]
+
+
+#: Tile hints a decoder may carry (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`): the most N16
+#: tiles per warp of a four-block grouped-GEMM CTA. The D3L decoder carries 2 (4 × 4 spills 440 B
+#: on sm_90); the MoE geometry tables (:mod:`b12x.ops.moe.geometry`) and the dense mainloop table
+#: read them.
+WIDE_TILE_CAPS = (2, 4)
+#: The cap of a decoder without a hint (four tiles whenever N allows).
+WIDE_TILE_CAP = 4
+#: The least tile hint (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`) a decoder needs for the
+#: sm_90 tensor-core mainloops of the dense GEMM (``b12x.ops.dense.mainloop``: ``TENSOR_DEEP``,
+#: ``SWAP_WIDE``, ``SWAP_TALL``), which run one 8-warp CTA per SM at 250-255 registers with 128 fp32
+#: accumulators per thread. D3L (sqg_fp16, cap 2) spills in every one of them at K5 and K6, at
+#: every ptxas level tried (CPU compile, sm_90a, 2026-12-07, bf16 / fp16 compute: 460-468 / 340 B
+#: deep, 48-72 / 88-136 B swap-wide, 1136-1152 / 1104-1112 B swap-tall); every other decoder
+#: compiles spill-free in all three at every legal rate
+#: (``tests/b12x/test_dense_mainloop_table.py::test_every_tensor_core_decoder_compiles_spill_free``,
+#: ``-m slow``).
+TENSOR_CORE_MIN_TILE_CAP = 4
+
+
+def tensor_core_takes_decoder(wide_tile_cap: int) -> bool:
+    """Whether a decoder with this tile hint can run the sm_90 tensor-core mainloops spill-free
+    (:data:`TENSOR_CORE_MIN_TILE_CAP`); D3L (cap 2) takes the mma.sync shared decode instead."""
+    return wide_tile_cap >= TENSOR_CORE_MIN_TILE_CAP
 
 
 #: M16 blocks per CTA (``m_tiles``) a grouped-GEMM launch takes (``b12x.ops.moe.dispatch.M_TILES``).

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["WIDE_TILE_CAP", "WIDE_TILE_CAPS", "GemmGeometry", "PairGeometry"]
+# the tile hints are defined with the dense tile predicates that read them (one definition)
+from b12x.ops.dense.tiles import WIDE_TILE_CAP, WIDE_TILE_CAPS
 
-#: Tile hints a decoder may carry (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`): the most N16
-#: tiles per warp of a four-block CTA. The D3L decoder carries 2 (4 × 4 spills 440 B on sm_90).
-WIDE_TILE_CAPS = (2, 4)
-#: The cap of a decoder without a hint (four tiles whenever N allows).
-WIDE_TILE_CAP = 4
+__all__ = ["WIDE_TILE_CAP", "WIDE_TILE_CAPS", "GemmGeometry", "PairGeometry"]
 
 
 class GemmGeometry(NamedTuple):
