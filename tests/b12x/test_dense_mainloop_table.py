@@ -131,6 +131,18 @@ def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
     assert lay.total == want <= WGMMA_SMEM_LIMIT
 
 
+def _geometry_spec(geometry, codebook: str, bits: int, *, bf16: bool) -> KernelSpec:
+    """The GEMM specialisation a plan of ``geometry`` (a mainloop table value) launches at
+    ``bits``: its slots at that rate, stream-K or not, as ``plan_dense`` builds it."""
+    g = L.slots_for(bits, geometry)
+    return KernelSpec(
+        "gemm_stream_k" if g.stream_k else "gemm", codebook, bits, bf16=bf16, m_tiles=g.m_tiles,
+        n_tiles=g.n_tiles, warps=g.warps, write_partials=g.split_k > 1, m_warps=g.m_warps,
+        shared_rows=g.shared_rows, smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
+        cluster=g.cluster,
+    )  # fmt: skip
+
+
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
 @pytest.mark.parametrize(
     ("geometry", "bits", "most"),
@@ -145,12 +157,7 @@ def test_the_wgmma_geometry_fits_every_rate(bits, m, rows):
 )
 def test_every_planned_geometry_compiles_spill_free(geometry, bits, most):
     g = L.slots_for(bits, geometry)
-    spec = KernelSpec(
-        "gemm_stream_k" if g.stream_k else "gemm", "mcg", bits, bf16=True, m_tiles=g.m_tiles,
-        n_tiles=g.n_tiles, warps=g.warps,
-        write_partials=g.split_k > 1, m_warps=g.m_warps, shared_rows=g.shared_rows,
-        smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab, cluster=g.cluster,
-    )  # fmt: skip
+    spec = _geometry_spec(geometry, "mcg", bits, bf16=True)
     report = support.compile_specialization(spec, "sm_90")
     assert report.spill_bytes == 0, (spec, report.spill_bytes)
     # two CTAs of 256 threads (wide) / four of 128 (thin) per SM need <= 128 registers; the
@@ -299,20 +306,10 @@ def test_a_decoder_that_spills_in_the_tensor_core_mainloops_keeps_the_shared_dec
                           x_dtype=f16).path == "generic"  # fmt: skip
 
 
-def _tensor_core_spec(geometry, codebook: str, bits: int, bf16: bool) -> KernelSpec:
-    g = L.slots_for(bits, geometry)
-    return KernelSpec(
-        "gemm_stream_k" if g.stream_k else "gemm", codebook, bits, bf16=bf16, m_tiles=g.m_tiles,
-        n_tiles=g.n_tiles, warps=g.warps, write_partials=g.split_k > 1, m_warps=g.m_warps,
-        shared_rows=g.shared_rows, smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
-        cluster=g.cluster,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("codebook", sorted(FORMATS))
 def test_every_tensor_core_decoder_compiles_spill_free(codebook, request):
-    """The tile-hint rule's evidence, per codebook (about 3 minutes each on 2 cores): a decoder
+    """The tile-hint rule's evidence, per codebook (the five took 12 minutes on 2 cores): a decoder
     the tensor-core rows take compiles spill-free in all three geometries at every legal rate
     and both compute dtypes; one they refuse spills in each (so the rule is still needed) and
     its fallback, the mma.sync wide geometry, compiles spill-free."""
@@ -322,9 +319,9 @@ def test_every_tensor_core_decoder_compiles_spill_free(codebook, request):
     takes = tensor_core_takes_decoder(fmt.wide_tile_cap)
     for bits, bf16 in itertools.product(fmt.legal_bits, (True, False)):
         for geometry in (L.TENSOR_DEEP, L.SWAP_WIDE, L.SWAP_TALL):
-            spec = _tensor_core_spec(geometry, codebook, bits, bf16)
+            spec = _geometry_spec(geometry, codebook, bits, bf16=bf16)
             spill = support.compile_specialization(spec, "sm_90").spill_bytes
             assert (spill == 0) == takes, (spec, spill)
         if not takes:
-            spec = _tensor_core_spec(L.WIDE, codebook, bits, bf16)
+            spec = _geometry_spec(L.WIDE, codebook, bits, bf16=bf16)
             assert support.compile_specialization(spec, "sm_90").spill_bytes == 0, spec

@@ -134,9 +134,7 @@ DECODE_MATMUL_MIN_M = 129
 HOPPER_DECODE_MATMUL_MIN_M = 257
 
 
-def decode_matmul_min_m(
-    capability: tuple[int, int], wide_tile_cap: int = dense_tiles.WIDE_TILE_CAP
-) -> int:
+def decode_matmul_min_m(capability: tuple[int, int], wide_tile_cap: int) -> int:
     """The decode_matmul row's threshold on a device of ``capability`` for a decoder with tile
     hint ``wide_tile_cap`` (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`):
     :data:`HOPPER_DECODE_MATMUL_MIN_M` on the ``wgmma`` part (sm_90) where the decoder runs its
