@@ -54,3 +54,8 @@ def fake_clock():
 @pytest.fixture
 def shared_sweep(monkeypatch):
     return load_script(monkeypatch, "dense_shared_decode_sweep")
+
+
+@pytest.fixture
+def forms(monkeypatch):
+    return load_script(monkeypatch, "cublas_gemm_forms")

@@ -75,10 +75,15 @@ at M = 4096, against measured overheads of 350 us (960.9 - 610.8) and 463 us (30
 MB), input rotation 12.4 / 46.8, output rotation 36.1 / 153.5, and the GEMM 621.8 / 2498.6
 against the anchor's 594.2 / 2364.6: the rest of the gap is cuBLAS's kernel for this GEMM (fp16,
 the decoded weight ``[K, N]``: ``nvjet_sm90_hsh_*_NNT``) running 5 % slower than the anchor's
-(bf16, ``W[N, K]^T``: ``nvjet_sm90_tst_*_TNT``); whether the dtype or the layout costs it was
-not measured (at M = 4096: 210 + 200 + 134 of the 544 us over the anchor). The fused
-alternative on sm_90 (the swap-AB mainloop) decodes the weight once per 256-token tile, four
-times at M = 1024, and was slower there (1385.7 against 875.9 us,
+(bf16, ``W[N, K]^T``: ``nvjet_sm90_tst_*_TNT``) (at M = 4096: 210 + 200 + 134 of the 544 us
+over the anchor). At M = 1024 the dtype costs it, not the layout: cuBLAS alone on random
+operands (H100 80GB, 2026-12-07, an ad-hoc ``torch.mm`` loop outside graphs, us; the same
+measurement under CUDA graphs is ``python benchmarks/cublas_gemm_forms.py``) took fp16 620.9
+with the weight ``[K, N]`` and 618.5 with ``W[N, K]^T``, bf16 596.3 and 598.5. At M = 4096 that
+probe ranked fp16 ``[K, N]`` first (fp16 2534.3 / 2897.4, bf16 2654.6 / 2605.4) while the
+profiled launches above rank it behind the anchor's kernel, so no dtype or layout change was
+made. The fused alternative on sm_90 (the swap-AB mainloop) decodes the weight once per
+256-token tile, four times at M = 1024, and was slower there (1385.7 against 875.9 us,
 :mod:`b12x.ops.dense.mainloop`).
 
 Invariants

@@ -1,0 +1,40 @@
+"""CPU tests of ``benchmarks/cublas_gemm_forms.py``: its table and its refusal without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_every_form_is_divided_by_the_anchor_form(forms):
+    times = {1024: {"fp16 NN": 620.0, "fp16 TN": 618.0, "bf16 NN": 600.0, "bf16 TN": 500.0}}
+    (row,) = forms.ratio_rows(times)
+    assert row == ["1024", "620.0 (1.240)", "618.0 (1.236)", "600.0 (1.200)", "500.0 (1.000)"]
+    assert [name for name, _, _ in forms.FORMS][-1] == forms.ANCHOR
+
+
+def test_forms_cover_both_dtypes_and_both_weight_layouts(forms):
+    kinds = {(dtype, transposed) for _, dtype, transposed in forms.FORMS}
+    assert kinds == {(d, t) for d in (torch.float16, torch.bfloat16) for t in (False, True)}
+
+
+def test_defaults_are_the_issue_layer(forms):
+    args = forms.parse_args([])
+    assert (args.m, args.k, args.n) == ((1024, 4096), 8192, 28672)
+
+
+@pytest.mark.parametrize("argv", [["--m", "0"], ["--k", "-1"], ["--n", "x"]])
+def test_bad_arguments_exit_2(forms, argv):
+    with pytest.raises(SystemExit) as exc:
+        forms.parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_without_cuda_it_refuses_in_one_line(forms, monkeypatch, capsys):
+    monkeypatch.setattr(forms.torch.cuda, "is_available", lambda: False)
+    assert forms.main(["--m", "16"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "cublas_gemm_forms.py: needs a CUDA device (torch.cuda.is_available() is False); "
+        "nothing measured"
+    ]
