@@ -98,23 +98,26 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
 @dataclasses.dataclass
 class Cell:
     """One measurement: microseconds and a detail (planned path, timing mode), or an error
-    (``skipped`` when the budget was spent before it)."""
+    (``skipped`` when the budget was spent before it). ``anchor_us``: the anchor timed in
+    alternation with this cell (:func:`bench_timing.paired_median_us`), when it was."""
 
     us: float | None = None
     detail: str | None = None
     error: str | None = None
     skipped: bool = False
+    anchor_us: float | None = None
 
 
-def measure(fn: Callable[[], tuple[float, str | None]], deadline: Deadline) -> Cell:
-    """Run one measurement unless the budget is spent; an exception becomes the cell's error."""
+def measure(fn: Callable[[], tuple], deadline: Deadline) -> Cell:
+    """Run one measurement unless the budget is spent; an exception becomes the cell's error.
+    ``fn`` returns ``(us, detail)`` or ``(us, detail, anchor_us)``."""
     if deadline.expired():
         return Cell(error=deadline.reason(), skipped=True)
     try:
-        us, detail = fn()
+        us, detail, *paired = fn()
     except Exception as exc:  # noqa: BLE001 -- fail-soft: report, go on
         return Cell(error=short_error(exc))
-    return Cell(us=us, detail=detail)
+    return Cell(us=us, detail=detail, anchor_us=paired[0] if paired else None)
 
 
 def record_device_and_hbm(bench: Any, report: dict, log: Callable[[str], None]) -> None:

@@ -9,6 +9,12 @@
   cuBLAS workspaces exists before the capture); time ``graph.replay`` with :func:`median_us`.
   A capture that fails is undone (current stream restored, torch's generator capture flag
   cleared by one empty capture) before the error propagates, so the next case still runs.
+* :func:`paired_median_us` — two callables timed in alternating samples (``a``, ``b``, ``a``, …),
+  their medians: both see the same clocks. A GPU under a sustained GEMM load lowers its SM clock
+  (an H100 80GB went from 1980 to 1305-1425 MHz within one M = 4096 row of
+  ``dense_trellis.py``, 2026-12-07), so a cell timed apart from its anchor can differ from it by
+  that much for no reason of its own. :func:`alternate_medians` is the alternation itself, over
+  any sampler (CPU-tested).
 * :func:`hbm_copy_bandwidth` — bytes read + written per second of a 1 GiB device-to-device copy
   (2 GiB of traffic per copy), the HBM anchor every benchmark reports its weight traffic against,
   measured in the same run.
@@ -50,6 +56,56 @@ def median_us(
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / inner)
     return statistics.median(samples)
+
+
+def alternate_medians(
+    sample_a: Callable[[int], float], sample_b: Callable[[int], float], reps: int
+) -> tuple[float, float]:
+    """``reps`` samples of each, taken a, b, a, b, … (``sample(r)`` gets the sample index);
+    the two medians."""
+    a, b = [], []
+    for r in range(reps):
+        a.append(sample_a(r))
+        b.append(sample_b(r))
+    return statistics.median(a), statistics.median(b)
+
+
+def paired_median_us(
+    fn_a: Callable[[int], object],
+    fn_b: Callable[[int], object],
+    *,
+    warmup: int = 3,
+    reps: int = 20,
+    inner: int = 5,
+    max_s: float | None = None,
+) -> tuple[float, float]:
+    """:func:`median_us` of ``fn_a`` and ``fn_b`` with their samples alternated (each sample
+    ``inner`` calls, ``i`` counting calls per callable); ``max_s`` bounds the pair's timed part."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(warmup):
+        fn_a(i)
+        fn_b(i)
+    end.record()
+    end.synchronize()
+    if max_s is not None and warmup > 0:
+        per_pair_s = start.elapsed_time(end) * 1e-3 / warmup
+        reps = max(3, min(reps, int(max_s / max(per_pair_s * inner, 1e-9))))
+
+    def sampler(fn: Callable[[int], object]) -> Callable[[int], float]:
+        def sample(r: int) -> float:
+            begin = torch.cuda.Event(enable_timing=True)
+            finish = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for i in range(inner):
+                fn(warmup + r * inner + i)
+            finish.record()
+            finish.synchronize()
+            return begin.elapsed_time(finish) * 1e3 / inner
+
+        return sample
+
+    return alternate_medians(sampler(fn_a), sampler(fn_b), reps)
 
 
 def hbm_copy_bandwidth() -> float:

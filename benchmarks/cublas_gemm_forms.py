@@ -11,10 +11,15 @@ every pair of
 * weight form: ``[K, N]`` row-major (``NN``, what the decode writes) or ``W[N, K]`` transposed
   (``TN``, the anchor's form),
 
-each as a replayed CUDA graph of one ``torch.mm`` (:func:`bench_timing.capture_graph`, timed by
-:func:`bench_timing.median_us`). One weight (``K·N·2`` bytes; 470 MB at the default 8192 x 28672)
-is far larger than any L2, so the operands are not rotated. It prints one row per M with the
-four times in us and each one over bf16 ``TN`` (the anchor's form), and writes them to ``--json``.
+each as a replayed CUDA graph of one ``torch.mm`` (:func:`bench_timing.capture_graph`); every
+form is timed in alternating samples with the anchor's form
+(:func:`bench_timing.paired_median_us`), because a sustained GEMM load lowers the SM clock and
+forms timed one after the other are compared across clocks (a first, unpaired version of this
+script put bf16 ``TN`` at 680.2 us and bf16 ``NN`` at 600.6 at M = 1024 on an H100, 2026-12-07,
+where the anchor cell of the table run an hour earlier took 601.4). One weight (``K·N·2`` bytes;
+470 MB at the default 8192 x 28672) is far larger than any L2, so the operands are not rotated.
+It prints one row per M with the four times in us and each one over bf16 ``TN`` (the anchor's
+form, paired), and writes them to ``--json``. Not yet run in this paired form.
 
 Usage: ``python benchmarks/cublas_gemm_forms.py [--m 1024,4096] [--k 8192] [--n 28672]
 [--json FILE]``. Needs a CUDA device; without one it prints one line and exits 1.
@@ -27,7 +32,7 @@ import sys
 
 import torch
 from bench_cli import int_list, positive_int, refuse_without_cuda, render_table, write_json
-from bench_timing import capture_graph, median_us
+from bench_timing import capture_graph, median_us, paired_median_us
 
 #: (column name, torch dtype, weight stored as W[N, K] and passed transposed).
 FORMS = (
@@ -49,24 +54,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def time_form(m: int, k: int, n: int, dtype: torch.dtype, transposed: bool) -> float:
-    """Median us of one graph-replayed ``torch.mm(a, w, out=out)`` with random operands."""
+def form_graph(m: int, k: int, n: int, dtype: torch.dtype, transposed: bool):
+    """A CUDA graph of one ``torch.mm(a, w, out=out)`` with random operands (kept alive by the
+    captured closure)."""
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     w = torch.randn((n, k) if transposed else (k, n), device="cuda", dtype=dtype)
     rhs = w.t() if transposed else w
     out = torch.empty(m, n, device="cuda", dtype=dtype)
-    graph = capture_graph(lambda: torch.mm(a, rhs, out=out))
-    return median_us(lambda i: graph.replay())
+    return capture_graph(lambda: torch.mm(a, rhs, out=out))
 
 
-def ratio_rows(times: dict[int, dict[str, float]]) -> list[list[str]]:
-    """Table rows: M, then per form ``us (time / anchor)``."""
-    rows = []
-    for m, by_form in times.items():
-        anchor = by_form[ANCHOR]
-        cells = [f"{by_form[name]:.1f} ({by_form[name] / anchor:.3f})" for name, _, _ in FORMS]
-        rows.append([str(m), *cells])
-    return rows
+def time_forms(m: int, k: int, n: int) -> dict[str, tuple[float, float]]:
+    """Per form ``(µs, µs / anchor µs)``: the anchor form alone (ratio 1), every other form in
+    alternating samples with the anchor form (:func:`bench_timing.paired_median_us`)."""
+    graphs = {name: form_graph(m, k, n, dt, tr) for name, dt, tr in FORMS}
+    anchor = graphs[ANCHOR]
+    times = {ANCHOR: (median_us(lambda i: anchor.replay()), 1.0)}
+    for name, graph in graphs.items():
+        if name != ANCHOR:
+            us, paired = paired_median_us(lambda i, g=graph: g.replay(), lambda i: anchor.replay())
+            times[name] = (us, us / paired)
+    return times
+
+
+def ratio_rows(times: dict[int, dict[str, tuple[float, float]]]) -> list[list[str]]:
+    """Table rows: M, then per form ``µs (time / paired anchor)``, in :data:`FORMS` order."""
+    return [
+        [str(m), *(f"{by_form[name][0]:.1f} ({by_form[name][1]:.3f})" for name, _, _ in FORMS)]
+        for m, by_form in times.items()
+    ]
 
 
 def main(argv=None) -> int:
@@ -74,16 +90,17 @@ def main(argv=None) -> int:
     refused = refuse_without_cuda("cublas_gemm_forms.py", torch.cuda.is_available())
     if refused is not None:
         return refused
-    times: dict[int, dict[str, float]] = {}
+    times: dict[int, dict[str, tuple[float, float]]] = {}
     for m in args.m:
-        times[m] = {name: time_form(m, args.k, args.n, dt, tr) for name, dt, tr in FORMS}
+        times[m] = time_forms(m, args.k, args.n)
         torch.cuda.empty_cache()
     device = torch.cuda.get_device_name()
-    print(f"cuBLAS torch.mm, K={args.k} N={args.n}, CUDA graphs, us (time / {ANCHOR}); {device}")
+    print(f"cuBLAS torch.mm, K={args.k} N={args.n}, CUDA graphs, us (time / {ANCHOR} timed in "
+          f"alternation); {device}")  # fmt: skip
     print(render_table(["M", *(name for name, _, _ in FORMS)], ratio_rows(times)))
     if args.json:
         payload = {"device": device, "k": args.k, "n": args.n, "anchor": ANCHOR,
-                   "us": {str(m): row for m, row in times.items()}}  # fmt: skip
+                   "us_and_ratio": {str(m): row for m, row in times.items()}}  # fmt: skip
         write_json(args.json, payload)
     return 0
 

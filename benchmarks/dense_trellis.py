@@ -21,7 +21,18 @@ Everything below is measured in the same process, on the same device, in this or
    imported the run prints ``peer unavailable: <reason>`` and goes on without it.
 
 Every timed callable is captured in CUDA graphs (capture after warm-up on the capture stream) and
-the replays are timed with CUDA events (median of samples). Weights are rotated past the L2:
+the replays are timed with CUDA events (median of samples). Each b12x cell is timed in
+alternating samples with its M's cuBLAS graphs (:func:`bench_timing.paired_median_us`) and its
+ratio is over that paired anchor time (JSON ``anchor_us``): a sustained GEMM load lowers the SM
+clock (an H100 80GB fell from 1980 to 1305-1425 MHz within one M = 4096 row, 2026-12-07, and the
+same kernels took up to 15 % longer), so a cell timed apart from its anchor was compared across
+clocks: two runs the same day put K3 at 1.38 and 1.36 and a third put K4 at 1.36 at M = 4096,
+each next to cells at 1.17-1.20 whose profiled kernels were the same; paired, one run gave
+1.145-1.164 for all four. The cuBLAS column is the anchor timed alone, before the row's cells.
+The peer is timed alone and divided by that column: the one run that alternated it with the
+anchor's graphs stopped at M = 4096 on an illegal memory access inside quack (earlier unpaired
+runs that day were clean; not investigated), so its ratios can carry the clock skew above.
+Weights are rotated past the L2:
 each cell holds ``max(2, ⌈3 · 60 MiB / weight bytes⌉)`` copies of its weight (random payloads:
 any bit pattern is a valid trellis stream, and the time does not depend on the values), one
 graph per copy, and replay ``i`` runs copy ``i mod copies``, so every replay reads cold memory.
@@ -29,7 +40,7 @@ graph per copy, and replay ``i`` runs copy ``i mod copies``, so every replay rea
 Output: a per-cell line as it is measured, then two tables: time ÷ cuBLAS bf16 per M (lower is
 better) with the goal column (≤ 0.60, 0.65, 0.80, 0.95, 1.05, 1.05 at M = 1, 16, 64, 256, 1024,
 4096; ``*`` marks a b12x cell above its goal) and the absolute µs; a cell that failed or was
-skipped is ``n/a`` with a footnote. ``--json F`` writes the schema ``bench.dense_trellis/1``
+skipped is ``n/a`` with a footnote. ``--json F`` writes the schema ``bench.dense_trellis/2``
 (docs/json_schemas.md), rewritten after every M so a killed run keeps what it measured.
 
 Fail-soft: a failing anchor, b12x cell or peer is reported and the run goes on; ``--budget-s``
@@ -69,9 +80,9 @@ from bench_cli import (
     short_error,
     write_json,
 )
-from bench_timing import capture_graph, hbm_copy_bandwidth, median_us
+from bench_timing import capture_graph, hbm_copy_bandwidth, median_us, paired_median_us
 
-SCHEMA = "bench.dense_trellis/1"
+SCHEMA = "bench.dense_trellis/2"
 CODEBOOK = "mcg"
 DEFAULT_SHAPE = (8192, 28672)
 DEFAULT_M = (1, 16, 64, 256, 1024, 4096)
@@ -199,9 +210,10 @@ def build_rows(
     nbytes: dict[str, int],
     hbm_bps: float | None,
 ) -> list[dict]:
-    """One row per M: cuBLAS bf16 µs and, per column, µs, ratio = µs ÷ cuBLAS bf16 µs,
-    ``meets_goal`` (b12x columns with a goal at this M), weight bytes per second as a fraction
-    of the HBM copy bandwidth, detail and error."""
+    """One row per M: cuBLAS bf16 µs and, per column, µs, ratio = µs ÷ cuBLAS bf16 µs (the
+    anchor timed in alternation with the cell, ``anchor_us``, when there is one; else the row's
+    own cuBLAS cell), ``meets_goal`` (b12x columns with a goal at this M), weight bytes per
+    second as a fraction of the HBM copy bandwidth, detail and error."""
 
     def bw(col: str, us: float | None) -> float | None:
         if us is None or not hbm_bps:
@@ -223,13 +235,15 @@ def build_rows(
         for col in columns:
             cell = cells.get((m, col), Cell(error="not measured"))
             ratio = None
-            if cell.us is not None and base.us:
-                ratio = finite_or_none(cell.us / base.us)
+            anchor = cell.anchor_us if cell.anchor_us is not None else base.us
+            if cell.us is not None and anchor:
+                ratio = finite_or_none(cell.us / anchor)
             meets = None
             if ratio is not None and goal is not None and col != PEER:
                 meets = ratio <= goal
             row["cells"][col] = {
                 "us": cell.us,
+                "anchor_us": cell.anchor_us,
                 "ratio": ratio,
                 "meets_goal": meets,
                 "weight_bw_fraction": bw(col, cell.us),
@@ -288,7 +302,8 @@ def summary_text(report: dict) -> str:
     hbm_text = "n/a" if hbm is None else f"{hbm / 1e12:.2f} TB/s"
     k, n = report["problem"]["k"], report["problem"]["n"]
     parts.append(
-        f"\ntime / cuBLAS bf16 (lower is better; * = b12x above its goal); K={k} N={n} "
+        f"\ntime / cuBLAS bf16 (b12x: over cuBLAS timed in alternation with the cell; lower "
+        f"is better; * = b12x above its goal); K={k} N={n} "
         f"{report['problem']['codebook'].upper()}, bf16 x, CUDA graphs, L2-rotated weights; "
         f"HBM copy {hbm_text}"
     )
@@ -424,7 +439,11 @@ def collect(
 def _cell_line(m: int, col: str, cell: Cell, base_us: float | None) -> str:
     if cell.us is None:
         return f"M={m:5d} {col:12s} n/a ({cell.error})"
+    if cell.anchor_us is not None:
+        base_us = cell.anchor_us
     ratio = f"  {cell.us / base_us:.3f}x cuBLAS" if base_us else ""
+    if cell.anchor_us is not None and base_us:
+        ratio += f" (paired: {cell.anchor_us:.1f} us)"
     detail = f"  [{cell.detail}]" if cell.detail else ""
     return f"M={m:5d} {col:12s} {cell.us:10.1f} us{ratio}{detail}"
 
@@ -454,6 +473,8 @@ class CudaDenseBench:
         self.svh = (torch.rand(self.n, device="cuda") + 0.5).to(torch.float16)
         self._payloads: dict[int, list[torch.Tensor]] = {}
         self._anchor: list[torch.Tensor] | None = None
+        #: M -> the cuBLAS anchor's graphs (their x and out live in the closures)
+        self._anchor_graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._peer_blobs: list[torch.Tensor] | None = None
         self.cublas_weight: str | None = None
 
@@ -502,11 +523,26 @@ class CudaDenseBench:
     def _time_graphs(self, graphs: list[torch.cuda.CUDAGraph]) -> float:
         return median_us(lambda i: graphs[i % len(graphs)].replay(), **self.timing)
 
+    def _time_paired(
+        self, m: int, graphs: list[torch.cuda.CUDAGraph]
+    ) -> tuple[float, float | None]:
+        """The cell's graphs and this M's anchor graphs in alternating samples: (cell µs,
+        anchor µs), both under the same clocks; (cell µs, None) when the anchor failed."""
+        anchor = self._anchor_graphs.get(m)
+        if anchor is None:  # the anchor failed at this M: the cell alone, no pairing
+            return self._time_graphs(graphs), None
+        return paired_median_us(
+            lambda i: graphs[i % len(graphs)].replay(),
+            lambda i: anchor[i % len(anchor)].replay(),
+            **self.timing,
+        )
+
     def cublas(self, m: int) -> tuple[float, str | None]:
         weights = self._anchor_weights()
         x = torch.randn(m, self.k, device="cuda").to(torch.bfloat16)
         out = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
         graphs = [capture_graph(lambda w=w: torch.mm(x, w.t(), out=out)) for w in weights]
+        self._anchor_graphs[m] = graphs
         return self._time_graphs(graphs), None
 
     def b12x(self, m: int, bits: int, split_k: int | None = None) -> tuple[float, str | None]:
@@ -522,7 +558,8 @@ class CudaDenseBench:
         graphs = [
             capture_graph(lambda p=p: run_dense(bound, x, p, suh, svh)) for p in self.payloads(bits)
         ]
-        return self._time_graphs(graphs), f"path {plan.path}"
+        us, anchor_us = self._time_paired(m, graphs)
+        return us, f"path {plan.path}", anchor_us
 
     def prepare_peer(self, peer: Peer) -> None:
         """quack's own prep of random 4-bit qtip streams ``uint8 [N/64, K/64, 128, 16]``."""
@@ -534,8 +571,10 @@ class CudaDenseBench:
                 (self.n // 64, self.k // 64, 128, 16), dtype=torch.uint8, device="cuda"
             ).random_()
             self._peer_blobs.append(peer.prepare(q, None, wformat="qtip")[0])
-        # b12x's payloads are not needed any more; the peer's are
+        # b12x's payloads and the anchor's graphs and weights are not needed any more; the
+        # peer's are
         self._payloads.clear()
+        self._anchor_graphs.clear()
         self._anchor = None
         torch.cuda.empty_cache()
 

@@ -59,3 +59,8 @@ def shared_sweep(monkeypatch):
 @pytest.fixture
 def forms(monkeypatch):
     return load_script(monkeypatch, "cublas_gemm_forms")
+
+
+@pytest.fixture
+def overlap(monkeypatch):
+    return load_script(monkeypatch, "decode_gemm_overlap")

@@ -86,3 +86,29 @@ def test_device_and_hbm_anchors_are_recorded_and_a_failure_never_raises(bench_cl
         assert report["device"] == {"name": "H200"}
         assert report["anchors"] == {"hbm_copy_Bps": 4.2e12}
         assert lines == ["device: {'name': 'H200'}", "HBM copy bandwidth: 4200 GB/s"]
+
+
+def test_alternate_medians_interleaves_the_two_samplers(monkeypatch):
+    """Samples alternate a, b, a, b, ... so a clock that drifts during the pair affects both."""
+    from tests.benchmarks.conftest import load_script
+
+    timing = load_script(monkeypatch, "bench_timing")
+    order, clock = [], iter(range(100))
+
+    def sampler(name):
+        def sample(r):
+            order.append((name, r))
+            return float(next(clock))  # a steadily slowing device
+
+        return sample
+
+    a, b = timing.alternate_medians(sampler("a"), sampler("b"), 5)
+    assert order == [(n, r) for r in range(5) for n in ("a", "b")]
+    assert (a, b) == (4.0, 5.0)  # medians of 0,2,4,6,8 and 1,3,5,7,9: one step apart
+
+
+def test_measure_keeps_a_paired_anchor_time(bench_cli):
+    deadline = bench_cli.Deadline(None)
+    assert bench_cli.measure(lambda: (10.0, "d"), deadline).anchor_us is None
+    cell = bench_cli.measure(lambda: (10.0, "d", 12.5), deadline)
+    assert (cell.us, cell.detail, cell.anchor_us) == (10.0, "d", 12.5)

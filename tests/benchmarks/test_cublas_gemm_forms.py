@@ -6,10 +6,11 @@ import pytest
 import torch
 
 
-def test_every_form_is_divided_by_the_anchor_form(forms):
-    times = {1024: {"fp16 NN": 620.0, "fp16 TN": 618.0, "bf16 NN": 600.0, "bf16 TN": 500.0}}
-    (row,) = forms.ratio_rows(times)
-    assert row == ["1024", "620.0 (1.240)", "618.0 (1.236)", "600.0 (1.200)", "500.0 (1.000)"]
+def test_rows_show_each_form_with_its_paired_ratio(forms):
+    times = {1024: {"bf16 TN": (500.0, 1.0), "fp16 NN": (620.0, 1.24), "fp16 TN": (618.0, 1.1),
+                    "bf16 NN": (600.0, 0.9)}}  # fmt: skip
+    (row,) = forms.ratio_rows(times)  # FORMS order, each ratio as paired
+    assert row == ["1024", "620.0 (1.240)", "618.0 (1.100)", "600.0 (0.900)", "500.0 (1.000)"]
     assert [name for name, _, _ in forms.FORMS][-1] == forms.ANCHOR
 
 

@@ -76,6 +76,37 @@ def test_ratio_is_time_over_cublas_and_goals_are_checked(dense):
     assert row["cublas_weight_bw_fraction"] == pytest.approx(2 * 8192 * 28672 / 200e-6 / 4.0e12)
 
 
+def test_a_paired_anchor_time_is_the_ratio_s_denominator(dense):
+    """A cell timed in alternation with the anchor is divided by that paired time, not by the
+    row's cuBLAS cell timed before it (a falling clock between the two skewed the ratio)."""
+    cells = {
+        (4096, dense.CUBLAS): dense.Cell(us=2600.0),
+        (4096, "b12x K3"): dense.Cell(us=3600.0, anchor_us=3000.0),  # both under a slower clock
+        (4096, "b12x K4"): dense.Cell(us=3100.0),  # not paired: over the row's anchor
+    }
+    columns = ["b12x K3", "b12x K4"]
+    (row,) = dense.build_rows([4096], columns, cells, nbytes={}, hbm_bps=None)
+    k3, k4 = (row["cells"][c] for c in columns)
+    assert k3["ratio"] == pytest.approx(1.2) and k3["anchor_us"] == 3000.0
+    assert k4["ratio"] == pytest.approx(3100 / 2600) and k4["anchor_us"] is None
+    assert row["cublas_bf16_us"] == 2600.0
+    line = dense._cell_line(4096, "b12x K3", cells[4096, "b12x K3"], 2600.0)
+    assert "1.200x cuBLAS (paired: 3000.0 us)" in line
+
+
+def test_paired_cells_from_the_bench_reach_the_report(dense):
+    class PairedBench(FakeBench):
+        def b12x(self, m, bits):
+            us, detail = super().b12x(m, bits)
+            return us, detail, 2 * self.cublas_us.get(m, 100.0)
+
+    args = dense.parse_args(["--m", "1", "--bits", "4", "--no-peer"])
+    report = dense.collect(args, PairedBench(cublas={1: 100.0}, b12x={(1, 4): 50.0}),
+                           log=lambda line: None)  # fmt: skip
+    cell = report["rows"][0]["cells"]["b12x K4"]
+    assert cell["anchor_us"] == 200.0 and cell["ratio"] == pytest.approx(0.25)
+
+
 def test_ratio_table_text(dense):
     cells = {(m, dense.CUBLAS): dense.Cell(us=100.0) for m in (1, 4096)}
     cells[1, "b12x K2"] = dense.Cell(us=30.0)
@@ -98,7 +129,7 @@ def test_full_run_with_synthetic_timings_writes_a_schema_report(dense, tmp_path)
         args, bench, peer_loader=lambda: _available_peer(dense), log=lambda line: None,
         on_progress=lambda r: written.append(json.loads(json.dumps(r, allow_nan=False))),
     )  # fmt: skip
-    assert report["schema"] == "bench.dense_trellis/1" and report["complete"]
+    assert report["schema"] == "bench.dense_trellis/2" and report["complete"]
     assert report["columns"] == ["b12x K2", "b12x K4", "quack 4-bit"]
     assert [r["m"] for r in report["rows"]] == [1, 16]
     assert report["rows"][0]["cells"]["b12x K2"]["ratio"] == pytest.approx(0.4)

@@ -76,15 +76,19 @@ MB), input rotation 12.4 / 46.8, output rotation 36.1 / 153.5, and the GEMM 621.
 against the anchor's 594.2 / 2364.6: the rest of the gap is cuBLAS's kernel for this GEMM (fp16,
 the decoded weight ``[K, N]``: ``nvjet_sm90_hsh_*_NNT``) running 5 % slower than the anchor's
 (bf16, ``W[N, K]^T``: ``nvjet_sm90_tst_*_TNT``) (at M = 4096: 210 + 200 + 134 of the 544 us
-over the anchor). At M = 1024 the dtype costs it, not the layout: cuBLAS alone on random
-operands (H100 80GB, 2026-12-07, an ad-hoc ``torch.mm`` loop outside graphs, us; the same
-measurement under CUDA graphs is ``python benchmarks/cublas_gemm_forms.py``) took fp16 620.9
-with the weight ``[K, N]`` and 618.5 with ``W[N, K]^T``, bf16 596.3 and 598.5. At M = 4096 that
-probe ranked fp16 ``[K, N]`` first (fp16 2534.3 / 2897.4, bf16 2654.6 / 2605.4) while the
-profiled launches above rank it behind the anchor's kernel, so no dtype or layout change was
-made. The fused alternative on sm_90 (the swap-AB mainloop) decodes the weight once per
-256-token tile, four times at M = 1024, and was slower there (1385.7 against 875.9 us,
-:mod:`b12x.ops.dense.mainloop`).
+over the anchor). Whether the dtype or the layout costs it is open: two unpaired probes on an
+H100 80GB, 2026-12-07, disagree (at M = 1024, us, fp16 with the weight ``[K, N]`` / with
+``W[N, K]^T``, then bf16 the same: an ad-hoc ``torch.mm`` loop 620.9 / 618.5 / 596.3 / 598.5, the
+graphed ``benchmarks/cublas_gemm_forms.py`` 623.3 / 674.0 / 600.6 / 680.2), and under this load
+the SM clock drifts by more than the 5 % in question (:mod:`bench_timing`'s
+``paired_median_us``), so that benchmark now times each form in alternation with the anchor's;
+no dtype or layout change was made. Overlapping the decode with the GEMM does not pay either
+(``python benchmarks/decode_gemm_overlap.py``, same day, each variant timed in alternation with
+the sequence): the weight in 2 / 4 / 7 column chunks, decoded on a second stream while cuBLAS
+multiplies the previous chunk, took 1.066 / 1.072 / 1.014 of the sequence at M = 1024 and 1.005
+/ 1.002 / 1.004 at M = 4096: cuBLAS's kernels leave the decode no room. The fused alternative
+on sm_90 (the swap-AB mainloop) decodes the weight once per 256-token tile, four times at M =
+1024, and was slower there (1385.7 against 875.9 us, :mod:`b12x.ops.dense.mainloop`).
 
 Invariants
 ----------
