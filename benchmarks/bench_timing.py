@@ -29,6 +29,31 @@ from collections.abc import Callable
 import torch
 
 
+def _elapsed_us(run: Callable[[], object]) -> float:
+    """Microseconds between CUDA events recorded before and after ``run()``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _warm_up(step: Callable[[int], object], warmup: int, reps: int, inner: int, max_s) -> int:
+    """Run ``step(i)`` ``warmup`` times; the sample count, cut so that ``reps`` samples of
+    ``inner`` steps fit ``max_s`` (never below three)."""
+    us = _elapsed_us(lambda: [step(i) for i in range(warmup)])
+    if max_s is not None and warmup > 0:
+        per_step_s = us * 1e-6 / warmup
+        reps = max(3, min(reps, int(max_s / max(per_step_s * inner, 1e-9))))
+    return reps
+
+
+def _sampler(fn: Callable[[int], object], warmup: int, inner: int) -> Callable[[int], float]:
+    """Sample ``r``: the mean µs of ``inner`` calls ``fn(warmup + r·inner + i)``."""
+    return lambda r: _elapsed_us(lambda: [fn(warmup + r * inner + i) for i in range(inner)]) / inner
+
+
 def median_us(
     fn: Callable[[int], object],
     *,
@@ -37,25 +62,9 @@ def median_us(
     inner: int = 5,
     max_s: float | None = None,
 ) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(warmup):
-        fn(i)
-    end.record()
-    end.synchronize()
-    if max_s is not None and warmup > 0:
-        per_call_s = start.elapsed_time(end) * 1e-3 / warmup
-        reps = max(3, min(reps, int(max_s / max(per_call_s * inner, 1e-9))))
-    samples = []
-    for r in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(inner):
-            fn(warmup + r * inner + i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / inner)
-    return statistics.median(samples)
+    reps = _warm_up(fn, warmup, reps, inner, max_s)
+    sample = _sampler(fn, warmup, inner)
+    return statistics.median(sample(r) for r in range(reps))
 
 
 def alternate_medians(
@@ -81,31 +90,8 @@ def paired_median_us(
 ) -> tuple[float, float]:
     """:func:`median_us` of ``fn_a`` and ``fn_b`` with their samples alternated (each sample
     ``inner`` calls, ``i`` counting calls per callable); ``max_s`` bounds the pair's timed part."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(warmup):
-        fn_a(i)
-        fn_b(i)
-    end.record()
-    end.synchronize()
-    if max_s is not None and warmup > 0:
-        per_pair_s = start.elapsed_time(end) * 1e-3 / warmup
-        reps = max(3, min(reps, int(max_s / max(per_pair_s * inner, 1e-9))))
-
-    def sampler(fn: Callable[[int], object]) -> Callable[[int], float]:
-        def sample(r: int) -> float:
-            begin = torch.cuda.Event(enable_timing=True)
-            finish = torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for i in range(inner):
-                fn(warmup + r * inner + i)
-            finish.record()
-            finish.synchronize()
-            return begin.elapsed_time(finish) * 1e3 / inner
-
-        return sample
-
-    return alternate_medians(sampler(fn_a), sampler(fn_b), reps)
+    reps = _warm_up(lambda i: (fn_a(i), fn_b(i)), warmup, reps, inner, max_s)
+    return alternate_medians(_sampler(fn_a, warmup, inner), _sampler(fn_b, warmup, inner), reps)
 
 
 def hbm_copy_bandwidth() -> float:

@@ -1,4 +1,6 @@
-"""benchmarks/bench_cli.py (CPU): list arguments, the budget, strict JSON, table rendering."""
+"""benchmarks/bench_cli.py and bench_timing.py (CPU): arguments, the budget, strict JSON,
+tables, the sample loop and its pairing on a fake clock, the probe scripts' refusal without
+CUDA."""
 
 from __future__ import annotations
 
@@ -112,3 +114,36 @@ def test_measure_keeps_a_paired_anchor_time(bench_cli):
     assert bench_cli.measure(lambda: (10.0, "d"), deadline).anchor_us is None
     cell = bench_cli.measure(lambda: (10.0, "d", 12.5), deadline)
     assert (cell.us, cell.detail, cell.anchor_us) == (10.0, "d", 12.5)
+
+
+def test_median_us_calls_and_sample_budget_on_a_fake_clock(monkeypatch):
+    """The sample loop shared by median_us and paired_median_us: warm-up calls first, then
+    ``inner`` calls per sample with running indices; ``max_s`` cuts the samples (never below 3)."""
+    from tests.benchmarks.conftest import load_script
+
+    timing = load_script(monkeypatch, "bench_timing")
+    monkeypatch.setattr(timing, "_elapsed_us", lambda run: (run(), 1000.0 * 2)[1])
+    calls = []
+    assert timing.median_us(calls.append, warmup=2, reps=4, inner=3) == 2000.0 / 3
+    assert calls == list(range(2 + 4 * 3))
+    calls.clear()
+    # warm-up: 2000 us for 2 calls = 1 ms a call; 3 inner calls a sample -> 10 ms fits 3 samples
+    timing.median_us(calls.append, warmup=2, reps=20, inner=3, max_s=0.010)
+    assert len(calls) == 2 + 3 * 3
+    pairs = []
+    timing.paired_median_us(lambda i: pairs.append(("a", i)), lambda i: pairs.append(("b", i)),
+                            warmup=1, reps=3, inner=2)  # fmt: skip
+    assert pairs[:2] == [("a", 0), ("b", 0)]  # warm-up: one of each
+    assert pairs[2:] == [(n, i) for r in range(3) for n in "ab" for i in (1 + 2 * r, 2 + 2 * r)]
+
+
+@pytest.mark.parametrize("script", ["cublas_gemm_forms", "decode_gemm_overlap"])
+def test_probe_scripts_refuse_without_cuda_in_one_line(monkeypatch, capsys, script):
+    from tests.benchmarks.conftest import load_script
+
+    module = load_script(monkeypatch, script)
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
+    assert module.main(["--m", "1024"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"{script}.py: needs a CUDA device (torch.cuda.is_available() is False); nothing measured"
+    ]

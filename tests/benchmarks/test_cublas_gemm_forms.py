@@ -29,13 +29,3 @@ def test_bad_arguments_exit_2(forms, argv):
     with pytest.raises(SystemExit) as exc:
         forms.parse_args(argv)
     assert exc.value.code == 2
-
-
-def test_without_cuda_it_refuses_in_one_line(forms, monkeypatch, capsys):
-    monkeypatch.setattr(forms.torch.cuda, "is_available", lambda: False)
-    assert forms.main(["--m", "16"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "cublas_gemm_forms.py: needs a CUDA device (torch.cuda.is_available() is False); "
-        "nothing measured"
-    ]

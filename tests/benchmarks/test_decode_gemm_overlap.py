@@ -33,12 +33,3 @@ def test_bad_arguments_exit_2(overlap, argv, capsys):
     with pytest.raises(SystemExit) as exc:
         overlap.parse_args(argv)
     assert exc.value.code == 2
-
-
-def test_without_cuda_it_refuses_in_one_line(overlap, monkeypatch, capsys):
-    monkeypatch.setattr(overlap.torch.cuda, "is_available", lambda: False)
-    assert overlap.main(["--m", "1024"]) == 1
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "decode_gemm_overlap.py: needs a CUDA device (torch.cuda.is_available() is False); "
-        "nothing measured"
-    ]
