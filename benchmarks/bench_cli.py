@@ -163,6 +163,17 @@ def fmt_cell(
     return missing if value is None else f"{value:{spec}}{mark}"
 
 
+def ratio_cells(
+    times: dict[int, dict[str, tuple[float, float]]], names: Sequence[str]
+) -> list[list[str]]:
+    """Table rows from :func:`bench_timing.over_baseline` results per M: ``M``, then per name
+    ``µs (ratio)``."""
+    return [
+        [str(m), *(f"{by_name[n][0]:.1f} ({by_name[n][1]:.3f})" for n in names)]
+        for m, by_name in times.items()
+    ]
+
+
 def render_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     """Right-aligned columns, each as wide as its widest entry, two spaces apart."""
     widths = [max(len(str(row[c])) for row in [header, *lines]) for c in range(len(header))]

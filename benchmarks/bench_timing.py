@@ -14,7 +14,7 @@
   (an H100 80GB went from 1980 to 1305-1425 MHz within one M = 4096 row of
   ``dense_trellis.py``, 2026-12-07), so a cell timed apart from its anchor can differ from it by
   that much for no reason of its own. :func:`alternate_medians` is the alternation itself, over
-  any sampler (CPU-tested).
+  any sampler (CPU-tested); :func:`over_baseline` times a set of graphs against one of them.
 * :func:`hbm_copy_bandwidth` — bytes read + written per second of a 1 GiB device-to-device copy
   (2 GiB of traffic per copy), the HBM anchor every benchmark reports its weight traffic against,
   measured in the same run.
@@ -92,6 +92,23 @@ def paired_median_us(
     ``inner`` calls, ``i`` counting calls per callable); ``max_s`` bounds the pair's timed part."""
     reps = _warm_up(lambda i: (fn_a(i), fn_b(i)), warmup, reps, inner, max_s)
     return alternate_medians(_sampler(fn_a, warmup, inner), _sampler(fn_b, warmup, inner), reps)
+
+
+def over_baseline(
+    baseline: str, graphs: dict[str, torch.cuda.CUDAGraph], **timing
+) -> dict[str, tuple[float, float]]:
+    """``{name: (µs, µs / baseline µs)}`` for every graph: the one named ``baseline`` timed
+    alone (ratio 1.0), every other one in alternation with it (:func:`paired_median_us`) and
+    divided by the baseline's time in that pairing."""
+    base = graphs[baseline]
+    times = {baseline: (median_us(lambda i: base.replay(), **timing), 1.0)}
+    for name, graph in graphs.items():
+        if name != baseline:
+            us, paired = paired_median_us(
+                lambda i, g=graph: g.replay(), lambda i: base.replay(), **timing
+            )
+            times[name] = (us, us / paired)
+    return times
 
 
 def hbm_copy_bandwidth() -> float:

@@ -31,8 +31,15 @@ import argparse
 import sys
 
 import torch
-from bench_cli import int_list, positive_int, refuse_without_cuda, render_table, write_json
-from bench_timing import capture_graph, median_us, paired_median_us
+from bench_cli import (
+    int_list,
+    positive_int,
+    ratio_cells,
+    refuse_without_cuda,
+    render_table,
+    write_json,
+)
+from bench_timing import capture_graph, over_baseline
 
 #: (column name, torch dtype, weight stored as W[N, K] and passed transposed).
 FORMS = (
@@ -65,24 +72,10 @@ def form_graph(m: int, k: int, n: int, dtype: torch.dtype, transposed: bool):
 
 
 def time_forms(m: int, k: int, n: int) -> dict[str, tuple[float, float]]:
-    """Per form ``(µs, µs / anchor µs)``: the anchor form alone (ratio 1), every other form in
-    alternating samples with the anchor form (:func:`bench_timing.paired_median_us`)."""
+    """Per form ``(µs, µs / anchor µs)``, each form in alternation with the anchor's
+    (:func:`bench_timing.over_baseline`)."""
     graphs = {name: form_graph(m, k, n, dt, tr) for name, dt, tr in FORMS}
-    anchor = graphs[ANCHOR]
-    times = {ANCHOR: (median_us(lambda i: anchor.replay()), 1.0)}
-    for name, graph in graphs.items():
-        if name != ANCHOR:
-            us, paired = paired_median_us(lambda i, g=graph: g.replay(), lambda i: anchor.replay())
-            times[name] = (us, us / paired)
-    return times
-
-
-def ratio_rows(times: dict[int, dict[str, tuple[float, float]]]) -> list[list[str]]:
-    """Table rows: M, then per form ``µs (time / paired anchor)``, in :data:`FORMS` order."""
-    return [
-        [str(m), *(f"{by_form[name][0]:.1f} ({by_form[name][1]:.3f})" for name, _, _ in FORMS)]
-        for m, by_form in times.items()
-    ]
+    return over_baseline(ANCHOR, graphs)
 
 
 def main(argv=None) -> int:
@@ -97,7 +90,8 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     print(f"cuBLAS torch.mm, K={args.k} N={args.n}, CUDA graphs, us (time / {ANCHOR} timed in "
           f"alternation); {device}")  # fmt: skip
-    print(render_table(["M", *(name for name, _, _ in FORMS)], ratio_rows(times)))
+    names = [name for name, _, _ in FORMS]
+    print(render_table(["M", *names], ratio_cells(times, names)))
     if args.json:
         payload = {"device": device, "k": args.k, "n": args.n, "anchor": ANCHOR,
                    "us_and_ratio": {str(m): row for m, row in times.items()}}  # fmt: skip

@@ -34,8 +34,15 @@ import argparse
 import sys
 
 import torch
-from bench_cli import int_list, positive_int, refuse_without_cuda, render_table, write_json
-from bench_timing import capture_graph, median_us, paired_median_us
+from bench_cli import (
+    int_list,
+    positive_int,
+    ratio_cells,
+    refuse_without_cuda,
+    render_table,
+    write_json,
+)
+from bench_timing import capture_graph, over_baseline
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,7 +83,8 @@ class Layer:
         torch.mm(self.x, self.weight, out=self.out)
 
     def pipelined(self, decode, chunks: int):
-        """A callable running the two-stream form with ``chunks`` chunks, and its buffers."""
+        """A callable running the two-stream form with ``chunks`` chunks (its buffers are made
+        here, once, and live in the closure)."""
         cols = chunk_columns(self.weight.shape[1], chunks)
         parts = [self.payload[:, a // 16 : b // 16].contiguous() for a, b in cols]
         weights = [torch.empty(self.weight.shape[0], b - a, device="cuda",
@@ -103,7 +111,8 @@ class Layer:
         return run
 
 
-def measure(m: int, args: argparse.Namespace) -> dict[str, float]:
+def measure(m: int, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """Per variant ``(µs, µs / sequence µs)``, each in alternation with the sequence."""
     from b12x.launch import host
 
     def decode(payload, *, out):
@@ -111,31 +120,13 @@ def measure(m: int, args: argparse.Namespace) -> dict[str, float]:
 
     layer = Layer(m, args.k, args.n, args.bits)
     variants = {
+        "sequence": lambda: layer.sequence(decode),
         "decode": lambda: decode(layer.payload, out=layer.weight),
         "gemm": lambda: torch.mm(layer.x, layer.weight, out=layer.out),
-        "sequence": lambda: layer.sequence(decode),
     }
     for chunks in args.chunks:
         variants[f"pipelined x{chunks}"] = layer.pipelined(decode, chunks)
-    base = capture_graph(variants.pop("sequence"))
-    times = {"sequence": median_us(lambda i: base.replay())}
-    for name, fn in variants.items():
-        graph = capture_graph(fn)
-        us, paired = paired_median_us(lambda i, g=graph: g.replay(), lambda i: base.replay())
-        times[name], times[f"{name} / sequence"] = us, us / paired
-    return times
-
-
-def overlap_table(results: dict[int, dict[str, float]]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: per M the sequence's µs, then each variant as ``µs (ratio)`` with its
-    ratio over the sequence timed in alternation with it."""
-    names = [k for k in next(iter(results.values())) if not k.endswith(" / sequence")]
-    rows = []
-    for m, t in results.items():
-        cells = [f"{t[k]:.1f}" if k == "sequence" else f"{t[k]:.1f} ({t[k + ' / sequence']:.3f})"
-                 for k in names]  # fmt: skip
-        rows.append([str(m), *cells])
-    return ["M", *names], rows
+    return over_baseline("sequence", {name: capture_graph(fn) for name, fn in variants.items()})
 
 
 def main(argv=None) -> int:
@@ -150,10 +141,12 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     print(f"decode + cuBLAS, K={args.k} N={args.n} MCG K{args.bits}, CUDA graphs, us "
           f"(time / sequence timed in alternation); {device}")  # fmt: skip
-    print(render_table(*overlap_table(results)))
+    names = list(next(iter(results.values())))
+    print(render_table(["M", *names], ratio_cells(results, names)))
     if args.json:
-        write_json(args.json, {"device": device, "k": args.k, "n": args.n, "bits": args.bits,
-                               "us": {str(m): t for m, t in results.items()}})  # fmt: skip
+        payload = {"device": device, "k": args.k, "n": args.n, "bits": args.bits,
+                   "us_and_ratio": {str(m): t for m, t in results.items()}}  # fmt: skip
+        write_json(args.json, payload)
     return 0
 
 

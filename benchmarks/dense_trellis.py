@@ -235,7 +235,7 @@ def build_rows(
         for col in columns:
             cell = cells.get((m, col), Cell(error="not measured"))
             ratio = None
-            anchor = cell.anchor_us if cell.anchor_us is not None else base.us
+            anchor = _denominator(cell, base.us)
             if cell.us is not None and anchor:
                 ratio = finite_or_none(cell.us / anchor)
             meets = None
@@ -436,13 +436,17 @@ def collect(
     return report
 
 
+def _denominator(cell: Cell, row_anchor_us: float | None) -> float | None:
+    """A cell's ratio denominator: its paired anchor time, else the row's cuBLAS cell."""
+    return cell.anchor_us if cell.anchor_us is not None else row_anchor_us
+
+
 def _cell_line(m: int, col: str, cell: Cell, base_us: float | None) -> str:
     if cell.us is None:
         return f"M={m:5d} {col:12s} n/a ({cell.error})"
-    if cell.anchor_us is not None:
-        base_us = cell.anchor_us
+    base_us = _denominator(cell, base_us)
     ratio = f"  {cell.us / base_us:.3f}x cuBLAS" if base_us else ""
-    if cell.anchor_us is not None and base_us:
+    if ratio and cell.anchor_us is not None:
         ratio += f" (paired: {cell.anchor_us:.1f} us)"
     detail = f"  [{cell.detail}]" if cell.detail else ""
     return f"M={m:5d} {col:12s} {cell.us:10.1f} us{ratio}{detail}"

@@ -26,6 +26,11 @@ def bench_cli(monkeypatch):
 
 
 @pytest.fixture
+def timing(monkeypatch):
+    return load_script(monkeypatch, "bench_timing")
+
+
+@pytest.fixture
 def dense(monkeypatch):
     return load_script(monkeypatch, "dense_trellis")
 

@@ -90,11 +90,8 @@ def test_device_and_hbm_anchors_are_recorded_and_a_failure_never_raises(bench_cl
         assert lines == ["device: {'name': 'H200'}", "HBM copy bandwidth: 4200 GB/s"]
 
 
-def test_alternate_medians_interleaves_the_two_samplers(monkeypatch):
+def test_alternate_medians_interleaves_the_two_samplers(timing):
     """Samples alternate a, b, a, b, ... so a clock that drifts during the pair affects both."""
-    from tests.benchmarks.conftest import load_script
-
-    timing = load_script(monkeypatch, "bench_timing")
     order, clock = [], iter(range(100))
 
     def sampler(name):
@@ -116,12 +113,9 @@ def test_measure_keeps_a_paired_anchor_time(bench_cli):
     assert (cell.us, cell.detail, cell.anchor_us) == (10.0, "d", 12.5)
 
 
-def test_median_us_calls_and_sample_budget_on_a_fake_clock(monkeypatch):
+def test_median_us_calls_and_sample_budget_on_a_fake_clock(timing, monkeypatch):
     """The sample loop shared by median_us and paired_median_us: warm-up calls first, then
     ``inner`` calls per sample with running indices; ``max_s`` cuts the samples (never below 3)."""
-    from tests.benchmarks.conftest import load_script
-
-    timing = load_script(monkeypatch, "bench_timing")
     monkeypatch.setattr(timing, "_elapsed_us", lambda run: (run(), 1000.0 * 2)[1])
     calls = []
     assert timing.median_us(calls.append, warmup=2, reps=4, inner=3) == 2000.0 / 3
@@ -139,7 +133,7 @@ def test_median_us_calls_and_sample_budget_on_a_fake_clock(monkeypatch):
 
 @pytest.mark.parametrize("script", ["cublas_gemm_forms", "decode_gemm_overlap"])
 def test_probe_scripts_refuse_without_cuda_in_one_line(monkeypatch, capsys, script):
-    from tests.benchmarks.conftest import load_script
+    from tests.benchmarks.conftest import load_script  # a script per parameter, no fixture
 
     module = load_script(monkeypatch, script)
     monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
@@ -147,3 +141,36 @@ def test_probe_scripts_refuse_without_cuda_in_one_line(monkeypatch, capsys, scri
     assert capsys.readouterr().err.strip().splitlines() == [
         f"{script}.py: needs a CUDA device (torch.cuda.is_available() is False); nothing measured"
     ]
+
+
+def test_over_baseline_divides_each_graph_by_its_own_pairing(timing, monkeypatch):
+    """Every graph is replayed in alternation with the baseline, on a clock that slows with every
+    replay: the ratio stays the cost ratio because both sides of a pairing drift together."""
+    replays, clock = [], {"elapsed": 0.0, "slowdown": 1.0}
+
+    class FakeGraph:
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def replay(self):
+            replays.append(self.name)
+            clock["elapsed"] += self.cost * clock["slowdown"]
+            clock["slowdown"] *= 1.001
+
+    def elapsed_us(run):
+        clock["elapsed"] = 0.0
+        run()
+        return clock["elapsed"]
+
+    monkeypatch.setattr(timing, "_elapsed_us", elapsed_us)
+    graphs = {"base": FakeGraph("base", 100.0), "slow": FakeGraph("slow", 150.0)}
+    times = timing.over_baseline("base", graphs, warmup=1, reps=5, inner=1)
+    assert times["base"][1] == 1.0 and times["base"][0] == pytest.approx(100.0, rel=0.01)
+    assert times["slow"][1] == pytest.approx(1.5, rel=0.002)
+    paired = replays[1 + 5 :]  # after the baseline's own warm-up and samples
+    assert paired == ["slow", "base"] * (1 + 5)
+
+
+def test_ratio_cells_show_microseconds_and_ratio_in_the_given_order(bench_cli):
+    times = {1024: {"b": (500.0, 1.0), "a": (620.0, 1.24)}}
+    assert bench_cli.ratio_cells(times, ["a", "b"]) == [["1024", "620.0 (1.240)", "500.0 (1.000)"]]
