@@ -1,4 +1,4 @@
-"""``python -m oracle``: the default job and the subcommands (design §5, §8).
+"""``python -m oracle``: the default job and the subcommands (README.md).
 
 Commands
 --------

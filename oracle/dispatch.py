@@ -1,4 +1,4 @@
-"""Generic checks over a declared dispatch table (design §4 "Dispatch", §5.7; regression class R2).
+"""Generic checks over a declared dispatch table (docs/architecture.md, §5.5; regression class R2).
 
 The protocol a dispatch table must satisfy
 ------------------------------------------

@@ -1,4 +1,4 @@
-"""The CUDA-graph protocol runner (design §7; regression classes R4, R5, R8, R15).
+"""The CUDA-graph protocol runner (docs/moe_graph_capture.md; regression classes R4, R5, R8, R15).
 
 The op protocol
 ---------------
@@ -449,7 +449,7 @@ def restore_after_failed_capture(stream: Any) -> None:
 
 
 class ComposedOp:
-    """Several plan/bind/run ops as one step, for a FULL capture (design §7).
+    """Several plan/bind/run ops as one step, for a FULL capture (module docstring).
 
     ``plan(problems)`` takes one problem per stage; every stage binds from the SAME consumer
     buffers (a later stage reads an earlier stage's output buffer by name in its ``bind``);
@@ -508,7 +508,7 @@ def _counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[
 
 
 class GraphProtocol:
-    """Run the design §7 protocol for one op, problem and consumer fixture."""
+    """Run the CUDA-graph protocol for one op, problem and consumer fixture."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Generic checks over a declared tile registry (design §4 "Tiles", §5.7; regressions R3, R15).
+"""Generic checks over a declared tile registry (§5.4; regressions R3, R15).
 
 The protocol a tile registry must satisfy
 -----------------------------------------

@@ -1,4 +1,4 @@
-"""The one tolerance model (design §6, docs/oracle_contract.md §3), with its defaults as data.
+"""The one tolerance model (docs/oracle_contract.md §3), with its defaults as data.
 
 Judges
 ------

@@ -1,4 +1,4 @@
-"""The variant registry (design §2): everything that changes decoding, declared once.
+"""The variant registry (docs/architecture.md): everything that changes decoding, declared once.
 
 Layout
 ------
@@ -101,7 +101,7 @@ VARIANT_FIELDS = (
     "compute_dtype",
     "op",
 )
-MIN_MMA_ARCH = 80  # mma.sync m16n8k16 with fp16/bf16 operands needs sm_80 or newer (design §4)
+MIN_MMA_ARCH = 80  # mma.sync m16n8k16 with fp16/bf16 operands needs sm_80 or newer
 
 COUPLED_NO_COVERAGE = (
     "coupled Hadamard (spec §3.5) is out of scope: the reference models only the intermediate "
@@ -139,7 +139,7 @@ TOLERANCE_OVERRIDES: tuple[ToleranceOverride, ...] = (
         match={"op": "decode"},
         changes={"exact": True, "alpha": 1.0, "floor": 0.0, "min_row_cosine": 1.0},
         reason="decode is exact: a GEMM with identity activations returns the decoded weights, "
-        "compared with torch.equal (design §5.3)",
+        "compared with torch.equal (docs/oracle_contract.md §2)",
     ),
 )
 

@@ -1,4 +1,4 @@
-"""Verdicts and the parts every judge of :mod:`oracle.tolerance` shares (design §6).
+"""Verdicts and the parts every judge of :mod:`oracle.tolerance` shares (oracle_contract.md §3).
 
 * :class:`Tolerance` (the coarse gate's parameters, ``reason`` never empty),
   :data:`DEFAULT_TOLERANCES` per compute dtype and :func:`default_tolerance`;
@@ -124,14 +124,14 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
         floor=1e-3,
         min_row_cosine=0.9999,
         row_block=16,
-        reason="default fp16: alpha 2 (design §6); floor ~2 ulps, only where faithful == exact",
+        reason="default fp16: alpha 2; floor ~2 ulps, only where faithful == exact",
     ),
     "bf16": Tolerance(
         alpha=2.0,
         floor=8e-3,
         min_row_cosine=0.999,
         row_block=16,
-        reason="default bf16: alpha 2 (design §6); floor ~2 ulps, only where faithful == exact",
+        reason="default bf16: alpha 2; floor ~2 ulps, only where faithful == exact",
     ),
 }
 
@@ -182,7 +182,7 @@ def check_tensor_arg(t: Any, arg: str, fn: str) -> None:
 def coarse_verdict(
     y: torch.Tensor, exact: torch.Tensor, faithful: torch.Tensor | None, tol: Tolerance
 ) -> tuple[list[str], dict[str, Any], Metrics]:
-    """The design §6 coarse gates (module docstring, rule 4) and the metrics with their bounds."""
+    """The coarse gates (module docstring, rule 4) and the metrics with their bounds."""
     metrics = compute_metrics(y, exact, faithful)  # validates shapes
     reasons: list[str] = []
     if metrics.nan_count or metrics.inf_count:

@@ -1,4 +1,4 @@
-"""The layer rule of design §1, enforced by import-linter (contracts in pyproject.toml), and no
+"""The layer rule (architecture.md), enforced by import-linter (contracts in pyproject.toml), and no
 import circles inside ``b12x``.
 
 ``reference`` imports neither ``b12x`` nor ``oracle``; ``b12x`` imports neither ``reference`` nor

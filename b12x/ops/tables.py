@@ -1,4 +1,4 @@
-"""Decision tables: the one machinery behind every declarative host decision (design §4 "Dispatch").
+"""Decision tables: the one machinery behind every declarative host decision (docs/architecture.md).
 
 The dense dispatch table (:mod:`b12x.ops.dense.dispatch`), the split-K table
 (:mod:`b12x.ops.dense.split_k`) and the MoE's tables (:mod:`b12x.ops.moe.dispatch`) are built

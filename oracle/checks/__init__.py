@@ -1,4 +1,4 @@
-"""The checks ``python -m oracle`` runs, one module per layer (design §5, §8).
+"""The checks ``python -m oracle`` runs, one module per layer (docs/architecture.md, README.md).
 
 Layout
 ------

@@ -1,4 +1,4 @@
-"""Kernel compile checks (design §8): every b12x specialization compiles for sm_80/sm_90/sm_120.
+"""Kernel compile checks (README.md): every b12x specialization compiles for sm_80/sm_90/sm_120.
 
 Through ``b12x.support`` (imported lazily): ``compile_specialization(spec, arch)`` returns PTX
 text, register count and spill bytes. Per specialization (one result, all arches):
@@ -6,7 +6,7 @@ text, register count and spill bytes. Per specialization (one result, all arches
 * it compiles for each of :data:`ARCHES` on the CPU (no GPU needed);
 * GEMM kernels (``spec.uses_mma``: dense ``gemm`` and the grouped ``MoeGemmSpec``; else
   ``spec.kind == "gemm"``) contain ``mma.sync.aligned.m16n8k16`` in their PTX
-  (the warp-level tensor-core path of design §4);
+  (the warp-level tensor-core path of §1.5);
 * spill bytes are zero (an unparsed spill report is a failure: unknown is not zero).
 
 The default job compiles ``representative_specializations()`` when b12x declares it (every kernel

@@ -1,4 +1,4 @@
-"""ABI contracts (design §5.6): the static checker over b12x with its lock and pinned slots.
+"""ABI contracts (§5.2–§5.3): the static checker over b12x with its lock and pinned slots.
 
 Two results from ``oracle.contracts.check_b12x()`` (standard library only; b12x is parsed, never
 imported):

@@ -1,4 +1,4 @@
-"""Dispatch and tile checks (design §5.7; R2, R3, R15) against the tables b12x declares.
+"""Dispatch and tile checks (§5.4–§5.5; R2, R3, R15) against the tables b12x declares.
 
 The tables come from b12x's typed contract (``b12x.support.OPS``, :mod:`oracle.declared`): every
 op's ``dispatch`` tuple (objects satisfying :mod:`oracle.dispatch`'s protocol: every host decision

@@ -1,4 +1,4 @@
-"""Codebook and table fingerprints (design §5.1): every table in fixtures/fingerprints.json.
+"""Codebook and table fingerprints (§2.9): every table in fixtures/fingerprints.json.
 
 Each table listed under ``tables`` is rebuilt through :mod:`reference` and its SHA-256 compared
 with the spec's digest (spec §2.9; bytes exactly as the JSON's ``bytes`` field says: little-endian

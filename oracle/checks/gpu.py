@@ -1,4 +1,4 @@
-"""GPU checks (design §5.3–5.5): decode exactness, the differential grid, the graph protocol.
+"""GPU checks (oracle_contract.md §2): decode exactness, the differential grid, the graph protocol.
 
 On a machine without CUDA every family is ONE ``skip`` line with reason ``"no CUDA device"``
 (:data:`FAMILY_NAMES`), never thousands; ``--tier gpu`` / ``--require-gpu`` turn that into a

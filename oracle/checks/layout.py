@@ -1,4 +1,4 @@
-"""Layout checks (design §5.2): pack, states, windows and tile order, exact, on CPU.
+"""Layout checks (§1.2–§1.5): pack, states, windows and tile order, exact, on CPU.
 
 Every expectation here is built independently of :mod:`reference` from the spec's rules:
 

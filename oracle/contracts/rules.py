@@ -21,7 +21,7 @@ Layout
   ``shared-body-signature`` (info)
       (:func:`check_shared_body_definition`) a ``@shared_body`` whose own signature invites
       stale calls: a parameter other than ``self``/``cls`` that is not keyword-only, or a default
-      (design §4). An info, not a violation: the call rules already make every call safe;
+      (b12x/abi.py). An info, not a violation: the call rules already make every call safe;
   ``unverifiable`` (info)
       a call with ``*x``/``**y`` unpacking into an ordinary function.
 

@@ -1,4 +1,4 @@
-"""The mutation gate: ``python -m oracle mutate`` (design §5.9, issue 6).
+"""The mutation gate: ``python -m oracle mutate`` (README.md, issue 6).
 
 A test suite earns trust by failing on the bugs it claims to block. This package applies a
 catalogue of known regressions (one or more per class of ``spec/regression-classes.md``) to a

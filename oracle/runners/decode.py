@@ -1,4 +1,4 @@
-"""The decode runner: decode exactness through every kernel that decodes (design §5.3).
+"""The decode runner: decode exactness through every kernel that decodes (oracle_contract.md §2).
 
 A decode case ``(variant, M, K, N)`` is judged bit for bit against ``reference.trellis.decode``
 (the weight rounded to the variant's compute dtype, then to the fp16 output), through:

@@ -1,4 +1,4 @@
-"""The CUDA-graph protocol (design §7) over every op's plan / bind / run, as a consumer captures it.
+"""The CUDA-graph protocol over every op's plan / bind / run, as a consumer captures it.
 
 Each :class:`GraphTarget` is one op of ``b12x.support`` on one small problem that reaches one
 path: the decode op; the dense linear on the generic path with split-K, on decode + cuBLAS, on the

@@ -1,6 +1,6 @@
 """GPU: the dense trellis linear against the exact and faithful references (spec §3.2–3.3).
 
-Gate (design §6): ``relL2(y, exact) <= max(2 · relL2(faithful, exact), floor)`` plus a tight
+Gate: ``relL2(y, exact) <= max(2 · relL2(faithful, exact), floor)`` plus a tight
 closeness to the faithful reference (the kernel's only latitude is the fp32 summation order), and
 a worst-row cosine. The H128 rotation kernels are compared against the reference's faithful
 rotation steps, and an external H128 callback (exllamav3 contract) is exercised.

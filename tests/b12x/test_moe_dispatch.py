@@ -1,4 +1,4 @@
-"""CPU: the MoE's host decisions are the tables of ``b12x.ops.moe.dispatch`` (design §4 "Dispatch").
+"""CPU: the MoE's host decisions are the tables of ``b12x.ops.moe.dispatch`` (docs/architecture.md).
 
 * Each table passes ``oracle.dispatch``'s generic checks: both sides of every declared boundary
   pick the expected row (whose own predicate holds), every row is reachable, ``explain`` is

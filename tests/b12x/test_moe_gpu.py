@@ -3,7 +3,7 @@
 * Differential: curated (experts, top-k, M, layout, x dtype, compute dtype, codebook) buckets over
   experts {8, 64}, top-k {1, 2, 8}, M {1, 8, 64, 129}; judged per row against the faithful
   reference relative to the row's magnitude (sum of |w|·‖route output‖, so near-cancelling rows
-  are judged by their routes), and globally by the design §6 rule against the exact reference.
+  are judged by their routes), and globally by the tolerance rule against the exact reference.
 * Inactive routes (−1, E, 2^31, 2^32 with NaN/inf weights): exactly zero contribution, caller
   tensors bit-unchanged, eager and CUDA-graph replay.
 * CUDA-graph protocol (oracle.graph_protocol, CudaBackend) with the plan's exact buffers, NaN and

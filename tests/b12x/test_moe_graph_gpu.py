@@ -1,4 +1,4 @@
-"""GPU: the fused MoE inside a serving engine's CUDA graphs, FULL and PIECEWISE (issue 5; design §7;
+"""GPU: the fused MoE inside a serving engine's CUDA graphs, FULL and PIECEWISE (issue 5;
 regression classes R4, R5, R8, R13).
 
 The block step (:class:`BlockStep`)

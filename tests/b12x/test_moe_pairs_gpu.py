@@ -5,7 +5,7 @@
   top-k {1, 8}, M {1, 17, 128}, H {512, 1024}, I {256, 512} (1–2 pairs), proj and packed,
   fp16 and bf16, MCG plus one 3INST, one MUL1 and one sqg_e4m3 (LUT) case; judged like
   tests/b12x/test_moe_gpu.py: per row against the faithful paired reference relative to the row's
-  magnitude, and globally against the exact reference by the design §6 rule.
+  magnitude, and globally against the exact reference by the tolerance rule.
 * P33 ≡ uniform K3: the paired kernels on the uniform payload re-cut as P33 give the uniform
   kernels' output bit for bit (same decode, same per-column accumulation order).
 * Inactive routes contribute exactly zero (NaN weights, ids -1 / E / 2^31-1), eager and under

@@ -1,5 +1,5 @@
 """plan / bind / run of the dense trellis linear: buffer contracts (R4), capture errors, no
-allocation in run, and the CUDA-graph protocol (design §7) on CPU and (marked) on the GPU.
+allocation in run, and the CUDA-graph protocol on CPU and (marked) on the GPU.
 
 Buffer tables are written by hand from spec §3.3 (generic) and §5.5 (K6/MCG small-M). On CPU the
 kernels of ``b12x.launch.host`` are replaced by in-place stand-ins that record their arguments
@@ -517,7 +517,7 @@ def test_cpu_protocol_generic_with_placeholder_fails_naming_the_buffer(simulated
 
 
 def test_cpu_protocol_catches_an_allocating_run(simulated, monkeypatch):
-    """Mutant: a run that allocates its own rotated buffer is caught (design §5 mutation gate)."""
+    """Mutant: a run that allocates its own rotated buffer is caught (the mutation gate)."""
 
     def allocating_rotate(x, suh, *, out_dtype, out):
         out.copy_(x * suh)  # x * suh allocates a fresh tensor

@@ -1,4 +1,4 @@
-"""CPU tier: hostile values against every public entry of b12x (design §4 "Validation").
+"""CPU tier: hostile values against every public entry of b12x (docs/architecture.md).
 
 Each entry starts from a valid baseline call; hypothesis replaces one or two of its arguments
 with values from a pool of hostile ones (wrong types, bools for ints, floats, NaN, negative /

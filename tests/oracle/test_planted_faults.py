@@ -1,4 +1,4 @@
-"""The planted-fault table (design §6): legitimate reorderings the judges must pass, kernel bugs
+"""The planted-fault table: legitimate reorderings the judges must pass, kernel bugs
 they must flag.
 
 "Kernel outputs" are the reference's faithful chain (:mod:`reference.linear`,

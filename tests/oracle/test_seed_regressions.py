@@ -1,4 +1,4 @@
-"""The two seed incidents of spec/regression-classes.md §0, replayed against the real b12x.
+"""The two seed incidents (§5.3, §5.5), replayed against the real b12x.
 
 Each seed's mutants (from the mutation catalogue) are applied to a temporary copy of the real
 b12x; the oracle's checks must fail on that regressed copy and pass on the real tree.

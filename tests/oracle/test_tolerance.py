@@ -1,4 +1,4 @@
-"""The design §6 tolerance model: the coarse gates (α × faithful per row block, floor only where
+"""The tolerance model: the coarse gates (α × faithful per row block, floor only where
 the faithful error is zero, worst-row cosine, NaN/Inf), the exact rounding and the envelope
 machinery of :mod:`oracle.envelope`, and the judges' interface (arguments, stages, metrics,
 expert stacks). The planted-fault table is tests/oracle/test_planted_faults.py."""

@@ -1,4 +1,4 @@
-"""The declarative dispatch table of the dense trellis linear (design §4 "Dispatch"; R2).
+"""The declarative dispatch table of the dense trellis linear (docs/architecture.md; R2).
 
 Layout
 ------

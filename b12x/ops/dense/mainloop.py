@@ -1,4 +1,4 @@
-"""Which mainloop the dense generic GEMM runs, as a declarative table (issue 14; design §4).
+"""Which mainloop the dense generic GEMM runs, as a declarative table (issue 14).
 
 The generic path's GEMM kernel (:mod:`b12x.kernels.dense_gemm`) has two mainloops: the
 **per-warp decode** (each warp decodes the weights it multiplies; the tile registry's geometry)

@@ -1,4 +1,4 @@
-"""plan / bind / run of the dense trellis linear (spec §3.2–3.3, §5.5; design §4; R4, R5, R15).
+"""plan / bind / run of the dense trellis linear (spec §3.2–3.3, §5.5; R4, R5, R15).
 
 Layout
 ------

@@ -1,4 +1,4 @@
-"""Split-K of the dense trellis GEMM as a declarative table (design §4 "Dispatch"; R2, R15).
+"""Split-K of the dense trellis GEMM as a declarative table (docs/architecture.md; R2, R15).
 
 The rule the host launcher once computed inline (``choose_split_k``) is data here, in
 the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,

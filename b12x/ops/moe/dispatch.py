@@ -1,4 +1,4 @@
-"""The fused MoE's host decisions as declarative tables (design §4 "Dispatch"; R2, R12, R15).
+"""The fused MoE's host decisions as declarative tables (docs/architecture.md; R2, R12, R15).
 
 Every launch geometry :func:`b12x.ops.moe.plan.plan_moe` and
 :func:`b12x.ops.moe.gemm_op.plan_moe_gemm` choose comes from one of the six tables below (five

@@ -1,4 +1,4 @@
-"""Which mainloop the MoE's grouped GEMMs run, as a declarative table (issue 15; design §4).
+"""Which mainloop the MoE's grouped GEMMs run, as a declarative table (issue 15).
 
 The grouped GEMM (:mod:`b12x.kernels.moe_gemm`) has two mainloops: the **per-warp decode** (each
 warp decodes the weights it multiplies; route blocks of ``16·m_tiles`` slots, the
