@@ -5,8 +5,9 @@ A citation is the section sign followed by a dotted number (``N`` or ``N.M``...)
 * a document path written directly before it (``docs/oracle_contract.md``, optionally in
   backticks; a bare name such as ``oracle_contract.md`` is looked up in ``docs/`` too): that
   document's numbered headings (``## 3. ...``, ``### 4.2 ...``);
-* the bare word ``design`` (the blueprint outside the repository): never resolvable, such a
-  citation must be rewritten to a document of the repository;
+* the bare word ``design`` (the blueprint outside the repository), or a citation followed by
+  ``of the ...`` (a section of some other, unnamed document): never resolvable, such a citation
+  must be rewritten to name a document of the repository;
 * otherwise (bare, or after ``spec``): docs/format.md.
 
 A citation that continues a list or range (``A, B``, ``A/B``, ``A–B``, ``A and B``) inherits the
@@ -38,6 +39,7 @@ APPENDIX_RE = re.compile(r"\b(?:Appendix|App\.) ([A-Z])\b")
 CONTINUATION_RE = re.compile(r"^[\d.]*[\s,;/&\u2013\u2014-]*(?:(?:and|or)\s+)?$")
 DOC_BEFORE_RE = re.compile(r"([\w./-]+\.md)`{0,2}\s*$")
 DESIGN_BEFORE_RE = re.compile(r"\bdesign\s*$")
+OF_OTHER_AFTER_RE = re.compile(r"^\s+of\s+the\s")
 HEADING_RE = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 APPENDIX_HEADING_RE = re.compile(r"^#{1,6}\s+Appendix ([A-Z])\b", re.MULTILINE)
 SKIP_DIRS = {"__pycache__", "node_modules", "build", "dist", "results", "venv"}
@@ -62,6 +64,8 @@ def find_refs(text: str) -> list[Ref]:
             target = doc.group(1)
         elif DESIGN_BEFORE_RE.search(before[-40:]):
             target = "design"
+        elif OF_OTHER_AFTER_RE.match(text[m.end() : m.end() + 20]):
+            target = "of the"
         else:
             target = ""
         refs.append(Ref(text.count("\n", 0, m.start()) + 1, m.group(1), target))
@@ -99,6 +103,9 @@ def unresolved(paths: Iterable[Path], root: Path = REPO) -> list[str]:
             where = f"{path}:{ref.line}: {(ref.target + ' ') if ref.target else ''}{shown}"
             if ref.target == "design":
                 problems.append(f"{where} (the design blueprint is not in the repository)")
+                continue
+            if ref.target == "of the":
+                problems.append(f"{where} (a section of an unnamed document: name the document)")
                 continue
             doc = _target_doc(ref, path, root)
             if doc is None:
@@ -146,6 +153,7 @@ def test_planted_unknown_section_fails(tmp_path):
         (f"(``docs/oracle_contract.md`` {SECTION}1)", ["docs/oracle_contract.md"]),
         (f"(spec {SECTION}3.2\u20133.3, {SECTION}5.5; x.md {SECTION}4)", ["", "", "x.md"]),
         (f"see docs/oracle_contract.md.\nThen {SECTION}3", [""]),
+        (f"{SECTION}4.2 of the regression classes; {SECTION}4.2 of format", ["of the", ""]),
     ],
 )
 def test_citation_targets(text, expected):

@@ -1,7 +1,7 @@
 """The dense dispatch table (R2): both sides of every boundary, reachability, explain reasons.
 
-Every expected path below is written from spec §5.5 (PR #136 gate) and §4.2 of the regression
-classes, not read back from the table. The decode_matmul threshold (M >= 129) is the H200
+Every expected path below is written from spec §5.5 (PR #136 gate) and R2's boundaries,
+not read back from the table. The decode_matmul threshold (M >= 129) is the H200
 crossover measured on 2026-12-03: the generic GEMM's shared-decode mainloop beats decode +
 cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us; 128: 300 vs 407) and loses from two
 (M = 256: 588 vs 402). M = 128 stays fused, M = 129 decodes first; the K6 row (M <= 128) and

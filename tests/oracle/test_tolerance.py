@@ -174,7 +174,7 @@ def test_judge_rejects_bad_arguments():
 
 
 def naive_block_verdicts(y, e, f, tol):
-    """Element-wise construction of the §6 block rule with Python loops over rows."""
+    """Element-wise construction of the tolerance block rule with Python loops over rows."""
     rows = e.shape[0]
     verdicts = []
     for start in range(0, rows, tol.row_block):
