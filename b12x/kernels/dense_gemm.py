@@ -34,10 +34,7 @@ Layout
   global read, never decoded); the kernel drains every group before it exits. Shared memory
   per CTA: ``warps·S·(32b·n_tiles + 512·m_tiles)`` B (:func:`ring_smem_bytes`): 12 KB for the
   headline K4 1x4 tile at S = 3 (8 CTAs of 4 warps per SM fit in 96 KB), at most 40 KB.
-  Measured on the H200 (2026-12-02, ``benchmarks/dense_mainloop_sweep.py``, 8192 x 28672 MCG):
-  S = 3 is the best ring and lands within 0-4 % of the register path (K4 M=1 90.6 us, M=16
-  96.9 us; K6 M=1 99.1 us, M=16 111.3 us), so the mainloop is bound by decode instruction issue,
-  not by load latency, and the default stays S = 0 (the ring has no sanitizer run yet).
+  The default stays S = 0: docs/evidence/dense-smem-ring.md.
 * **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows; the
   mainloop is :class:`b12x.kernels.shared_decode.SharedDecodeMainloop`, which the grouped MoE
   GEMM runs too: this kernel supplies its rows, payload run and epilogue). The
@@ -651,8 +648,8 @@ class DenseTrellisGemmKernel:
         A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with the
         halves swapped in rows 4..7 mod 8 so the fragment reads (rows g, words r / r + 4) hit
         32 distinct banks. (The slot's payload run, ``n_tiles·32b`` bytes, is added as the
-        immediate offset by _fill_slot / _read_slot; adding it here too put A past its slot —
-        the first H200 run, 2026-12-02, caught the last warp's last slot writing out of bounds.)
+        immediate offset by _fill_slot / _read_slot; adding it here too put A past its slot:
+        docs/evidence/dense-smem-ring.md.)
         """
         stages = self.smem_stages
         slot_bytes = self._slot_bytes()

@@ -1,17 +1,8 @@
 """Stream-K over the ``wgmma`` mainloops: a persistent grid shares every tile's K range.
 
-Why
----
-At M <= 64 the dense table's deep row (:data:`b12x.ops.dense.mainloop.TENSOR_DEEP`, 128 rows x
-256 columns per CTA, one CTA per SM) has 112 tiles at N = 28672: 0.85 waves on 132 SMs, so 20
-SMs idle for the whole GEMM while each busy SM runs a full K range. At M = 256 the swap-AB
-pairs (:data:`~b12x.ops.dense.mainloop.SWAP_TALL`) make 224 CTAs, 1.70 waves: the second
-leaves 40 SMs idle (:mod:`b12x.kernels.wgmma_swap`, "What bounds it"). Split-K rounds that the
-wrong way (224 halves on 132 SMs still leave two halves, one whole tile, on the busiest SM),
-and finer tiles put as many weight rows on the busiest SM (:mod:`b12x.ops.dense.mainloop`).
-Here ``ctas`` CTAs (one per SM) share the tiles' K ranges evenly instead: each runs about
-``tiles / ctas`` of a tile (0.85 at M = 64, 1.70 pair tiles per pair at M = 256), one K range
-after another.
+Why: the deep row's 112 tiles at N = 28672 are 0.85 waves on 132 SMs and the swap-AB pairs'
+224 CTAs at M = 256 are 1.70; ``ctas`` CTAs (one per SM) share the tiles' K ranges evenly
+instead, each running about ``tiles / ctas`` of a tile (docs/evidence/dense-stream-k-geometry.md).
 
 Which mainloop: the ``wgmma`` shared decode (every warp multiplies) or swap-AB, unshared or in
 clusters. A cluster's CTAs share each token tile, so they must run the same K16 rows: the
@@ -20,9 +11,8 @@ cluster`` takes its CTA of each pair tile), and each segment starts the slots' m
 afresh (:meth:`~b12x.kernels.wgmma_swap.SwapAbMainloop.token_copier`: every use of the last
 segment's barriers was waited for, and its cluster barrier makes both CTAs ready).
 
-Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloop`,
-"Stream-K", with the measurements); ``tests/b12x/test_dense_stream_k_gpu.py`` passed on an H200
-and an H100 (2026-12-07).
+Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloop`); GPU test:
+``tests/b12x/test_dense_stream_k_gpu.py``.
 
 Schedule (:mod:`b12x.kernels.stream_k_schedule`: pure integer math, the same functions run in
 the kernel and on the host for the tests)

@@ -37,18 +37,8 @@ Layout
   7b. ``fill_mid_m`` — ``8 < M ≤ 16``: ``wanted`` (depth 6).
   8. ``fill`` — ``M > 16``: ``wanted`` (depth 4).
 
-  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200 and, for
-  the two small-M depths, on the H100 (2026-12-06, ``benchmarks/dense_trellis.py --m
-  1,2,4,8,12,16 --bits 4 --split-sweep 6,8,9,12,15``, whole K4 linear on 8192 x 28672, us):
-  15 slices (depth 12) lead or tie up to M = 8 (M = 1: 83.3 against 86.7 at 8; M = 8: 89.0
-  against 89.4), but their fp32 partials (``S·M·N·4`` B, written then read by the reduce) grow
-  with M, and 8 slices (depth 6; 14.7 MB at M = 16 instead of 27.5) lead from M = 12 (92.1
-  against 93.7 at 15 and 96.9 at 12) and at M = 16 (101.8 against 108.2 at 15; 6 slices
-  underfill the device, 112.3). Summing the slices of a tile in one thread-block cluster over
-  distributed shared memory (no partials, no reduce launch; commit 5443ddb, withdrawn) was
-  bit-identical but slower at the same slice count, GEMM + sum on the H100, us, K4 / K6: M = 1
-  95.2 / 109.9 against partials 82.0 / 98.5 at 8 slices; M = 16 104.8 / 125.5 against 96.6 /
-  116.0.
+  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``; the depths were chosen by measurement:
+  docs/evidence/dense-split-k-depth.md.
 * :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``: the row, one
   reason per row considered, and the *requested* split count (``value``, also ``split_k``).
   The plan then applies the launcher's arithmetic (``rows = ceil(K16/split)``,
@@ -98,6 +88,7 @@ __all__ = [
 
 SMALL_M_MAX = 16  # M <= 16: one M16 block, the grid is thin -> deeper
 GEMV_M_MAX = 8  # M <= 8: the fp32 partials are few bytes -> deepest
+#: Chosen by measurement (with MID_M_DEPTH): docs/evidence/dense-split-k-depth.md
 SMALL_M_DEPTH = 12  # CTAs per SM aimed for at M <= 8
 MID_M_DEPTH = 6  # CTAs per SM aimed for at 8 < M <= 16: half the partials' bytes
 DEPTH = 4  # CTAs per SM aimed for above

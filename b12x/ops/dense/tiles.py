@@ -360,9 +360,8 @@ WIDE_TILE_CAP = 4
 #: The least tile hint (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`) a decoder needs for the
 #: sm_90 tensor-core mainloops of the dense GEMM (``b12x.ops.dense.mainloop``: ``TENSOR_DEEP``,
 #: ``SWAP_WIDE``, ``SWAP_TALL``), which run one 8-warp CTA per SM at 250-255 registers with 128 fp32
-#: accumulators per thread. D3L (sqg_fp16, cap 2) spills in every one of them at K5 and K6, at
-#: every ptxas level tried (CPU compile, sm_90a, 2026-12-07, bf16 / fp16 compute: 460-468 / 340 B
-#: deep, 48-72 / 88-136 B swap-wide, 1136-1152 / 1104-1112 B swap-tall); every other decoder
+#: accumulators per thread. D3L (sqg_fp16, cap 2) spills in every one of them at K5 and K6
+#: (docs/evidence/dense-tensor-core-decoder-spills.md); every other decoder
 #: compiles spill-free in all three at every legal rate
 #: (``tests/b12x/test_dense_mainloop_table.py::test_every_tensor_core_decoder_compiles_spill_free``,
 #: ``-m slow``).

@@ -142,22 +142,8 @@ WIDE_CTA_WARPS = 4
 PAIR_CHANNELS = 256
 #: Warps per K group of a single-block launch whose K splits (``single_block_split``): the same
 #: per-warp work and K order as 4-warp groups (bit-identical), twice the CTAs at half the size
-#: (512 threads at k_split 8, where 4 warps would be 1024). Measured (2026-12-05, H100 80GB
-#: HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``, GLM-like MoE, MCG K4, graphed, us)
-#: against (2, 4, 8): FC2 (K = 1536, N = 5120) at k_split 2, M = 1: 42.2 / 48.6, 8: 148.2 /
-#: 150.2, 64: 329.3 / 335.0; at k_split 4: 38.3 / 39.1 (M = 1); FC1 (K = 5120, N = 3072) at
-#: k_split 8: 58.8 / 281.4 / 655.3 at M = 1 / 8 / 64 (k_split 4 with 4 warps: 70.0 / 289.7 /
-#: 645.8). The one loss seen: FC1 at k_split 4 ran 72.7 / 70.0 at M = 1 (GLM-like FC1 now takes
-#: eight groups; four-group FC1s are K = 2048 .. 3584, 4608).
-#:
-#: The K_SPLIT and geometry rows of 2026-12-05 (FC1 K = 5120 in eight groups, FC2 K = 1536 in
-#: four, a split single block at two warps per group), whole GLM-like step, H200,
-#: ``moe_trellis.py --m 1,8,64,256,512,1024,4096 --no-tiers --no-pair``, graphed, same run, us,
-#: against the rows before (FC1 four groups, FC2 two): M = 1: 94.1 / 113.8, 8: 436.6 / 435.6,
-#: 64: 1001.8 / 988.0, 256: 1653.8 / 1657.2, 512 (wide blocks; FC1 one warp per group, 256
-#: threads, one CTA per SM): 1946.5 / 1876.0, 1024 and 4096 (shared decode, eight and four
-#: slices folded): 2421.8 / 2326.4, 6567.3 / 6361.2. Taken for M = 1 (2.22x -> 2.68x of bf16);
-#: prefill pays 3-4 % (the folds and the 256-thread wide CTA), recorded in the session note.
+#: (512 threads at k_split 8, where 4 warps would be 1024).
+#: Chosen by measurement: docs/evidence/moe-k-split-groups.md
 SPLIT_GROUP_WARPS = 2
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")

@@ -109,20 +109,10 @@ SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE, "tensor"
 #: ``shared_decode`` pins: ``"off"`` (the per-warp mainloop) or a geometry name.
 SHARED_PINS = ("off", *SHARED_GEOMETRIES)
 #: Fewest routes per expert on average (``m·top_k/E``) at which both grouped GEMMs take the
-#: shared decode. Measured on the H200 (2026-12-03, ``benchmarks/moe_trellis.py --no-tiers
-#: --no-pair --quick --shared-decode wide|off``: GLM-like, H 5120, I 1536, 128 experts, top-8,
-#: MCG K4, the whole step graphed, us, shared / per-warp): M = 512 (32 routes per expert) 2434.8
-#: / 1894.6, 640 (40) 2521.4 / 2360.9, 768 (48) 2600.0 / 2511.0, 1024 (64) 2948.8 / 3393.9,
-#: 2048 (128) 7993.6 / 8572.6, 4096 (256) 14974.9 / 16068.6 (the last two before the route
-#: packer's scan fix, which costs both the same). Below 64 a 128-slot block is mostly padding;
-#: between 48 and 64 nothing was measured, so the first measured win is the threshold.
+#: shared decode. Chosen by measurement: docs/evidence/moe-shared-decode-routes.md
 SHARED_MIN_ROUTES = 64
 #: Fewest routes per expert at which the sm_90 tensor geometry (:data:`SHARED_TENSOR`) is
-#: planned. Measured on the H200 (2026-12-04, ``benchmarks/moe_trellis.py --no-tiers --no-pair
-#: --quick --shared-decode tensor``, same model, us): M = 512 (32 routes per expert) 2010.3
-#: against the per-warp 1900.5 of the same day's table run, 768 (48) 2107.3 against 2511.0
-#: (2026-12-03); 1024 (64) 2393.6 against the wide geometry's 2971.2. Nothing was measured
-#: between 32 and 48: the first measured win is the threshold.
+#: planned. Chosen by measurement: docs/evidence/moe-shared-decode-routes.md
 TENSOR_MIN_ROUTES = 48
 #: Shared memory per block the wide geometry may need: slots and fragment buffers within the
 #: 48 KB, plus the K-slice fold (64 KB): a launch opts in past 48 KB, so the device must grant it.

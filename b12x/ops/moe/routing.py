@@ -35,9 +35,7 @@ Algorithm (O(n·E) memory in ``route_onehot``, no sort)
    per expert. The padding is never written: a scan only carries forward, the padding follows
    every route of its (last) chunk, and no chunk after it takes its count. Expert-major and
    chunked because torch scans an innermost dim with every row in parallel but an outer dim one
-   element after another per column: route-major, the scan was 5.9 ms of a 16 ms step at
-   M = 4096 on the H200; expert-major rows of all ``n`` routes, 81 us
-   (``benchmarks/profile_launches.py``).
+   element after another per column (docs/evidence/moe-route-scan-layout.md).
 3. ``expert_scan[:, 0]`` = exclusive scan of the padded counts (``ceil(c/B)·B``), as a 2-D
    column so the scan is an outer-dim scan (no library temp storage).
 4. ``route_slot = offset[expert] + rank`` with the drop bucket's offset set to ``capacity``;
