@@ -161,8 +161,8 @@ PAIR_EXTENT = 256  # a pair is exactly 256 channels on its rate axis (spec §4.2
 #: A case is heavy when the weights it generates, moves and decodes reach this count: one dense
 #: 8192 x 28672 matrix (2^27.8), or a MoE stack of experts x 3·H·I (gate, up, down). The rule
 #: counts the whole stack because that is what one case costs: 256 experts of 2048 x 1024 are
-#: 1.6G weights (12 x the dense heavy shape) and took 12-21 s per case in the default job
-#: (H200 warm job, 2026-12-03), while one such expert is small.
+#: 1.6G weights (12 x the dense heavy shape), while one such expert is small
+#: (docs/evidence/oracle-sharding.md).
 HEAVY_WEIGHTS = 1 << 27
 #: One MoE expert this large (H·I; FC1 is twice that) needs a GPU to itself: such a case runs in
 #: the serial phase of a sharded run (:func:`needs_whole_gpu`), as does a heavy dense shape.

