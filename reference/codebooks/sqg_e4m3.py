@@ -158,7 +158,7 @@ def e4m3fn_to_float(codes: torch.Tensor) -> torch.Tensor:
     return value.to(torch.float32)  # exact: at most 4 significant bits, exponents -9..8
 
 
-#: Name used in docs/architecture.md; same function.
+#: Name used in reference/README.md; same function.
 e4m3_to_float = e4m3fn_to_float
 
 
