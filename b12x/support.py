@@ -1,7 +1,6 @@
 """What b12x declares to the oracle: the typed op contract, and CPU compile reports.
 
-Layout
-------
+Layout:
 * **The contract** (``docs/oracle_contract.md`` §1; the oracle imports it directly):
   :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op:
   its plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch
@@ -30,8 +29,7 @@ Layout
   returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
   ``remarks{ptx}`` report, which the DSL prints and we capture).
 
-Invariants
-----------
+Invariants:
 * Compiling needs no GPU: the arch comes from ``--gpu-arch``; nothing is launched.
 * Imports of cutlass and of the op modules happen lazily inside the functions that need them.
 * A variant of an op is in :data:`OPS` iff b12x runs it; the oracle skips nothing silently.

@@ -1,7 +1,6 @@
 """``python -m oracle``: the default job and the subcommands (design §5, §8).
 
-Commands
---------
+Commands:
 * (none) — the default job: :data:`oracle.checks.FAMILIES` in order. On CPU: fingerprints,
   layout, contracts, dispatch/tiles, kernel compile checks, and one ``skip`` line per GPU check
   family saying why; on a GPU also the differential grid, decode exactness and graph protocol.
@@ -33,8 +32,7 @@ Common options (before or after the command): ``--json FILE``, ``--results DIR``
 ``./results``), ``--tier cpu|gpu|auto`` (default auto: gpu when CUDA is present),
 ``--require-gpu`` (refuse to run without CUDA), ``-q``.
 
-Refusals (validated before anything runs)
------------------------------------------
+Refusals (validated before anything runs):
 Every selection and input file is checked first: filters and case ids
 (:func:`oracle.grids.select_cases`: unknown keys, values outside the registry's vocabulary,
 contradictions such as ``bits=9``, ids that are not grid points, selections that match nothing

@@ -1,7 +1,6 @@
 """Generic checks over a declared dispatch table (design §4 "Dispatch", §5.7; regression class R2).
 
-The protocol a dispatch table must satisfy
-------------------------------------------
+The protocol a dispatch table must satisfy:
 A dispatch table is any object with these attributes (b12x declares its own; this module never
 imports b12x, and tests use small doubles):
 
@@ -22,8 +21,7 @@ A *case* is a plain mapping of dispatch fields (arch/capability, ``m``, ``bits``
 ``pair_kind``, ``compute_dtype``, ``external_rotation``, ``explicit_tile`` ...); the table
 decides which fields it reads. Cases are never mutated by the checks.
 
-The generic checks (each returns one :class:`Outcome`)
-------------------------------------------------------
+The generic checks (each returns one :class:`Outcome`):
 * :func:`check_boundaries` — at both sides of every declared boundary, ``explain`` picks the
   expected path, and that path's own predicate holds there (a row deleted, a gate off by one, or
   a hijacking row above it all fail here).

@@ -1,7 +1,6 @@
 """``python -m oracle drift CASE_ID_OR_FILE``: where a dense case's output error comes from (CPU).
 
-Input
------
+Input:
 * a grid case id (:func:`oracle.grids.resolve_case_id`, every id ``python -m oracle grid``
   lists): the inputs are regenerated from the id (:func:`oracle.runners.inputs.dense_inputs`,
   the runners' seeded inputs); there is no kernel output, so only *faithful vs exact* is shown
@@ -16,8 +15,7 @@ Only unpaired ``dense`` cases are supported (rotation ``full`` and ``none``); de
 judged bit for bit and MoE cases route by token, so both are refused with a pointer to
 ``python -m oracle replay``.
 
-References (float64 on the CPU; :mod:`reference.linear`)
---------------------------------------------------------
+References (float64 on the CPU; :mod:`reference.linear`):
 * rotation ``full``: *exact* = ``forward_decoded(x, Wq, suh, svh, precision="exact")``,
   *faithful* = the same with ``precision="faithful"`` and the case's compute dtype;
 * rotation ``none`` (the raw GEMM): *exact* = ``x @ Wq`` in float64, *faithful* =
@@ -26,8 +24,7 @@ References (float64 on the CPU; :mod:`reference.linear`)
 For each pair (faithful vs exact, kernel vs exact, kernel vs faithful): ``max_abs``,
 ``mean_abs``, ``rel_l2`` = ‖a − b‖₂/‖b‖₂ and ``max_abs_rel`` = max|a − b| / RMS(b).
 
-The error map (only with a saved kernel output)
------------------------------------------------
+The error map (only with a saved kernel output):
 The residual ``R = y_kernel − y_faithful`` is attributed to the *decoded weight* ``Wq``, the B
 operand of the kernel's GEMM, assuming the kernel computed ``A @ (Wq + dW)`` with the faithful A
 operand (``rotated_f16`` in the compute dtype for ``full``, ``fp16(x)`` for ``none``):
@@ -44,8 +41,7 @@ operand (``rotated_f16`` in the compute dtype for ``full``, ``fp16(x)`` for ``no
    Frobenius norms of its 16×16 tiles (tile ``(kt, nt)`` = ``Wq[16kt:16kt+16, 16nt:16nt+16]``,
    the trellis tile of the payload). Also the worst GEMM-space output columns.
 
-Limits (honest reading)
------------------------
+Limits (honest reading):
 * Least squares needs ``M ≥ 1``. With ``rank(A) = K`` (needs ``M ≥ K``) ``dW`` is the unique
   least-squares weight error; with ``M < K`` it is the *minimum-norm* one, i.e. the true error
   projected onto the row space of ``A``: a single wrong weight is smeared over the other rows of

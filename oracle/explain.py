@@ -1,7 +1,6 @@
 """``python -m oracle explain``: the plan b12x would make for one problem, without a GPU.
 
-What it shows
--------------
+What it shows:
 * ``--op dense`` (default): :func:`b12x.ops.dense.plan.plan_dense` on a *simulated* part
   (:data:`oracle.tiles.DEVICES`: ``--arch sm_80|sm_90|sm_120`` takes the first part of that
   capability, ``--device NAME`` any part by name), then

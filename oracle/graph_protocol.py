@@ -1,7 +1,6 @@
 """The CUDA-graph protocol runner (design §7; regression classes R4, R5, R8, R15).
 
-The op protocol
----------------
+The op protocol:
 Any op with plan / bind / run (b12x's dense linear, MoE, decode kernel ...):
 
 * ``plan(problem) -> plan`` — host side; may allocate.
@@ -15,8 +14,7 @@ Any op with plan / bind / run (b12x's dense linear, MoE, decode kernel ...):
 * optional ``compile_unwarmed(plan)`` — asks for a specialization that warm-up did not build; it
   must raise when called under capture (R5). Without it that misuse check is a "skip".
 
-The consumer fixture
---------------------
+The consumer fixture:
 :class:`ConsumerFixture` holds EXACTLY the buffers the consumer provisions (e.g. vLLM's one-element
 generic scratch placeholder on the small-M path), by name, with their roles: ``outputs`` (compared
 bitwise with eager; poisoned before each replay), ``scratch`` (poisoned before each replay),
@@ -24,8 +22,7 @@ anything else is persistent (e.g. a lock workspace the kernel re-zeroes; never p
 holds the captured ``inputs`` and ``input_sets``: values copied *in place* into the captured inputs
 before each eager run and replay (set 0 is the one present at capture).
 
-Steps (in order; each recorded as a :class:`Step` with status pass / fail / skip)
----------------------------------------------------------------------------------
+Steps (in order; each recorded as a :class:`Step` with status pass / fail / skip):
 ``plan`` → ``bind`` (through a tracking mapping: a missing name fails naming it) → ``warmup``
 (side stream; per input set, eager outputs snapshotted; set 0 is run twice and must agree
 bitwise: determinism) → ``reference`` (only when given) → ``freeze`` → ``capture`` (allocator
@@ -38,16 +35,14 @@ capture must raise an error naming it) → ``misuse.compile_in_capture``. A step
 because an earlier one failed is "skip"
 with that reason. :class:`GraphVerdict` aggregates: passed iff no step failed.
 
-Backends
---------
+Backends:
 All device work goes through a backend, so the bookkeeping is testable on CPU:
 :class:`SimulatedBackend` (CPU tensors; "capture" records the callable and runs it once with
 ``capturing`` set; "replay" calls it again; allocator activity is counted by a dispatch mode that
 sees every aten op returning a fresh tensor) and :class:`CudaBackend` (torch.cuda graphs, side
 stream, ``torch.cuda.memory_stats`` counters).
 
-Closeness and composition
--------------------------
+Closeness and composition:
 With ``reference=`` (input set -> expected outputs) and optionally ``judge=`` (got, expected ->
 (ok, reason); bitwise by default) a ``reference`` step after warm-up checks the eager outputs of
 every input set against the reference. :class:`ComposedOp` chains ops into one step so the whole

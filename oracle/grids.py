@@ -1,7 +1,6 @@
 """Shape buckets and case generation from the variant registry.
 
-Layout
-------
+Layout:
 * Buckets are data. :data:`M_BUCKETS` straddles every M boundary a dispatch or tile table may
   draw (1, 8|9, 16|17, 127|128|129, …). :data:`KN_BUCKETS` are (K, N) pairs, multiples of 128,
   with residues 128 mod 256 and 256 mod 512 on both axes, GLM-like projection shapes, and one
@@ -25,8 +24,7 @@ Layout
   case id alone reproduces its inputs. ``case_id`` is filename-safe (``[A-Za-z0-9_.-]``) and
   :func:`parse_case_id` inverts it.
 
-Filter grammar (:func:`parse_filter`)
--------------------------------------
+Filter grammar (:func:`parse_filter`):
 ``clause ("," clause)*`` where ``clause := field op value``:
 
 * ``field``: a Variant field (``op codebook bits pair_kind rate_axis tier_layout rotation
@@ -40,8 +38,7 @@ Filter grammar (:func:`parse_filter`)
 
 All clauses must hold (AND). Example: ``"codebook=mcg,bits=6,m<=128,pair_kind=none"``.
 
-Validation (:class:`SelectionError`, a ``ValueError`` whose message is ONE line)
---------------------------------------------------------------------------------
+Validation (:class:`SelectionError`, a ``ValueError`` whose message is ONE line):
 :func:`parse_filter` refuses, naming the clause and listing what is known:
 
 * an unknown field, a malformed clause, a missing value, an operator the field cannot take, a
@@ -59,8 +56,7 @@ of the tier's grid, an alternative of a ``=`` clause that selects nothing with t
 (``m=17|64`` where the rest of the filter has no M = 64: a union would hide it), ``--case``
 together with ``--filter``, and a bad ``max_cases``.
 
-Case ids (:func:`resolve_case_id`)
-----------------------------------
+Case ids (:func:`resolve_case_id`):
 A ``--case`` id must be a *generated grid point*: it parses, names a registered variant, its
 (M, K, N[, experts, top_k]) is a point :func:`cases` generates for that variant, and its seed is
 the grid's seed for that point (base seed 0). Hand-made ids for other shapes or seeds are refused:

@@ -5,8 +5,7 @@ GPU job's judges do not copy every output to the host; the helpers that return t
 (:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors
 (:func:`row_block_rel_l2` and :func:`rel_l2` also reduce on the device of ``y``).
 
-Layout
-------
+Layout:
 * Tensors are viewed as a matrix of *rows*: the last dimension is the row, every leading
   dimension is flattened into the row index (a 1-D tensor is one row, a 0-d tensor one element).
 * ``‖ref‖`` in ``max_abs_rel`` is the **RMS** of the reference (``‖ref‖₂ / √numel``), so the

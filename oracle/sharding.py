@@ -1,7 +1,6 @@
 """Shard the oracle's GPU grid across the GPUs of one host and merge the partial reports (issue 7).
 
-Layout
-------
+Layout:
 *Plan* (pure and deterministic; no randomness, no dict-order dependence; CUDA only to read the
 limits of the ``device`` a shard plans on):
 

@@ -1,7 +1,6 @@
 """Generic checks over a declared tile registry (design §4 "Tiles", §5.7; regressions R3, R15).
 
-The protocol a tile registry must satisfy
------------------------------------------
+The protocol a tile registry must satisfy:
 Any object with these members (b12x declares its own; this module never imports b12x):
 
 * ``name: str`` and ``entries: Sequence[tile]`` — every tile the registry knows. Tiles are
@@ -21,8 +20,7 @@ Any object with these members (b12x declares its own; this module never imports 
 
 Problems are opaque to this module; they are handed back to the registry untouched.
 
-The generic checks (each returns an :class:`oracle.dispatch.Outcome`)
---------------------------------------------------------------------
+The generic checks (each returns an :class:`oracle.dispatch.Outcome`):
 * :func:`check_round_trip` — for every problem and every simulated device: the auto-selected
   tile is a declared entry, ``qualify`` accepts it, it survives serialise → deserialise → pin
   unchanged, and the cache key is identical. This is the GB10 bug (R3): a tile admitted by auto

@@ -1,7 +1,6 @@
 """The one tolerance model (design §6, docs/oracle_contract.md §3), with its defaults as data.
 
-Judges
-------
+Judges:
 :func:`judge_gemm`, :func:`judge_linear` and :func:`judge_moe` take the kernel output, the
 operands (and optionally the kernel's intermediate stages, ``observed``) and decide from them
 alone; they compute every reference they need on the tensors' device. A case passes when **all**
@@ -40,15 +39,13 @@ Stages (route order ``r = t·top_k + j`` for the MoE; rows of inactive routes ar
 ``exact`` tolerances (decode, layout, replay vs eager) use :func:`judge_exact` (``torch.equal``
 semantics).
 
-Modules
--------
+Modules:
 This module holds the rules above and the dense judges; :mod:`oracle.verdicts` the
 :class:`Tolerance` / :class:`Verdict` types, the defaults and the argument checks and verdict
 building every judge shares; :mod:`oracle.moe_judge` the MoE judge. ``judge_moe``,
 ``MOE_STAGES`` and the verdict types are re-exported here (the public names did not move).
 
-Defaults
---------
+Defaults:
 :data:`DEFAULT_TOLERANCES` per compute dtype; per-variant overrides live in :mod:`oracle.variants`
 and must carry a non-empty reason (:meth:`Tolerance.override` enforces it). The element-wise model
 has no per-variant knobs: its constants (λ, κ, γ_H, the bias z) are derivations, documented in

@@ -1,7 +1,6 @@
 """The variant registry (design §2): everything that changes decoding, declared once.
 
-Layout
-------
+Layout:
 * :class:`Variant` is a frozen dataclass with eight axes: ``codebook``, ``bits``, ``pair_kind``,
   ``rate_axis``, ``tier_layout``, ``rotation``, ``compute_dtype`` and ``op``. Constructing one
   with a value outside an axis' *vocabulary* raises ``ValueError``/``TypeError``; a combination
@@ -24,8 +23,7 @@ Layout
   registry holds those variants and judges them against the bf16-rounded faithful reference
   (``reference.moe`` models the double rounding fp16 -> bf16 of operands and weights).
 
-Invariants
-----------
+Invariants:
 * ``Variant.name`` is a stable id, ``"<op>/<codebook>/k<bits>[/<pair>][/tiers_<layout>]
   [/rot_<rotation>]/<dtype>"``; the rotation part is omitted when it is the op's default
   (decode: none; dense, moe: full). ``Variant.from_name(v.name) == v`` for every variant, and no

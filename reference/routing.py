@@ -1,7 +1,6 @@
 """MoE routing: softmax top-k, the active-route rule, and route packing by expert (spec §3.4).
 
-Vocabulary
-----------
+Vocabulary:
 * A **route** is one (token ``t``, slot ``s``) pair of a ``[M, top_k]`` routing table. Its
   **route index** is ``r = t * top_k + s`` (token-major, slot inner), in ``[0, M * top_k)``.
 * A route is **active** when its expert id ``e`` satisfies ``0 <= e < num_experts``; every other
@@ -11,8 +10,7 @@ Vocabulary
   before the check (R9: ``2**32`` narrowed to int32 is expert 0). Only ids already known to be in
   ``[0, E)`` are ever converted.
 
-Packed layout (what :func:`pack_routes` returns, R12)
------------------------------------------------------
+Packed layout (what :func:`pack_routes` returns, R12):
 ``packed_route_indices`` (int32, length :func:`capacity_bound`) lists the route indices of the
 active routes grouped by expert, experts in ascending id order, and inside one expert in
 ascending route order (token order, then slot). Each expert's group is padded up to a multiple
@@ -29,8 +27,7 @@ sentinel.
   padding); ``expert_offsets[e]`` (int32, ``[E + 1]``) is where expert ``e``'s padded group
   starts, ``expert_offsets[E] = packed_route_count``.
 
-Capacity
---------
+Capacity:
 Expert ``e`` fills ``ceil(c_e / B) * B <= c_e + B - 1`` slots when ``c_e > 0`` and none
 otherwise, so ``packed_route_count <= M * top_k + E * (B - 1)``. :func:`capacity_bound` returns
 that bound **rounded up to a multiple of** ``B`` so the packed array is made of whole blocks.

@@ -1,7 +1,6 @@
 """Dense trellis GEMM: ``C[M, N] = A[M, K] · Wq[K, N]`` with Wq decoded in registers (mma.sync).
 
-Layout
-------
+Layout:
 * **Operands.** ``a``: the (already rotated) activations, fp16 or bf16 ``[M, K]`` viewed as
   ``int32[M, K/2]`` (two elements per word). ``payload``: ``int32[K/16, N/16, 8b]`` (the int16
   trellis viewed as int32; ring words, spec §1.2). Output: either the compute dtype ``[M, N]``
@@ -63,8 +62,7 @@ Layout
   ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
   their C rows are don't-care values).
 
-Invariants
-----------
+Invariants:
 * The codebook, bitrate, compute dtype and tile shape are compile-time (a
   :class:`~b12x.formats.DecodeFormat` plus ints); the LUT arrives in one Int64 slot (§2.8).
 * Requirements checked by the host wrapper: K % 16 == 0, N % (16·n_tiles·warps) == 0, all

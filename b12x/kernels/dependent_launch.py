@@ -1,15 +1,13 @@
 """Programmatic dependent launch (PDL): each b12x kernel's launch attribute and first statement.
 
-Why
----
+Why:
 A b12x step is a chain of short launches on one stream (the MoE at M = 1: pack, rotate, FC1,
 activate, FC2, reduce; the dense linear: rotate in, GEMM, reduce, rotate out). Without PDL the
 next grid's CTAs are scheduled only after the previous grid has completed, so every boundary
 pays the launch latency with the SMs idle. With PDL (sm_90 and newer) the next grid is launched
 while the previous one drains; its CTAs become resident and wait in their first statement.
 
-The rule every kernel keeps
----------------------------
+The rule every kernel keeps:
 * :func:`launch_options` is spliced into every ``.launch(...)``: the PDL attribute
   (``use_pdl``) when :func:`active` holds at trace time, nothing otherwise.
 * :func:`await_upstream` is the **first statement of every kernel body**, in every thread and

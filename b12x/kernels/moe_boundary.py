@@ -1,8 +1,7 @@
 """CuTe DSL boundary kernels of the fused MoE: the work between (and around) the grouped GEMMs,
 one launch per stage (spec §3.1, §3.4; :func:`b12x.ops.moe.run.run_moe`).
 
-Layout
-------
+Layout:
 * Every kernel gives each lane group of a warp (eight lanes, :mod:`b12x.kernels.butterfly`) one
   (row, 128-feature block) job: a warp takes four consecutive jobs (:data:`ROTATE_JOBS_PER_WARP`
   and its twins), all loads issued before the butterflies; a group past the end computes on the
@@ -31,8 +30,7 @@ Layout
   resolve through the ``moe_boundary`` kind of :mod:`b12x.launch.kinds` (the one compile cache,
   its freeze switch and capture detection).
 
-Invariants
-----------
+Invariants:
 * Expert ids arrive as the route packer's int64 ``route_expert`` (the drop bucket ``E`` for an
   inactive route); every kernel clamps them to ``E − 1`` before a table row is formed, so no
   inactive id ever indexes a table (R7, R9). Route ids themselves are never read or written here.

@@ -1,7 +1,6 @@
 """Grouped trellis GEMM over expert blocks: the MoE FC1/FC2 launch (spec §3.4, §4.1; R1, R7).
 
-Layout
-------
+Layout:
 * **Rows are routes, gathered per packed slot.** ``a``: the rotated activations of every route
   (route order ``r = t·top_k + s``), fp16 or bf16 ``[n, K]`` viewed as ``int32[n, K/2]``;
   ``route_rows`` int32 ``[capacity]`` is the packer's slot table: slot ``s`` (route block
@@ -64,8 +63,7 @@ Layout
   (``build_moe_gemm``, the builder of the ``moe_gemm`` kind of :mod:`b12x.launch.kinds`, through
   which launches resolve); it imports this module and the pair module, neither imports it.
 
-Invariants
-----------
+Invariants:
 * Inactive blocks (past the route count, or holding the sentinel id) never read ``descriptors``,
   ``modes`` or ``payload`` and never write ``out``.
 * The codebook, bit rate(s), pair layout, dtype and tile shape are compile-time

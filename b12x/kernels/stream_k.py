@@ -15,8 +15,7 @@ Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloo
 ``tests/b12x/test_dense_stream_k_gpu.py``.
 
 Schedule (:mod:`b12x.kernels.stream_k_schedule`: pure integer math, the same functions run in
-the kernel and on the host for the tests)
--------------------------------------------------------------------------------------------
+the kernel and on the host for the tests):
 * A *unit* is one trip of the mainloop's unrolled body (``period·shared_rows`` K16 rows, 16
   for the deep row and the swap-AB pairs), so a K range never ends inside a trip; ``units =
   ceil(K16 / span)`` per tile, ``total = tiles·units`` in tile-major order (tile ``t`` = N

@@ -1,7 +1,6 @@
 """Trellis decode on the device: window extraction (spec §1.4) and per-codebook decoders (§2).
 
-Layout
-------
+Layout:
 * **Ring words.** A tile payload ``int16[16b]`` read as little-endian u32 is the ring of
   ``W32 = 8b`` words; ring word i holds stream bits ``[32i, 32i+32)`` MSB-first (§1.2).
 * **Per lane.** Lane ``l`` decodes steps ``t = 8l .. 8l+7``. Window 0 starts at stream bit
@@ -28,8 +27,7 @@ Layout
   ``n = g + 8·(j//4)`` (r = lane % 4, g = lane // 4) into a shared-memory block, which is then
   written out with coalesced 16-byte stores.
 
-Invariants
-----------
+Invariants:
 * Everything that depends on the codebook or bitrate is a Python constant at trace time (the
   :class:`~b12x.formats.DecodeFormat` and its decoder's fields); no codebook string reaches
   device code, and the decoder body is the format's own (``fmt.device_decode``).

@@ -1,8 +1,7 @@
 """Hopper warpgroup MMA primitives (sm_90a): ``wgmma.mma_async``, its fences, descriptors, and
 the ``stmatrix`` store that writes decoded weights in its operand layout.
 
-Layout
-------
+Layout:
 * **Core matrices.** A ``wgmma`` operand in shared memory without swizzle is a grid of *core
   matrices*: 8 rows x 16 bytes (8 fp16/bf16 along K), each 128 contiguous bytes, row ``i`` at
   ``16·i``. A K16 slab of an M (or N) x 16 operand is two core matrices per 8 rows: the
@@ -25,8 +24,7 @@ Layout
   ``(n-block, k-half)`` in that order, 512 contiguous bytes with lane ``l`` addressing
   ``16·l``.
 
-Ordering
---------
+Ordering:
 Shared memory written by ordinary stores or ``cp.async`` is read by ``wgmma`` through the async
 proxy: the writer runs :func:`fence_proxy_async` before the barrier that publishes it.
 :func:`fence` precedes a warpgroup's batch of MMAs, :func:`commit` closes it and :func:`wait`

@@ -7,8 +7,7 @@ current one is multiplied) with a different consumer: instead of each warp issui
 whole CTA width, both operands read from shared memory (:mod:`b12x.kernels.wgmma`). The MMA of
 step ``s`` runs on the tensor cores while the same warps decode step ``s + 1`` on the ALUs.
 
-Geometry
---------
+Geometry:
 Every warp multiplies (``m_warps == warps``, a multiple of 4): warp ``w`` owns CTA rows
 ``16·m_tiles·w ..`` (the shared decode's ``wm = w``, ``wn = 0``), so the per-warp epilogues
 apply unchanged; the CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles, one ``wgmma`` of
@@ -32,8 +31,7 @@ order. Measured on an H100 (:mod:`b12x.ops.dense.mainloop`, "Step depth and warp
 specialisation"), twice the decoding warps did not make the step faster, so the dense table does
 not plan it; it is kept as a GPU-tested geometry for the next experiment.
 
-Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts)
------------------------------------------------------------------------------------------
+Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts):
 * **A region** of a K16 row: A tiles of 2048 B (64 rows x 32 B), tile ``t`` at ``2048·t``,
   each in core matrices (:mod:`b12x.kernels.wgmma`): row ``i`` of the tile, k-half ``h`` at
   ``256·(i // 8) + 128·h + 16·(i % 8)`` (:meth:`WgmmaDecodeMainloop._a_chunk_offset`).

@@ -1,7 +1,6 @@
 """The kernel kinds: one registry from a spec to its builder, its kernels and its cache key.
 
-Layout
-------
+Layout:
 * :class:`KernelKind` (frozen, keyword-only) is one kind of compiled kernel: its ``name`` (the
   kernel id of its :class:`~b12x.runtime.compile_cache.CompileKey` and of its disk-cache
   directory), the dotted name of its ``spec`` class, the dotted name of its ``builder``
@@ -21,8 +20,7 @@ Layout
   (:func:`b12x.runtime.compile_cache.compiled_kernel`: the one process cache, the freeze switch,
   capture detection and the disk cache).
 
-Invariants
-----------
+Invariants:
 * The key's sources are derived, never listed: the b12x import closure
   (:func:`b12x.runtime.compile_cache.source_closure`, every import statement, lazy ones
   included) of the builder's module, of the kernel modules and of the compile procedure (this

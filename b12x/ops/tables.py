@@ -5,8 +5,7 @@ The dense dispatch table (:mod:`b12x.ops.dense.dispatch`), the split-K table
 from the pieces below; what differs between them is data (fields, rows, boundaries), never the
 way a row is tried or a reason is written.
 
-Layout
-------
+Layout:
 * **Cases** are plain mappings, validated per field by a :class:`Schema` of :class:`Field` s.
   :meth:`Schema.normalize` returns a fresh dict with every field: a given value goes through the
   field's ``check(name, value)`` (it normalises or raises ``TypeError`` / ``ValueError`` naming
@@ -34,8 +33,7 @@ Layout
 * :class:`Boundary` declares both sides of a threshold as data (the fields of
   ``oracle.dispatch.Boundary``: b12x cannot import the oracle).
 
-Invariants
-----------
+Invariants:
 * ``explain`` is a pure function of the case: it reads, never mutates, and gives the same answer
   for equal cases. Every row sees the case normalised once by the table's schema.
 * Nothing here knows a particular table: no field name, threshold or path name.

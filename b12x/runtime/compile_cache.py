@@ -1,7 +1,6 @@
 """The compile cache: one structural key per kernel specialisation, kept in memory and on disk.
 
-Layout
-------
+Layout:
 * :class:`CompileKey` is a frozen dataclass of plain data: the kernel id, every codegen input as
   sorted ``(field, value)`` pairs, the target arch (``"sm_90"``), the CuTe DSL version, the ABI
   version read from the signature lock (:func:`b12x.abi.abi_version`) and a SHA-256 of the kernel
@@ -29,8 +28,7 @@ Layout
   (:func:`b12x.launch.toolchain.compile_options` passes it as ``--dump-dir``), never the working
   directory.
 
-The disk cache
---------------
+The disk cache:
 * Where: ``$B12X_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/b12x/kernels``, else
   ``~/.cache/b12x/kernels``; ``B12X_CACHE_DIR=off`` (or ``0``/``none``/``false``) keeps kernels
   in memory only. Read when this module is imported.
@@ -69,8 +67,7 @@ The disk cache
   root, entry count and size), or ``rm -r`` of the root it prints. Entries of
   older sources or toolchains are never served; ``--clear`` is how to reclaim their space.
 
-Invariants
-----------
+Invariants:
 * Keys are structural: values are ints, strs, bools, floats, None, torch dtypes (by name) and
   tuples / frozen dataclasses of those. Anything else (an object whose ``repr`` is an address, a
   tensor, a stream) is a ``TypeError``: two equal keys always mean the same compiled code, and a

@@ -1,7 +1,6 @@
 """Calls into marked kernel entries and shared bodies: how many the checker binds by name.
 
-Definition
-----------
+Definition:
 A *marked entry* is a package function decorated ``@abi_entry`` or ``@shared_body``
 (:data:`MARKERS`, matched by the decorator's last name, as everywhere in this package). An *entry
 call* is a call expression in the package that is one of:
@@ -27,8 +26,7 @@ binding, :func:`~.binding.bind_call`); a ``record`` call is resolved when its re
 bound to a marked entry, ``*rec.args()`` is the call's only argument, and the record's
 construction binds by keyword to that entry as below. A ``launch`` is never resolved.
 
-Launch-record convention
-------------------------
+Launch-record convention:
 A *launch-record class* is a class (a ``class`` statement of the package) with a class attribute
 ``entry`` (:data:`RECORD_ATTR`), on the class itself or a package base class, that names its
 kernel entry:
@@ -61,8 +59,7 @@ calls are unresolved until it is, and an ``entry`` that names nothing in the pac
 How ``args()`` orders the fields (from the entry's signature, at run time) is the record's own
 business; the checker needs only the class, its ``entry`` and keyword constructions.
 
-Invariants
-----------
+Invariants:
 * Standard library only; works on :mod:`.resolve`'s call sites and :mod:`.index` alone.
 * Every entry call is counted exactly once (``record`` before ``direct`` before ``launch``).
 * An empty denominator reads as 100 % (nothing to bind, nothing unbound).

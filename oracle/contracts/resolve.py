@@ -1,7 +1,6 @@
 """Find every call site in a package and resolve it, statically, to a function of the package.
 
-Layout
-------
+Layout:
 * :func:`iter_call_sites` walks every module of a :class:`~.index.PackageIndex` (module level,
   class bodies, functions, methods, nested functions) and yields a :class:`CallSite` for every
   ``ast.Call`` it sees, resolved or not.
@@ -27,8 +26,7 @@ Layout
   argument may come from (flow-insensitive: each assignment of ``rec`` in the scope) and its
   class.
 
-Invariants
-----------
+Invariants:
 * ``skip_first`` on a resolved call site is true exactly when Python supplies the first
   parameter implicitly (bound method, classmethod, constructor), never for staticmethods or
   unbound ``Class.method(obj, ...)`` calls.

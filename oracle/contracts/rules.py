@@ -1,7 +1,6 @@
 """The call-site rules of the ABI contract checker, and the violation record they produce.
 
-Layout
-------
+Layout:
 * :class:`Violation` is one finding: rule id, file, line, caller, callee, parameter, argument
   expression (``ast.unparse``) and a message. ``severity`` is ``"error"`` for violations and
   ``"info"`` for things that cannot be verified statically.
@@ -28,8 +27,7 @@ Layout
   Launch records (``fn(*Rec(...).args())``) are bound to their kernel entry by :mod:`.entries`,
   with the same binding rules plus ``launch-record``.
 
-Invariants
-----------
+Invariants:
 * Rules read only the AST and the index; every violation names a file and line of the caller.
 * A partial binding (``functools.partial``) is checked for too many positionals, unknown and
   duplicate keywords, shifts and shared-body positionals, never for missing arguments or

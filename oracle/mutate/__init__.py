@@ -5,8 +5,7 @@ catalogue of known regressions (one or more per class of ``spec/regression-class
 temporary copy of the project, runs the narrow tests or oracle checks that should catch each one,
 and reports killed / survived / not-applicable / stale. A survivor is a bug in the oracle.
 
-Layout
-------
+Layout:
 * ``catalogue.toml`` — the catalogue as DATA: per mutant an ``id``, regression ``class`` (R1..R16),
   ``tier`` (``cpu``/``gpu``), ``description``, the rewrite (``[[mutant.edit]]`` entries: exact-text
   patches ``old -> new``, once or ``all = true``, or an AST rewrite), an optional ``requires``
@@ -30,8 +29,7 @@ Layout
   imported from (tests prove a kill command imports the copy, not the editable install).
 * :mod:`.cli` — ``python -m oracle mutate [--tier cpu|gpu|all] [--json FILE] [--only ID,...]``.
 
-Invariants
-----------
+Invariants:
 * The working tree is never written: every mutant runs in its own temporary copy, removed after.
 * Statuses: ``killed`` (the kill command failed on the mutant), ``survived`` (it passed),
   ``not-applicable`` (the code it needs does not exist yet, or a GPU mutant without a GPU; always

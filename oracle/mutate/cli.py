@@ -1,7 +1,6 @@
 """``python -m oracle mutate [--tier cpu|gpu|all] [--json FILE] [--only ID,...]``.
 
-Layout
-------
+Layout:
 * :func:`build_parser` / :func:`main` (``argv -> exit code``). ``--tier`` selects the mutants
   (default ``cpu``); GPU mutants run only where CUDA is present, else they are reported
   "not-applicable" after checking that their rewrite still applies. ``--only`` takes mutant ids;

@@ -1,7 +1,6 @@
 """Running mutants: copy the project, apply one mutant, run its kill command, record the verdict.
 
-Layout
-------
+Layout:
 * :func:`copy_project` copies only :data:`COPIED_PATHS` (reference/, b12x/, oracle/, tests/,
   fixtures/, pyproject.toml, conftest.py) into a fresh directory; ``__pycache__`` comes along (the
   sources keep their mtimes, so unchanged modules need no recompiling), and the cached bytecode
@@ -26,8 +25,7 @@ Layout
   in a forked child's parent). :func:`summarize` gives counts and the kill rate per tier
   (killed / (killed + survived)); :func:`gate_passed` is the verdict.
 
-Interruption
-------------
+Interruption:
 Every kill-command process (a fresh subprocess, or the fork server whose forked children share
 its process group) starts in its own session and is registered while it lives; every temporary
 copy is registered while it exists. :func:`abort` (called by :func:`run_catalogue` when it is
@@ -36,8 +34,7 @@ start new processes or copies (:class:`Cancelled`), waits briefly for the runner
 unwind and removes every registered copy, so ``python -m oracle mutate`` stops within seconds
 instead of waiting out ``--timeout``, and leaves nothing behind.
 
-Invariants
-----------
+Invariants:
 * Nothing is written outside the temporary directories, which are removed afterwards.
 * Pytest runs with ``-x -q -p no:cacheprovider --assert=plain`` (a verdict needs pass/fail,
   not rewritten assertion messages) and the repository's own ``addopts``; the

@@ -1,7 +1,6 @@
 """plan / bind / run of the dense trellis linear (spec §3.2–3.3, §5.5; design §4; R4, R5, R15).
 
-Layout
-------
+Layout:
 * Validation, one function per kind of argument, shared by every door (this module, the custom
   op ``b12x::trellis_dense_linear`` of :mod:`b12x.ops.dense.custom_op` and its fake implementation):
   :func:`check_dense_problem` (the scalar problem: dims, codebook/bits, dtypes, external rotation,
@@ -27,8 +26,7 @@ Layout
   bound buffer, a row-prefix view of one (live ``M`` may be below the planned ``M``), or an
   in-place op (``copy_``, ``add_``).
 
-Buffers per path (exact shapes; M, K, N from the plan)
-------------------------------------------------------
+Buffers per path (exact shapes; M, K, N from the plan):
 =================  =================  ==========================================================
 name               shape / dtype      when
 =================  =================  ==========================================================
@@ -56,8 +54,7 @@ fp16 output buffer (``output_f16`` for bf16 x), and the output rotation from the
 output (in place for fp16 x: each lane reads its words before it writes them). The workspace is
 validated and reserved for that kernel's locks.
 
-Invariants
-----------
+Invariants:
 * Paths, tiles and split-K are decided once, in the plan; ``run`` reads them and never re-decides
   (plan fields equal launch fields, R15).
 * Every run-time check happens before the first launch.

@@ -5,8 +5,7 @@ the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``,
 ``explain``), so the oracle can check both sides of every threshold. The machinery (fields,
 conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the rule's data.
 
-Layout
-------
+Layout:
 * A *case* is a plain mapping: ``path`` (the dense dispatch row the plan took), ``requested``
   (an explicit ``split_k`` or ``None``), ``planned`` (the split the mainloop table's shared
   geometry was measured at, or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
@@ -48,8 +47,7 @@ Layout
   and 16/17 (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
   16128/16384 (the 64 cap). :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
 
-Invariants
-----------
+Invariants:
 * ``explain`` is a pure function of the case; every case field is validated (TypeError /
   ValueError naming it) before any row is evaluated.
 * Every constant of the rule lives here; :func:`b12x.ops.dense.plan.plan_dense` asks this table

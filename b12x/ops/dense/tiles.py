@@ -1,7 +1,6 @@
 """The tile registry: ONE list of tile configurations and ONE qualification predicate (spec §5.4).
 
-Layout
-------
+Layout:
 * :class:`Tile` ``(tile_k, tile_n, cta_threads)`` is a registry entry (three positive ints; a
   zero, negative, ``bool`` or non-int component raises at construction, so no tile reaches the
   predicate's divisions malformed). :data:`ENTRIES` holds the
@@ -36,16 +35,14 @@ Layout
   light), and nothing here imports :mod:`b12x.ops.moe` (it imports this module): the FC2 facts
   the MoE tables read live here.
 
-The wave-balanced FC2 tile: PR #146 semantics, not PR #137
-----------------------------------------------------------
+The wave-balanced FC2 tile: PR #146 semantics, not PR #137:
 The 512×32×256 tile waives the ``tile_k >= 64`` floor **for FC2 only** (b12x master e68f812,
 ``allow_qualified_fc2_tile``), with no scale-group condition beyond ``tile_k % group == 0``. A pin
 on FC1 or on the dense linear is rejected, as are other sub-64 K tiles. PR #137 waived it for any
 phase when the scale group is 32; we follow the merged contract (spec §7 item 6), and since the
 same :func:`qualify` serves auto-selection and pins, the 9bbae67 disagreement cannot recur.
 
-Selection model (documented simplifications)
---------------------------------------------
+Selection model (documented simplifications):
 * Dense: ``(64,256,256)`` when it qualifies (N % 256 == 0), else ``(64,128,128)`` (§5.4 "dense
   trellis"); if neither qualifies, the best-occupancy qualifying entry.
 * FC1 / FC2: the small-batch table when ``cta_m_blocks == 1``, else the large-batch table; the

@@ -8,8 +8,7 @@ records every case, path and value). The style is :mod:`b12x.ops.dense.dispatch`
 the machinery: :mod:`b12x.ops.tables` (fields, conditions, rows,
 :class:`~b12x.ops.tables.DecisionTable`); this module holds the tables' data.
 
-Layout
-------
+Layout:
 * A **case** is a plain mapping of the table's fields (``fields``); an unknown field or a missing
   required one raises ``ValueError``, a wrong type ``TypeError``, an out-of-range value
   ``ValueError``, each naming the field. Optional fields take the documented default.
@@ -26,8 +25,7 @@ Layout
   ``oracle.dispatch.Boundary``) with **literal** values, so moving a threshold fails the table's
   own boundary check instead of moving along with it.
 
-The tables (:data:`TABLES`, in the order a plan consults them)
---------------------------------------------------------------
+The tables (:data:`TABLES`, in the order a plan consults them):
 0. ``moe_mainloop`` — per-warp or shared decode for the whole step (its module's docstring); on
    the shared decode the route block is its geometry's and ROUTE_BLOCK is not consulted.
 1. :data:`ROUTE_BLOCK` ``moe_route_block`` — M16 tiles per route block (``m_tiles``; block size
@@ -63,14 +61,12 @@ The tables (:data:`TABLES`, in the order a plan consults them)
 5. :data:`FC2_TILE` ``moe_fc2_tile`` — whether an FC2 launch takes the wave-balanced tile; its
    own module, :mod:`b12x.ops.moe.fc2_tile` (rows, threshold and measurements there).
 
-How the compute dtype enters
-----------------------------
+How the compute dtype enters:
 It does not enter any decision: the geometry tables take ``compute_dtype`` only to say so (a
 boundary per table pins both sides to the same path); it reaches the kernel as
 ``MoeGemmSpec.bf16`` (operand and epilogue type), never as a geometry.
 
-Invariants
-----------
+Invariants:
 * ``explain`` is a pure function of the case (reads, never mutates; equal cases, equal answers).
 * Every threshold constant lives in one :class:`Condition` of one row; conditions read the
   module constants at call time.

@@ -13,8 +13,7 @@ the emulated tier's CPU plans), the launch is the shared body
 planner helpers as :func:`b12x.ops.moe.plan.plan_moe` (:func:`b12x.ops.moe.plan.plan_gemm_spec`,
 :func:`b12x.ops.moe.plan.plan_fc2_tile`).
 
-Layout
-------
+Layout:
 * **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` tokens (the capacity), ``top_k``,
   the GEMM dims ``k`` (reduction) and ``n`` (output columns), ``codebook``, ``bits``,
   ``num_experts`` (E), ``compute_dtype``, ``phase`` (``"fc1"``: pairs on the N axis, ``"fc2"``:
@@ -59,8 +58,7 @@ Layout
   ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
   Observable (:data:`OBSERVABLES`): ``out`` → the judge stage ``"gemm"``.
 
-Invariants
-----------
+Invariants:
 * Every input is validated before anything is packed or launched (dtype, shape, device: the
   plan must be bound to CUDA buffers, meta is refused at bind; contiguity, 16-byte alignment, id
   dtype, a mode table only for ``"dynamic"``); the kernel is looked up before the first launch,

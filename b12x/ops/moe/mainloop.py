@@ -11,8 +11,7 @@ The machinery is :mod:`b12x.ops.tables`, like every table of :mod:`b12x.ops.moe.
 (whose :data:`~b12x.ops.moe.dispatch.TABLES` lists this one first).
 
 Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
-:class:`SharedGeometry` or ``None`` = per-warp)
------------------------------------------------------------------------------------------------
+:class:`SharedGeometry` or ``None`` = per-warp):
 1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`,
    ``"tensor"`` → :data:`SHARED_TENSOR` (the plan refuses it off sm_90).
 2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.

@@ -1,7 +1,6 @@
 """QSRT pairs on the fused MoE (spec §4.2–§4.4): choices, payload shapes, mode tables, launch.
 
-Layout
-------
+Layout:
 * **Choice per phase** (:data:`PAIR_CHOICES`): ``None`` (uniform payload), a static kind
   ``P22 / P33 / P24 / P43 / P44`` (``(b_lo, b_hi)`` = :data:`PAIR_KINDS`), or ``"dynamic"``
   (per expert P33 or P24 from an int32 mode table ``[E]``: 0 = P33, 1 = P24). The rate axis is
@@ -29,8 +28,7 @@ Layout
   arguments go through :class:`b12x.launch.records.PairGemmLaunch`, ordered by the pair
   kernel's own ``__call__`` (``modes`` included).
 
-Invariants
-----------
+Invariants:
 * Pairs run on a uniform (single-tier) stack: tier 0 with the identity descriptors.
 * Nothing here allocates on the launch path; payload views are views.
 """

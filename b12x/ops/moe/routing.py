@@ -5,8 +5,7 @@ caller-owned buffer (``out=`` variants, in-place ops, views), nothing is allocat
 syncs with the host, so :func:`pack_routes_into` can be captured in a CUDA graph. On CPU the same
 code runs, which is how the tests compare it with ``reference.routing.pack_routes``.
 
-Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r = t*top_k + s``)
-----------------------------------------------------------------------------------------------
+Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r = t*top_k + s``):
 * ``packed_route_indices = packed_route_slots[:capacity]`` (int32): active route indices grouped
   by expert (ascending expert, ascending route inside one expert), each group padded to a
   multiple of ``block_size`` with the sentinel ``n``; slots past the last block hold ``n``.
@@ -19,8 +18,7 @@ Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r 
   for active routes and exactly ``capacity`` for inactive ones (a row kept zero by consumers).
 * ``route_active`` bool ``[n]``.
 
-Algorithm (O(n·E) memory in ``route_onehot``, no sort)
-------------------------------------------------------
+Algorithm (O(n·E) memory in ``route_onehot``, no sort):
 1. ``route_expert`` (int64) = the ids **widened, never narrowed**; ids outside ``[0, E)`` (−1,
    E, 2^31, 2^32, ...) are found by comparisons in int64 and replaced by the drop bucket ``E``.
 2. ``route_onehot[e, r] = (route_expert[r] == e)`` for ``e`` in ``[0, E]`` (expert-major, a flat
@@ -42,8 +40,7 @@ Algorithm (O(n·E) memory in ``route_onehot``, no sort)
    ``packed_route_slots`` is filled with the sentinel and the route indices scattered in.
 5. ``block_expert_ids = searchsorted(group ends, block starts, right=True)``.
 
-Invariants
-----------
+Invariants:
 * Caller tensors (``topk_ids``) are only read. Capacity beyond int32 is rejected at plan time.
 * Live ``M`` may be below the planned ``M``: every buffer is used through a row-prefix view.
 """
