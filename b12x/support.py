@@ -2,24 +2,23 @@
 
 Layout:
 * **The contract** (``docs/oracle_contract.md`` §1; the oracle imports it directly):
-  :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op:
-  its plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch
-  tables, tile registry and observable buffers). :data:`OPS` holds the ops ``decode``,
-  ``dense`` and ``moe``; :func:`op_contract` looks one up by name (``ValueError`` naming the
-  known ops). ``OPS`` is built on first access (it imports the op modules, torch and the DSL);
-  importing this module stays light.
-* **Variants are derived, never hand-listed**: every legal (codebook, bits) of
-  :mod:`b12x.formats`, both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an
-  external identity H128 callback: the raw GEMM) with the dispatch rows that can serve each
-  (:func:`dense_paths`, asked of the dense dispatch table at its boundary M values and
-  capabilities); MoE uniform (both w13 layouts), tiers (:data:`b12x.ops.moe.tiers.TIER_BITS`,
-  codebook
+  :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op: its
+  plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch tables,
+  tile registry and observable buffers). :data:`OPS` holds the ops ``decode``, ``dense`` and
+  ``moe``; :func:`op_contract` looks one up by name (``ValueError`` naming the known ops). ``OPS``
+  is built on first access (it imports the op modules, torch and the DSL); importing this module
+  stays light.
+* **Variants are derived, never hand-listed**: every legal (codebook, bits) of :mod:`b12x.formats`,
+  both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an external identity H128
+  callback: the raw GEMM) with the dispatch rows that can serve each (:func:`dense_paths`, asked of
+  the dense dispatch table at its boundary M values and capabilities); MoE uniform (both w13
+  layouts), tiers (:data:`b12x.ops.moe.tiers.TIER_BITS`, codebook
   :data:`b12x.ops.moe.tiers.TIER_CODEBOOK`) and QSRT pairs (each kind of
-  :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the
-  codebook; ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
+  :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the codebook;
+  ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
 * Deprecated views (the oracle still reads them; the lead switches it to :data:`OPS`):
-  :func:`supported_variants` and :func:`supported_moe_variants` return the old dict lists,
-  derived from :data:`OPS`.
+  :func:`supported_variants` and :func:`supported_moe_variants` return the old dict lists, derived
+  from :data:`OPS`.
 * :func:`kernel_specializations` lists every :class:`~b12x.launch.specs.KernelSpec` the host
   wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
   :func:`representative_specializations` is a small subset that still touches every kernel kind,

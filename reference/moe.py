@@ -1,17 +1,17 @@
 """Fused trellis MoE with full (uncoupled) rotation: experts, exact and faithful forward (§3.4).
 
-Tensors of one uniform-rate expert stack (:class:`TrellisExperts`, validated on construction;
-``E`` experts, hidden size ``H``, intermediate size ``I``, both multiples of 128, bit rate ``b``):
+Tensors of one uniform-rate expert stack (:class:`TrellisExperts`, validated on construction; ``E``
+experts, hidden size ``H``, intermediate size ``I``, both multiples of 128, bit rate ``b``):
 
 * ``w13`` int16, FC1 (``H -> 2I``), in one of two layouts (§1.6):
 
-  - ``"packed"``: ``[E, H/16, 2I/16, 16b]``, gate = output columns ``[0, I)``, up = ``[I, 2I)``.
-    The kernel computes **one** input rotation for both halves (``gate_suh``). ``up_suh`` is
-    still a field, but it carries no extra information: it must equal ``gate_suh`` element for
-    element (after broadcasting), otherwise construction raises a ValueError. A checkpoint with
-    distinct gate/up input scales needs the ``"proj"`` layout.
-  - ``"proj"`` (b12x ``trellis_t256_proj``): ``[2, E, H/16, I/16, 16b]``, projection 0 = gate,
-    1 = up, each with its own input rotation (``gate_suh``, ``up_suh``; b12x "dual A").
+  - ``"packed"``: ``[E, H/16, 2I/16, 16b]``, gate = output columns ``[0, I)``, up = ``[I, 2I)``. The
+    kernel computes **one** input rotation for both halves (``gate_suh``). ``up_suh`` is still a
+    field, but it carries no extra information: it must equal ``gate_suh`` element for element
+    (after broadcasting), otherwise construction raises a ValueError. A checkpoint with distinct
+    gate/up input scales needs the ``"proj"`` layout.
+  - ``"proj"`` (b12x ``trellis_t256_proj``): ``[2, E, H/16, I/16, 16b]``, projection 0 = gate, 1 =
+    up, each with its own input rotation (``gate_suh``, ``up_suh``; b12x "dual A").
 
 * ``w2`` int16 ``[E, I/16, H/16, 16b]``, FC2 (``I -> H``).
 * ``gate_suh``, ``up_suh``, ``down_svh``: fp16 ``[E, H]`` or ``[1, H]`` (``[1, H]`` is the
@@ -24,14 +24,14 @@ Per route (token ``t``, expert ``e``, router weight ``w``), with ``Hb`` the bloc
 
 1. ``A_g = Hb(x_t * gate_suh[e])``, ``A_u = Hb(x_t * up_suh[e])`` (packed: ``A_u = A_g``);
 2. ``gate_raw = A_g @ Wq_gate[e]``, ``up_raw = A_u @ Wq_up[e]``;
-3. ``g = Hb(gate_raw) * gate_svh[e]``, ``u = Hb(up_raw) * up_svh[e]``,
-   ``a = silu(g) * u * down_suh[e]``, ``A2 = Hb(a)``;
+3. ``g = Hb(gate_raw) * gate_svh[e]``, ``u = Hb(up_raw) * up_svh[e]``, ``a = silu(g) * u *
+   down_suh[e]``, ``A2 = Hb(a)``;
 4. ``y_raw = A2 @ Wq_down[e]``;
 5. ``out_t = sum over the token's active routes of w * (Hb(y_raw) * down_svh[e])``.
 
-So ``g = x_t @ diag(gate_suh) H Wq_gate H diag(gate_svh)`` and the FC2 term is
-``silu(g) * u`` times ``diag(down_suh) H Wq_down H diag(down_svh)``: each expert matrix is an EXL3
-linear (§3.2) with FC1's ``svh`` and FC2's ``suh`` applied at the intermediate boundary.
+So ``g = x_t @ diag(gate_suh) H Wq_gate H diag(gate_svh)`` and the FC2 term is ``silu(g) * u`` times
+``diag(down_suh) H Wq_down H diag(down_svh)``: each expert matrix is an EXL3 linear (§3.2) with
+FC1's ``svh`` and FC2's ``suh`` applied at the intermediate boundary.
 
 Precisions (:func:`moe_forward`):
 
@@ -45,18 +45,17 @@ Precisions (:func:`moe_forward`):
      compute dtype as a GEMM operand (a no-op for fp16);
   4. FC1: operands in the compute dtype (decoded fp16 weights rounded to bf16 for bf16 compute),
      fp32 accumulation, gate and up each stored in the compute dtype (the fc1 buffer);
-  5. boundary in fp32 from the stored values: fp32 butterfly H128, ``* svh`` in fp32,
-     ``(silu(g) * u) * down_suh`` in fp32 (silu = ``g * sigmoid(g)`` by torch; the kernel's exp
-     approximation is not replayed), fp32 butterfly H128, stored in the compute dtype (``A2``);
+  5. boundary in fp32 from the stored values: fp32 butterfly H128, ``* svh`` in fp32, ``(silu(g) *
+     u) * down_suh`` in fp32 (silu = ``g * sigmoid(g)`` by torch; the kernel's exp approximation is
+     not replayed), fp32 butterfly H128, stored in the compute dtype (``A2``);
   6. FC2: fp32 accumulation, stored in the compute dtype (``y_raw``);
-  7. top-k sum in fp32: ``Hb_fp32(y_raw) * down_svh`` then ``* w`` (w as fp32), added into an
-     fp32 zero accumulator over the token's active slots in slot order. Returns float32
-     ``[M, H]``; the kernel's final store to the output dtype is the caller's one extra rounding.
+  7. top-k sum in fp32: ``Hb_fp32(y_raw) * down_svh`` then ``* w`` (w as fp32), added into an fp32
+     zero accumulator over the token's active slots in slot order. Returns float32 ``[M, H]``; the
+     kernel's final store to the output dtype is the caller's one extra rounding.
 
-  The summation order inside the fp32 GEMMs is torch's, not the kernel's. ``compute_dtype``
-  bf16 is modelled for completeness only: the spec (§4.1, §6) says full rotation needs fp16
-  operands, so a bf16 run is a double rounding fp16 -> bf16 of the rotated operands and of the
-  decoded weights.
+  The summation order inside the fp32 GEMMs is torch's, not the kernel's. ``compute_dtype`` bf16 is
+  modelled for completeness only: the spec (§4.1, §6) says full rotation needs fp16 operands, so a
+  bf16 run is a double rounding fp16 -> bf16 of the rotated operands and of the decoded weights.
 
 Inactive routes (ids outside ``[0, E)``, see :mod:`reference.routing`) are never gathered, never
 decoded and never added, so they contribute exactly zero, whatever their router weight (even NaN).

@@ -1,7 +1,6 @@
 """Calls into marked kernel entries and shared bodies: how many the checker binds by name.
 
-Definition:
-A *marked entry* is a package function decorated ``@abi_entry`` or ``@shared_body``
+Definition: A *marked entry* is a package function decorated ``@abi_entry`` or ``@shared_body``
 (:data:`MARKERS`, matched by the decorator's last name, as everywhere in this package). An *entry
 call* is a call expression in the package that is one of:
 
@@ -20,41 +19,40 @@ call* is a call expression in the package that is one of:
     such a ``fn`` is cannot be told statically, so a bare launch is counted and never resolved:
     the metric shows every positional launch into a compiled kernel.
 
-An entry call is *resolved* when it is bound, every argument matched, to the entry's signature:
-a ``direct`` call binds without error and without ``*x``/``**y`` unpacking (the existing
-binding, :func:`~.binding.bind_call`); a ``record`` call is resolved when its record class is
-bound to a marked entry, ``*rec.args()`` is the call's only argument, and the record's
-construction binds by keyword to that entry as below. A ``launch`` is never resolved.
+An entry call is *resolved* when it is bound, every argument matched, to the entry's signature: a
+``direct`` call binds without error and without ``*x``/``**y`` unpacking (the existing binding,
+:func:`~.binding.bind_call`); a ``record`` call is resolved when its record class is bound to a
+marked entry, ``*rec.args()`` is the call's only argument, and the record's construction binds by
+keyword to that entry as below. A ``launch`` is never resolved.
 
-Launch-record convention:
-A *launch-record class* is a class (a ``class`` statement of the package) with a class attribute
-``entry`` (:data:`RECORD_ATTR`), on the class itself or a package base class, that names its
-kernel entry:
+Launch-record convention: A *launch-record class* is a class (a ``class`` statement of the package)
+with a class attribute ``entry`` (:data:`RECORD_ATTR`), on the class itself or a package base class,
+that names its kernel entry:
 
-* a string, the dotted qualname in the package: a kernel class,
-  ``entry: ClassVar[str] = "b12x.kernels.moe_gemm.MoeGroupedGemmKernel"``, which stands for its
-  ``__call__``, or a method or function (``"...MoeGroupedGemmKernel.__call__"``,
-  ``"b12x.ops.moe.run.launch_grouped_gemm"``); re-exports are followed; or
-* a reference as written in the module: ``entry = MoeGroupedGemmKernel`` or
-  ``entry = moe_gemm.MoeGroupedGemmKernel.__call__``.
+* a string, the dotted qualname in the package: a kernel class, ``entry: ClassVar[str] =
+  "b12x.kernels.moe_gemm.MoeGroupedGemmKernel"``, which stands for its ``__call__``, or a method or
+  function (``"...MoeGroupedGemmKernel.__call__"``, ``"b12x.ops.moe.run.launch_grouped_gemm"``);
+  re-exports are followed; or
+* a reference as written in the module: ``entry = MoeGroupedGemmKernel`` or ``entry =
+  moe_gemm.MoeGroupedGemmKernel.__call__``.
 
 ``entry`` annotated without a value (``entry: ClassVar[str]`` on a shared base) or ``entry = None``
 makes no record. The named entry must be marked ``@abi_entry`` (or ``@shared_body``): the record's
 calls are unresolved until it is, and an ``entry`` that names nothing in the package is a
 ``launch-record`` violation. Checks, all of them violations that also leave the call unresolved:
 
-* the construction ``Rec(a=..., b=...)`` is bound to the entry's signature (``self`` dropped for
-  a method): every field by keyword (a positional field is a ``launch-record`` violation), each
-  naming a parameter of the entry (``unknown-keyword``), once (``duplicate-binding``); every
-  parameter must be given except those the launch environment supplies (:data:`ENV_SUPPLIED`:
-  ``stream``, the tvm-ffi environment stream) or that have a default (``arity``); a shared-body
-  entry also refuses defaults (``shared-body-default``); the pinned slots (:mod:`.slots`) apply
-  to the entry's parameters through the record;
-* fields the class writes out (annotated class attributes, ``ClassVar`` excluded; bases
-  included) must be exactly the entry's launch parameters (:func:`launch_parameters`), else a
+* the construction ``Rec(a=..., b=...)`` is bound to the entry's signature (``self`` dropped for a
+  method): every field by keyword (a positional field is a ``launch-record`` violation), each naming
+  a parameter of the entry (``unknown-keyword``), once (``duplicate-binding``); every parameter must
+  be given except those the launch environment supplies (:data:`ENV_SUPPLIED`: ``stream``, the
+  tvm-ffi environment stream) or that have a default (``arity``); a shared-body entry also refuses
+  defaults (``shared-body-default``); the pinned slots (:mod:`.slots`) apply to the entry's
+  parameters through the record;
+* fields the class writes out (annotated class attributes, ``ClassVar`` excluded; bases included)
+  must be exactly the entry's launch parameters (:func:`launch_parameters`), else a
   ``launch-record`` violation at the class: a kernel signature that changed under its record is
-  caught without a GPU. A record whose fields are made at run time writes none and is only
-  checked at its constructions.
+  caught without a GPU. A record whose fields are made at run time writes none and is only checked
+  at its constructions.
 
 How ``args()`` orders the fields (from the entry's signature, at run time) is the record's own
 business; the checker needs only the class, its ``entry`` and keyword constructions.

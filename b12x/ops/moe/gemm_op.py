@@ -1,34 +1,33 @@
 """``moe_gemm``: ONE grouped trellis GEMM of the MoE (FC1 or FC2) as its own plan / bind / run op.
 
 It is exactly the launch :func:`b12x.ops.moe.run.run_moe` makes for one phase of a uniform stack (or
-of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the
-oracle can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces
-the weights bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
+of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the oracle
+can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces the weights
+bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
 :func:`b12x.ops.moe.boundary.pack` (the one-launch device packer within its bounds, as in
-``run_moe``; the torch packer :func:`b12x.ops.moe.routing.pack_routes_into` past them and on
-the emulated tier's CPU plans), the launch is the shared body
+``run_moe``; the torch packer :func:`b12x.ops.moe.routing.pack_routes_into` past them and on the
+emulated tier's CPU plans), the launch is the shared body
 :func:`b12x.ops.moe.run.launch_grouped_gemm` (unpaired) or
-:func:`b12x.ops.moe.pairs.launch_paired_gemm`
-(paired), and every geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` through the same
-planner helpers as :func:`b12x.ops.moe.plan.plan_moe` (:func:`b12x.ops.moe.plan.plan_gemm_spec`,
-:func:`b12x.ops.moe.plan.plan_fc2_tile`).
+:func:`b12x.ops.moe.pairs.launch_paired_gemm` (paired), and every geometry comes from the tables of
+:mod:`b12x.ops.moe.dispatch` through the same planner helpers as :func:`b12x.ops.moe.plan.plan_moe`
+(:func:`b12x.ops.moe.plan.plan_gemm_spec`, :func:`b12x.ops.moe.plan.plan_fc2_tile`).
 
 Layout:
-* **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` tokens (the capacity), ``top_k``,
-  the GEMM dims ``k`` (reduction) and ``n`` (output columns), ``codebook``, ``bits``,
-  ``num_experts`` (E), ``compute_dtype``, ``phase`` (``"fc1"``: pairs on the N axis, ``"fc2"``:
-  pairs on the K axis), ``pair`` (None, a kind ``P22 / P33 / P24 / P43 / P44``, or
-  ``"dynamic"``; then ``bits`` is the base 3), ``m_tiles`` (None: the route-block table
-  decides; or a pin 1 / 2 / 4), ``device`` (None, a CUDA device or a simulated one with ``name,
-  sm_count, max_shared_mem, capability``: lets an unpaired FC2 take the wave-balanced tile,
-  exactly as ``plan_moe(device=...)``). K and N are multiples of 128; a paired FC1 needs
-  ``N % 256 == 0`` (whole pairs), a paired FC2 ``K % 256 == 0``.
+* **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` tokens (the capacity), ``top_k``, the
+  GEMM dims ``k`` (reduction) and ``n`` (output columns), ``codebook``, ``bits``, ``num_experts``
+  (E), ``compute_dtype``, ``phase`` (``"fc1"``: pairs on the N axis, ``"fc2"``: pairs on the K
+  axis), ``pair`` (None, a kind ``P22 / P33 / P24 / P43 / P44``, or ``"dynamic"``; then ``bits`` is
+  the base 3), ``m_tiles`` (None: the route-block table decides; or a pin 1 / 2 / 4), ``device``
+  (None, a CUDA device or a simulated one with ``name, sm_count, max_shared_mem, capability``: lets
+  an unpaired FC2 take the wave-balanced tile, exactly as ``plan_moe(device=...)``). K and N are
+  multiples of 128; a paired FC1 needs ``N % 256 == 0`` (whole pairs), a paired FC2 ``K % 256 ==
+  0``.
 * **Inputs** (:func:`run_moe_gemm`):
 
-  - ``a``: compute dtype ``[M·top_k, K]``, routes in route order ``r = t·top_k + j`` (the live
-    ``M`` = rows of ``topk_ids``, ``1 ≤ M ≤ m``), contiguous, 16-byte aligned;
-  - ``topk_ids``: int32 or int64 ``[M, top_k]``; ids outside ``[0, E)`` are inactive routes
-    (never narrowed, never used as an index);
+  - ``a``: compute dtype ``[M·top_k, K]``, routes in route order ``r = t·top_k + j`` (the live ``M``
+    = rows of ``topk_ids``, ``1 ≤ M ≤ m``), contiguous, 16-byte aligned;
+  - ``topk_ids``: int32 or int64 ``[M, top_k]``; ids outside ``[0, E)`` are inactive routes (never
+    narrowed, never used as an index);
   - ``payload``: int16, one expert stack in the phase's layout (:func:`moe_gemm_payload_shape`):
 
     + **uniform** (``pair=None``, either phase): ``[E, K/16, N/16, 16·bits]``, tile
