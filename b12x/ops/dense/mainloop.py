@@ -25,9 +25,8 @@ limit at the case's bits (:func:`slots_for`). :data:`BOUNDARIES` put both sides 
 threshold as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`. Each threshold and
 geometry was chosen by measurement: docs/evidence/dense-*.md (index: docs/evidence/README.md).
 
-Invariants: ``explain`` is a pure function of the case, every field validated before any row
-runs; every geometry returned is one the kernel accepts (``slots_for`` checks the layout;
-``tests/b12x/test_dense_mainloop_table.py`` compiles them).
+Invariants: ``explain`` is pure, every field validated before any row runs; every geometry
+returned is one the kernel accepts (``tests/b12x/test_dense_mainloop_table.py`` compiles them).
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ Layout:
   16-byte alignment) and keeps them by identity; a missing or placeholder buffer raises naming
   it ("scratch `c_tmp` is not initialized for CUDA graph capture" while capturing).
 * :func:`run_dense` validates the inputs against the plan, then launches :mod:`b12x.launch.host`
-  kernels into the bound buffers; it never allocates (bound buffers, row-prefix views, in-place
-  ops).
+  kernels into the bound buffers; it never allocates (bound buffers, views, in-place ops).
 
 Buffers per path: ``output`` always; ``gemm_output`` (generic, decode_matmul), ``c_tmp`` (split
 slices), fp16 / bf16 staging copies by compute dtype and external H128, ``weight_f16`` /

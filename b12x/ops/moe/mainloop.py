@@ -7,29 +7,17 @@ CTA decodes each K16 row of its expert once into shared memory and ``m_warps`` x
 ``warps/m_warps`` warps multiply it, its K split folded in the per-warp kernel's order). One
 routing serves FC1 and FC2, so this table answers once per step, before the route block: on the
 shared decode the block is its geometry's (128 slots) and ``moe_route_block`` is not consulted.
-The machinery is :mod:`b12x.ops.tables`, like every table of :mod:`b12x.ops.moe.dispatch`
-(whose :data:`~b12x.ops.moe.dispatch.TABLES` lists this one first).
+The machinery is :mod:`b12x.ops.tables` (:data:`~b12x.ops.moe.dispatch.TABLES` lists it first).
 
-Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
-:class:`SharedGeometry` or ``None`` = per-warp):
-1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`,
-   ``"tensor"`` → :data:`SHARED_TENSOR` (the plan refuses it off sm_90).
-2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.
-3. ``paired_odd`` — FC1 runs a pair kind with an odd rate sum (P43: its pair's run does not
-   split into two equal halves per warp, :mod:`b12x.kernels.pair_decode`): None.
-4. ``n_not_128`` — FC1 or FC2 columns not a multiple of 128: None.
-5. ``tensor_core`` — capability (9, 0), FC1 and FC2 columns multiples of 256, ``m·top_k >=
-   48·E`` (:data:`TENSOR_MIN_ROUTES`, measured) and :data:`SHARED_TENSOR_SMEM` (224 KB at K8)
-   granted: :data:`SHARED_TENSOR`, 128 route slots x 256 columns per CTA, every warp decoding,
-   two warpgroups multiplying with ``wgmma`` (bit-identical to the mma.sync shared decode on
-   the H200, so a route's result does not depend on which of the three mainloops ran it).
-   QSRT pair phases take it too (:class:`~b12x.kernels.pair_decode.PairWgmmaDecode`, the
-   records' rates per tile or per K16 row; bit-identical to the per-warp pair kernel).
-6. ``paired`` — any other paired step: the pair shared decode is ``wgmma`` only: None.
-7. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
-8. ``no_room`` — the device's opt-in shared memory per block unknown or below
-   :data:`SHARED_WIDE_SMEM` (112 KB: slots, fragment buffers and the K-slice fold): None.
-9. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
+Rows (:data:`MAINLOOP`, in priority order; value a :class:`SharedGeometry` or ``None`` =
+per-warp): ``pinned`` (a ``shared_decode`` pin: off / wide / tensor), ``pinned_m_tiles`` (None),
+``paired_odd`` (FC1 P43: None), ``n_not_128`` (None), ``tensor_core`` (sm_90, N multiples of
+256, ``m·top_k >= TENSOR_MIN_ROUTES·E``, :data:`SHARED_TENSOR_SMEM` granted:
+:data:`SHARED_TENSOR`, pair phases too), ``paired`` (None), ``few_routes`` (``m·top_k <
+SHARED_MIN_ROUTES·E``: None), ``no_room`` (:data:`SHARED_WIDE_SMEM` not granted: None),
+``shared_wide`` (:data:`SHARED_WIDE`). Every mainloop gives a route the same result bit for bit.
+The route thresholds were chosen by measurement: docs/evidence/moe-shared-decode-routes.md; the
+rows in full: b12x/README.md, "Design notes".
 
 Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_pair_odd, fc1_n, fc2_n,
 max_shared_mem, capability``; both sides of every threshold are literal
