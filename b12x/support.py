@@ -21,8 +21,7 @@ Layout:
   kind, codebook family, compute dtype and window geometry.
 * :func:`compile_specialization` compiles one spec of any kernel kind (``KernelSpec``,
   ``MoeGemmSpec``, ...: :mod:`b12x.launch.kinds`) for one arch on the CPU with fake tensors and
-  returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
-  ``remarks{ptx}`` report, which the DSL prints and we capture).
+  returns a :class:`CompileReport` (PTX, registers and spill bytes from ptxas's remarks).
 
 Invariants:
 * Compiling needs no GPU (the arch comes from ``--gpu-arch``); cutlass and the op modules are
