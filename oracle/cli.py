@@ -13,7 +13,7 @@ Commands:
   to :func:`oracle.contracts.cli.main` and :func:`oracle.mutate.cli.main`.
 * ``replay PATH`` — load a saved case (no pickle), check it against its id, recompute its
   references, rerun the kernel when CUDA is present, print the verdict.
-* ``report JSON`` — print a report as a table; ``--plots DIR`` and ``--tile-map CASE`` write plots.
+* ``report JSON`` — print a report as a table; ``--png DIR`` and ``--tile-map CASE`` write plots.
 
 Common options: ``--json FILE``, ``--results DIR``, ``--tier cpu|gpu|auto``, ``--require-gpu``,
 ``-q``.
