@@ -2,28 +2,12 @@
 
 What it shows:
 * ``--op dense`` (default): :func:`b12x.ops.dense.plan.plan_dense` on a *simulated* part
-  (:data:`oracle.tiles.DEVICES`: ``--arch sm_80|sm_90|sm_120`` takes the first part of that
-  capability, ``--device NAME`` any part by name), then
-
-  - the chosen path and **every** row of the dense dispatch table
-    (:data:`b12x.ops.dense.dispatch.TABLE`) in priority order: ``taken``, ``rejected`` with the
-    first failed condition, or ``not reached`` (a row below the taken one, with what it would have
-    said);
-  - the tile (generic path only), every row of the mainloop table
-    (:data:`b12x.ops.dense.mainloop.TABLE`: per-warp or shared decode) and the kernel geometry
-    (``m_tiles``, ``n_tiles``, ``warps``, and the shared decode's ``m_warps``, ``shared_rows``,
-    ``smem_stages``);
-  - every row of the split-K table (:data:`b12x.ops.dense.split_k.TABLE`), the row that decided, the
-    requested split and the split the launcher makes of it;
-  - the plan's buffers (:class:`~b12x.runtime.scratch.BufferSpec`: name, shape, dtype, role,
-    zeroed). Nothing is allocated anywhere: these are the specs, not tensors.
-
-* ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same simulated part, printing every
-  :class:`~b12x.ops.moe.plan.Decision` of :attr:`~b12x.ops.moe.plan.MoePlan.decisions` (role, table,
-  case, path, value) with the table's reasons (re-asked from
-  :data:`b12x.ops.moe.dispatch.TABLES_BY_NAME` for the recorded case), the grouped-GEMM
-  specialisations and the buffer specs (:func:`b12x.ops.moe.plan.moe_buffer_specs`, which the plan
-  lists).
+  (``--arch`` / ``--device``): the path and **every** row of the dispatch, mainloop and split-K
+  tables (taken, rejected with the first failed condition, or not reached), the tile, the kernel
+  geometry, the split and the plan's buffer specs (nothing is allocated).
+* ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same part: every recorded
+  :class:`~b12x.ops.moe.plan.Decision` with its table's reasons, the grouped-GEMM
+  specialisations and the buffer specs. In full: oracle/README.md, "Design notes".
 
 The pure functions :func:`explain_dense` and :func:`explain_moe` return frozen data objects
 (:class:`DenseExplanation`, :class:`MoeExplanation`) that the CLI prints and ``--json`` writes

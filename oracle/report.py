@@ -10,8 +10,8 @@ history in ``docs/json_schemas.md``)::
                  "by_tier": {"cpu": {"pass", "fail", "skip"}, "gpu": {...}}},
      "environment": {"python", "torch", "numpy", "cutlass", "device", "git_sha", "platform"}}
 
-Metric values that are not finite are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(strict JSON) and read back as floats by :meth:`Report.from_json`.
+Non-finite metric values are written as ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON) and read
+back as floats by :meth:`Report.from_json`.
 
 Reading is strict (:class:`ReportFileError`, a ``ValueError`` with a one-line message): an
 unreadable or non-JSON file, a schema other than :data:`READABLE_SCHEMAS` (a report without a

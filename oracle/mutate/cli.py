@@ -18,13 +18,9 @@ JSON report: schema ``oracle.mutate/1`` (:data:`SCHEMA`; fields in ``docs/json_s
 ``--from-json`` refuses (exit 2, one line) a file that is unreadable, not JSON, of another
 schema or missing keys; a file without ``schema`` is the pre-versioning layout, read the same.
 
-``--tier gpu`` without a CUDA device is refused (exit 2) when mutants would run: every GPU
-mutant would be "not-applicable" and the gate would pass without running one (``--list`` and
-``--tier all`` still work; the latter checks that the GPU rewrites apply).
-
-Interruption: Ctrl-C (SIGINT) or SIGTERM stops the run within seconds: every kill command's
-process group is killed, the temporary copies are removed (:func:`oracle.mutate.runner.abort`),
-and the command exits 130.
+``--tier gpu`` without a CUDA device is refused (exit 2) when mutants would run (the gate would
+pass without running one). SIGINT / SIGTERM stop the run within seconds
+(:func:`oracle.mutate.runner.abort`) and exit 130.
 
 Exit code: 0 when no selected mutant survived, went stale, errored or had a failing baseline;
 1 otherwise; 2 for a usage error (unknown id, an ``--only`` id of another tier, bad option,
