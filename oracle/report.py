@@ -20,7 +20,6 @@ types, a check :class:`CheckResult` refuses, and a ``summary`` that disagrees wi
 (a report whose summary says ``ok`` while a check failed is corrupt, never green).
 
 Plots (matplotlib, the Agg canvas, no pyplot global state):
-
 * :func:`plot_error_vs_shape` groups checks whose ``metrics`` carry ``variant`` (a variant name)
   and ``m``/``k``/``n`` (falling back to parsing the check name as a case id) and writes one PNG
   per variant: rel-L2 and faithful rel-L2 against M and against K·N, log scales.

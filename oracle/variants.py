@@ -1,16 +1,14 @@
 """The variant registry (design §2): everything that changes decoding, declared once.
 
 Layout:
-* :class:`Variant` is a frozen dataclass with eight axes: ``codebook``, ``bits``, ``pair_kind``,
-  ``rate_axis``, ``tier_layout``, ``rotation``, ``compute_dtype`` and ``op``. Constructing one
-  with a value outside an axis' *vocabulary* raises ``ValueError``/``TypeError``; a combination
-  of valid values may still be *illegal*, which is a property (``legal``, ``illegal_reason``) so
-  that illegal combinations can be enumerated with their reason (:func:`illegal_variants`).
+* :class:`Variant` is a frozen dataclass with eight axes (``codebook``, ``bits``, ``pair_kind``,
+  ``rate_axis``, ``tier_layout``, ``rotation``, ``compute_dtype``, ``op``); a value outside an
+  axis' vocabulary raises, an *illegal* combination is a property (``legal``,
+  ``illegal_reason``; :func:`illegal_variants` enumerates them with their reasons).
 * Legality is data: :data:`CODEBOOK_BITS` (spec §1.1/§2, the reference table), :data:`PAIR_KINDS`
   (spec §4.3 record rates, storage order), plus the structural rules in :func:`_illegal_reason`.
-* :data:`REGISTRY` (also :func:`all_variants`) is *generated* from those tables: every legal
-  (codebook, bits) × op × rotation × compute dtype, every pair kind legal for a codebook × rate
-  axis, and the K3/K4 MCG tiers. Adding a codebook or pair kind to the tables adds its variants.
+* :data:`REGISTRY` (:func:`all_variants`) is *generated* from those tables (legal (codebook,
+  bits) × op × rotation × dtype, legal pair kinds × rate axis, the K3/K4 MCG tiers).
 * Tolerances: per-dtype defaults in :mod:`oracle.tolerance`; per-variant overrides in
   :data:`TOLERANCE_OVERRIDES`, each with a mandatory reason.
 * Kernel coverage comes from b12x's typed contract (``b12x.support.OPS`` via
