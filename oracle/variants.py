@@ -9,8 +9,7 @@ Layout:
   (spec §4.3 record rates, storage order), plus the structural rules in :func:`_illegal_reason`.
 * :data:`REGISTRY` (:func:`all_variants`) is *generated* from those tables (legal (codebook,
   bits) × op × rotation × dtype, legal pair kinds × rate axis, the K3/K4 MCG tiers).
-* Tolerances: per-dtype defaults in :mod:`oracle.tolerance`; per-variant overrides in
-  :data:`TOLERANCE_OVERRIDES`, each with a mandatory reason.
+* Tolerance overrides per variant: :data:`TOLERANCE_OVERRIDES`, each with a mandatory reason.
 * Kernel coverage comes from b12x's typed contract (``b12x.support.OPS`` via
   :mod:`oracle.declared`, imported directly): ``kernel_coverage`` is
   ``"b12x:<op>[<dispatch paths>]"`` when some op declares the variant, else ``no_coverage_reason``
@@ -23,8 +22,8 @@ Invariants:
   [/rot_<rotation>]/<dtype>"``; the rotation part is omitted when it is the op's default
   (decode: none; dense, moe: full). ``Variant.from_name(v.name) == v`` for every variant, and no
   name contains ``-`` (case ids use ``-`` in place of ``/``).
-* Paired variants carry ``bits = 3``: b12x compiles every pair layout on the trellis_bits = 3 base
-  specialization (spec §4.2, §4.4); the record rates come from ``pair_kind``.
+* Paired variants carry ``bits = 3`` (every pair layout compiles on that base, spec §4.2, §4.4);
+  the record rates come from ``pair_kind``.
 * Dense/decode pairs need a ``rate_axis`` ("k" or "n"); MoE pairs are phase-bound (spec §4.2),
   ``rate_axis = None``. ``rotation``: "none" = raw ``x @ W``; "full" = EXL3 H128 (§3.2, §3.4);
   "coupled" = coupled Hadamard (§3.5), registered without coverage.
