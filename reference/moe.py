@@ -12,18 +12,14 @@ Per route (token ``t``, expert ``e``, router weight ``w``), with ``Hb`` the bloc
 4. ``y_raw = A2 @ Wq_down[e]``;
 5. ``out_t = sum over the token's active routes of w * (Hb(y_raw) * down_svh[e])``.
 
-So ``g = x_t @ diag(gate_suh) H Wq_gate H diag(gate_svh)`` and the FC2 term is ``silu(g) * u`` times
-``diag(down_suh) H Wq_down H diag(down_svh)``: each expert matrix is an EXL3 linear (§3.2) with
-FC1's ``svh`` and FC2's ``suh`` applied at the intermediate boundary.
-
-Precisions ``"exact"`` (float64) and ``"faithful"`` (the kernel's rounding points, in order):
-:func:`moe_forward`.
+Each expert matrix is an EXL3 linear (§3.2, ``diag(suh) H Wq H diag(svh)``) with FC1's ``svh``
+and FC2's ``suh`` applied at the intermediate boundary. Precisions ``"exact"`` (float64) and
+``"faithful"`` (the kernel's rounding points): :func:`moe_forward`.
 
 Inactive routes (ids outside ``[0, E)``, see :mod:`reference.routing`) are never gathered, never
 decoded and never added, so they contribute exactly zero, whatever their router weight (even NaN).
-Work is vectorised per expert: the active routes are grouped with
-:func:`reference.routing.pack_routes`, each routed expert is decoded once and runs one matmul per
-projection over all its routes. Caller tensors are never modified.
+Work is vectorised per expert (routes grouped by :func:`reference.routing.pack_routes`, each
+expert decoded once, one matmul per projection). Caller tensors are never modified.
 
 :func:`expert_route_outputs` exposes step 1-4 plus the ``Hb(y_raw) * down_svh`` term per route
 (unweighted) and :func:`weighted_route_sum` step 5, so :mod:`reference.tiers` can reuse them.
@@ -636,10 +632,7 @@ def moe_forward(
 ) -> torch.Tensor:
     """The fused MoE forward of §3.4 for ``x [M, H]`` and routes ``[M, top_k]``.
 
-    ``precision="exact"`` returns float64, ``"faithful"`` float32 (see the module docstring for
-    every rounding point). ``topk_ids`` is int32 or int64; ids outside ``[0, E)`` are inactive.
-
-    Precisions (:func:`moe_forward`):
+    ``topk_ids`` is int32 or int64; ids outside ``[0, E)`` are inactive. Precisions:
 
     * ``"exact"``: float64 everywhere over the decoded fp16 weights; returns float64 ``[M, H]``.
     * ``"faithful"``: the kernel's rounding points, in this order:

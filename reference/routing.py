@@ -20,16 +20,13 @@ capacity) also hold the sentinel.
 
 * ``block_expert_ids[b]`` (int32, ``[num_blocks]``) is the expert of block ``b``.
 * ``packed_route_count = num_blocks * block_size`` counts the filled slots, padding included.
-* Route indices and the sentinel are stored as int32; a table whose capacity exceeds ``2**31 - 1``
-  is rejected with a ValueError rather than wrapped.
+* Route indices and the sentinel are int32; a capacity past ``2**31 - 1`` is rejected.
 * ``expert_counts[e]`` (int32, ``[E]``) is the number of active routes of expert ``e`` (no padding);
   ``expert_offsets[e]`` (int32, ``[E + 1]``) is where expert ``e``'s padded group starts,
   ``expert_offsets[E] = packed_route_count``.
 
-Capacity:
-Expert ``e`` fills ``ceil(c_e / B) * B <= c_e + B - 1`` slots when ``c_e > 0`` and none
-otherwise, so ``packed_route_count <= M * top_k + E * (B - 1)``. :func:`capacity_bound` returns
-that bound **rounded up to a multiple of** ``B`` so the packed array is made of whole blocks.
+Capacity: ``packed_route_count <= M * top_k + E * (B - 1)`` (expert ``e`` fills
+``ceil(c_e / B) * B`` slots); :func:`capacity_bound` rounds it up to whole blocks of ``B``.
 """
 
 from __future__ import annotations
