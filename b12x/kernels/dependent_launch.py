@@ -1,8 +1,6 @@
 """Programmatic dependent launch (PDL): each b12x kernel's launch attribute and first statement.
 
-Why: A b12x step is a chain of short launches on one stream (the MoE at M = 1: pack, rotate, FC1,
-activate, FC2, reduce; the dense linear: rotate in, GEMM, reduce, rotate out). Without PDL the next
-grid's CTAs are scheduled only after the previous grid has completed, so every boundary pays the
+Why: a b12x step is a chain of short launches on one stream; without PDL every boundary pays the
 launch latency with the SMs idle. With PDL (sm_90 and newer) the next grid is launched while the
 previous one drains; its CTAs become resident and wait in their first statement.
 
@@ -27,9 +25,8 @@ The rule every kernel keeps:
   cache's toolchain record, :func:`b12x.runtime.disk_store.toolchain`, so a kernel compiled under
   one setting is never loaded under the other).
 
-Checked on the CPU by ``tests/b12x/test_dependent_launch.py``: every kernel body starts with
-the call, every launch splices the options, and in compiled PTX no global access precedes the
-wait.
+Checked on the CPU by ``tests/b12x/test_dependent_launch.py`` (the first statement, the spliced
+options, and in compiled PTX no global access before the wait).
 """
 
 from __future__ import annotations

@@ -20,18 +20,13 @@ Layout:
   ``(w0,w1), (w2,w3), (w4,w5), (w6,w7)``, lower index in the low half: exactly the two m16n8k16 B
   fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)`` n-block
   1. With ``to_bf16`` each half2 is rounded to bf16 (exact for sqg_e4m3).
-* **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` (the int16
-  payload viewed as int32) → ``int16[K, N]`` (fp16 bits). One warp per strip of ``STRIP`` N16 tiles
-  of a K16 row; each tile is placed with the §1.5 map ``k = 2r + (0,1,8,9)[j%4]``, ``n = g +
-  8·(j//4)`` (r = lane % 4, g = lane // 4) into a shared-memory block, which is then written out
-  with coalesced 16-byte stores.
+* **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` → ``int16[K,
+  N]`` (fp16 bits); one warp per strip of ``STRIP`` N16 tiles, each placed by the §1.5 map into
+  shared memory, then written out with coalesced 16-byte stores.
 
-Invariants:
-* Everything that depends on the codebook or bitrate is a Python constant at trace time (the
-  :class:`~b12x.formats.DecodeFormat` and its decoder's fields); no codebook string reaches
-  device code, and the decoder body is the format's own (``fmt.device_decode``).
-* Table-reading codebooks get the table through one 64-bit LUT slot (§2.8): a global address, or
-  (``lut_in_smem``) a 32-bit shared-window address carried in the same slot.
+Invariants: everything that depends on the codebook or bitrate is a trace-time constant (the
+:class:`~b12x.formats.DecodeFormat`; no codebook string reaches device code, the decoder body is
+``fmt.device_decode``); a table arrives in one 64-bit LUT slot (§2.8: global, or ``lut_in_smem``).
 """
 
 from __future__ import annotations

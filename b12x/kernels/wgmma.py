@@ -23,13 +23,10 @@ Layout:
   ``(g+8, 2r)``, ``(g+8, 2r+8)``) is therefore its four core matrices ``(n-block, k-half)`` in that
   order, 512 contiguous bytes with lane ``l`` addressing ``16·l``.
 
-Ordering:
-Shared memory written by ordinary stores or ``cp.async`` is read by ``wgmma`` through the async
-proxy: the writer runs :func:`fence_proxy_async` before the barrier that publishes it.
-:func:`fence` precedes a warpgroup's batch of MMAs, :func:`commit` closes it and :func:`wait`
-blocks until at most ``pending`` batches are in flight; :func:`wait` also passes the
-accumulators through (an in/out operand), so no instruction reads them before it. Every helper
-is volatile: LLVM keeps them in program order.
+Ordering: shared memory written by ordinary stores or ``cp.async`` is read by ``wgmma`` through
+the async proxy, so the writer runs :func:`fence_proxy_async` before the publishing barrier;
+:func:`fence` / :func:`commit` bracket a batch of MMAs and :func:`wait` (at most ``pending`` in
+flight) passes the accumulators through; every helper is volatile (kept in program order).
 """
 
 from __future__ import annotations
