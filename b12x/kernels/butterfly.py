@@ -32,10 +32,8 @@ lower lane and −1 on the upper (:func:`lane_signs`). Both are exact restatemen
   infinities and NaNs come out as the add/sub gives them.
 
 Why this layout: with four elements per lane and all five upper stages across lanes, the
-rotation kernels were bound by shuffles (the MoE rotate kernel at ~80 % SM throughput and 27 %
-of DRAM bandwidth at GLM-like M = 4096 on the H200, ncu ``--clock-control none``, even after the
-add/sub/select per stage became one FMA). Sixteen elements per lane move three stages of five
-through shuffles, two fifths fewer shuffles per element.
+rotation kernels were bound by shuffles (docs/evidence/rotation-butterfly-layout.md). Sixteen
+elements per lane move three stages of five through shuffles, two fifths fewer shuffles per element.
 """
 
 from __future__ import annotations

@@ -25,10 +25,9 @@ warpgroup-uniformly and moves registers between them with ``setmaxnreg``
 while keeping its 128 accumulators per multiplying thread. ptxas sizes one instruction's operands by
 the launch's register count (128 at 512 threads; an m64n256 fp32 ``wgmma`` needs 154), so the helper
 geometries issue the CTA width as m64n128 ``wgmma`` s (:data:`HELPER_MMA_N`); each output element
-still gets one K16 product per instruction, in K order. Measured on an H100
-(:mod:`b12x.ops.dense.mainloop`, "Step depth and warp specialisation"), twice the decoding warps did
-not make the step faster, so the dense table does not plan it; it is kept as a GPU-tested geometry
-for the next experiment.
+still gets one K16 product per instruction, in K order. Twice the decoding warps did not make the
+step faster (docs/evidence/dense-tensor-core-deep.md), so the dense table does not plan it; it is
+kept as a GPU-tested geometry for the next experiment.
 
 Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts):
 * **A region** of a K16 row: A tiles of 2048 B (64 rows x 32 B), tile ``t`` at ``2048·t``, each in
