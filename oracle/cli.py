@@ -23,7 +23,7 @@ runs; a refusal prints ONE line, ``python -m oracle <command>: error: <why>``, t
 2 (never a traceback). :func:`refuse` is the one place that does so (argparse errors included); it
 raises :class:`Refused`, a ``SystemExit`` with code 2. Exit codes: 0 every check passed (skips
 never fail); 1 a check failed; 2 refused; 130 interrupted (``mutate``). The full notes:
-oracle/README.md, "Design notes".
+docs/notes/oracle.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ which fields it reads. Cases are never mutated by the checks.
 
 The generic checks (each returns one :class:`Outcome`):
 * :func:`check_boundaries`, :func:`check_reachability`, :func:`check_determinism`,
-  :func:`check_consistency` (what each proves: oracle/README.md, "Design notes").
+  :func:`check_consistency` (what each proves: docs/notes/oracle.md).
 
 :func:`check_table` runs all four. An :class:`Outcome` carries the check name, the failure
 messages (empty when it passed; capped at :data:`MAX_LISTED` with a count of the rest) and

@@ -20,8 +20,7 @@ attributed to the decoded weight ``Wq``, assuming the kernel computed ``A @ (Wq 
 Limits: with ``M < K``, ``dW`` is the minimum-norm error (a wrong weight smears over its column);
 with ``M ≤ 16`` the slices cannot discriminate (``slices_discriminate`` says so); errors of the
 rotations, ``svh`` or the output rounding spread over whole blocks; read the map only when
-``kernel vs faithful`` is well above ``faithful vs exact``. In full: oracle/README.md, "Design
-notes".
+``kernel vs faithful`` is well above ``faithful vs exact``. In full: docs/notes/oracle.md.
 
 :func:`drift` is the pure function (a :class:`DriftReport`, or :class:`DriftRefused`, a one-line
 ``ValueError``); :func:`main` prints it, writes ``--json`` (``oracle.drift/1``,

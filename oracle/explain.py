@@ -7,7 +7,7 @@ What it shows:
   geometry, the split and the plan's buffer specs (nothing is allocated).
 * ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same part: every recorded
   :class:`~b12x.ops.moe.plan.Decision` with its table's reasons, the grouped-GEMM
-  specialisations and the buffer specs. In full: oracle/README.md, "Design notes".
+  specialisations and the buffer specs. In full: docs/notes/oracle.md.
 
 The pure functions :func:`explain_dense` and :func:`explain_moe` return frozen data objects
 (:class:`DenseExplanation`, :class:`MoeExplanation`) that the CLI prints and ``--json`` writes

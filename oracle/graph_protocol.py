@@ -22,8 +22,7 @@ poisoned, replayed, bitwise equal to eager, no allocation) → ``addresses`` (un
 Backends: :class:`SimulatedBackend` (CPU: the bookkeeping testable without a GPU) and
 :class:`CudaBackend` (torch.cuda graphs, side stream, memory-stat counters). With ``reference=``
 and ``judge=`` the eager outputs of every input set are checked; :class:`ComposedOp` chains ops
-into one captured step (FULL; PIECEWISE is the runner per stage). In full: oracle/README.md,
-"Design notes".
+into one captured step (FULL; PIECEWISE is the runner per stage). In full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations

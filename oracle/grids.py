@@ -23,7 +23,7 @@ clauses; :func:`select_cases` also refuses an empty selection, an alternative th
 nothing, ``--case`` with ``--filter`` and a bad ``max_cases``. A ``--case`` id must be a
 generated grid point with the grid's seed (:func:`resolve_case_id`), so a run, a saved case and
 a replay always name the same inputs. Stratified sampling: :mod:`oracle.sampling`. The grammar
-and refusals in full: oracle/README.md, "Design notes".
+and refusals in full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Layout:
   ``ratio`` (the "α actually used"), ``nan_count``, ``inf_count``, and the bounds the judges of
   :mod:`oracle.tolerance` applied (``coarse_*``, ``envelope_*``, ``bias_*``; ``None`` where a gate
   did not run), so drift is visible before it fails. Each field's definition:
-  oracle/README.md, "Design notes" (and docs/oracle_contract.md).
+  docs/notes/oracle.md (and docs/oracle_contract.md).
 * Relative errors against a zero reference are 0 when the other side is zero too, else inf.
 * :func:`row_block_rel_l2` (rel-L2 per block of rows, the unit the tolerance gates on) and
   :func:`tile_errors` (RMS error per tile / RMS of the whole reference: the per-tile error map).

@@ -23,7 +23,7 @@ pinned by ``CUDA_VISIBLE_DEVICES``, then the serial slice on the first GPU; logs
 parts; a failed launch kills the shards started. *Merge* (:func:`merge_reports`): one
 :class:`~oracle.report.Report`; any inconsistency between the parts (missing, duplicate or
 foreign shards, cases assigned or reported twice, uncovered grid) is a ``ValueError``; a crashed
-shard is one ``fail`` line; summaries are recomputed. In full: oracle/README.md, "Design notes".
+shard is one ``fail`` line; summaries are recomputed. In full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Any object with these members (b12x declares its own; this module never imports 
 The generic checks (each returns an :class:`oracle.dispatch.Outcome`):
 * :func:`check_round_trip` (auto-selected tiles survive qualify → serialise → pin → key
   unchanged: the GB10 bug, R3), :func:`check_pin_matches_qualify` and the static
-  :func:`find_duplicated_floors`; in full: oracle/README.md, "Design notes".
+  :func:`find_duplicated_floors`; in full: docs/notes/oracle.md.
 
 :data:`DEVICES` are the simulated parts: 188-SM RTX PRO 6000 (12,0) and 48-SM GB10 (12,1) with
 101,376 B, 132-SM H200 (9,0), 108-SM A100 (8,0), and simulated 120-SM (12,0, 227 KB) and 80-SM

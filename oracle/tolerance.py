@@ -19,7 +19,7 @@ Stages: dense ``rotated``, ``gemm``, ``output``; MoE ``rotated_gate``, ``rotated
 ``activated``, ``fc2``, ``output`` (route order; inactive routes' rows ignored).
 ``Verdict.details["stages"]`` maps each to its :class:`~oracle.envelope.StageReport`.
 :func:`judge` is the coarse gate alone; ``exact`` tolerances use :func:`judge_exact`. The full
-notes: oracle/README.md, "Design notes".
+notes: docs/notes/oracle.md.
 
 Modules: this one holds the rules and the dense judges; :mod:`oracle.verdicts` the
 :class:`Tolerance` / :class:`Verdict` types, defaults and shared checks; :mod:`oracle.moe_judge`

@@ -15,7 +15,7 @@ Layout:
   ``"b12x:<op>[<dispatch paths>]"`` when some op declares the variant, else ``no_coverage_reason``
   says why (coupled Hadamard: out of scope).
 * MoE in bf16 compute is registered (b12x ships a bf16 arm) and judged against the bf16-rounded
-  faithful reference (why: oracle/README.md, "Design notes").
+  faithful reference (why: docs/notes/oracle.md).
 
 Invariants:
 * ``Variant.name`` is a stable id, ``"<op>/<codebook>/k<bits>[/<pair>][/tiers_<layout>]

@@ -22,7 +22,7 @@ Invariants:
 * Every builder lives in :mod:`b12x.launch`, every kernel class in :mod:`b12x.kernels`
   (:func:`check_registry`, at import); they are named, not imported (resolved with
   :mod:`importlib` on first use), so importing this module loads no cutlass, and a stubbed
-  builder is the one called. The full notes: b12x/README.md, "Design notes".
+  builder is the one called. The full notes: docs/notes/b12x.md.
 """
 
 from __future__ import annotations

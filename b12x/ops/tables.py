@@ -20,7 +20,7 @@ Layout:
   :meth:`DecisionTable.explain` returns an :class:`Explanation` ``(path, reasons, value)``; a
   case no row accepts raises ``ValueError`` with every reason (fail closed). With
   ``current_rows``, ``explain`` consults the rows it returns at every call (so a test can plant
-  a fault the oracle must catch against ``paths``). Details: b12x/README.md, "Design notes".
+  a fault the oracle must catch against ``paths``). Details: docs/notes/b12x.md.
 * :class:`Boundary` declares both sides of a threshold as data (the fields of
   ``oracle.dispatch.Boundary``: b12x cannot import the oracle).
 

@@ -21,7 +21,7 @@ Layout:
   ``v1/<kernel>/<digest>.kobj`` per kernel, the digest over the key, the toolchain and the
   dependency closure of the sources; atomic ``os.replace`` writes, no locks; an entry whose
   header or payload hash disagrees is discarded with a :class:`CompileCacheWarning`.
-  ``python -m b12x.runtime.compile_cache [--clear]``. Details: b12x/README.md, "Design notes".
+  ``python -m b12x.runtime.compile_cache [--clear]``. Details: docs/notes/b12x.md.
 
 Invariants: keys are structural (ints, strs, bools, floats, None, dtypes by name, tuples and
 frozen dataclasses of those; anything else is a ``TypeError``), so equal keys mean the same

@@ -1,5 +1,5 @@
 """The disk store of the compile cache: entries shared by processes (the layout, digest,
-concurrency and freshness rules: b12x/README.md, "Design notes", ``b12x/runtime/compile_cache.py``).
+concurrency and freshness rules: docs/notes/b12x.md, ``b12x/runtime/compile_cache.py``).
 
 Layout
 ------

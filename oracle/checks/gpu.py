@@ -22,7 +22,7 @@ line per reason. A failing case is saved and its reason carries the exact replay
 :func:`replay_saved` re-judges a saved case.
 
 A pinned tile (``python -m oracle run --tile KxNxT``): :func:`pinned_cases` keeps the cases the
-tile qualifies for; none is a ``fail`` naming the tile (details: oracle/README.md, "Design notes").
+tile qualifies for; none is a ``fail`` naming the tile (details: docs/notes/oracle.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ construction is bound to the entry's signature (``unknown-keyword``, ``duplicate
 ``arity`` except :data:`ENV_SUPPLIED` and defaulted parameters, ``shared-body-default``, the
 pinned slots), and the fields the class writes out must be exactly the entry's launch
 parameters (:func:`launch_parameters`), so a kernel signature that changed under its record is
-caught without a GPU. The rules in full: oracle/README.md, "Design notes".
+caught without a GPU. The rules in full: docs/notes/oracle.md.
 
 Invariants:
 * Standard library only; works on :mod:`.resolve`'s call sites and :mod:`.index` alone.

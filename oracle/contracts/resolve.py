@@ -13,7 +13,7 @@ Layout:
 * Resolution rules (module, imported and nested functions, constructors, ``__call__``, methods
   through ``self`` / ``cls`` / ``super()`` / typed locals and attributes, ``functools.partial``;
   anything else unresolved, not checked) and the ``producers`` / ``record`` facts kept for
-  :mod:`.entries`: oracle/README.md, "Design notes".
+  :mod:`.entries`: docs/notes/oracle.md.
 
 Invariants:
 * ``skip_first`` on a resolved call site is true exactly when Python supplies the first

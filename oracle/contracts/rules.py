@@ -9,7 +9,7 @@ Layout:
   ``arity`` / ``unknown-keyword`` / ``duplicate-binding``, ``shifted-argument`` (a bare-name
   positional binding to a *different* parameter: spec §5.3), ``shared-body-positional`` /
   ``-default`` / ``-unpacking``, ``pinned-slot`` (:mod:`.slots`), and the infos
-  ``shared-body-signature`` and ``unverifiable``. Each rule: oracle/README.md, "Design notes".
+  ``shared-body-signature`` and ``unverifiable``. Each rule: docs/notes/oracle.md.
   Launch records are bound by :mod:`.entries` (same rules plus ``launch-record``).
 
 Invariants:

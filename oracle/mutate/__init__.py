@@ -21,7 +21,7 @@ Invariants:
 * Statuses: ``killed``, ``survived``, ``not-applicable`` (always with a reason), ``stale``,
   ``error``, ``baseline-failed`` (the kill command already fails unmutated). The gate passes iff
   no mutant of the selected tier is survived, stale, error or baseline-failed. The full notes:
-  oracle/README.md, "Design notes".
+  docs/notes/oracle.md.
 """
 
 from oracle.mutate.catalogue import (

@@ -16,7 +16,7 @@ Layout:
 Interruption: every kill-command process group and temporary copy is registered while it lives;
 :func:`abort` (on SIGINT) kills the groups, refuses new ones (:class:`Cancelled`) and removes the
 copies, so ``python -m oracle mutate`` stops within seconds and leaves nothing behind. The full
-notes: oracle/README.md, "Design notes".
+notes: docs/notes/oracle.md.
 
 Invariants:
 * Nothing is written outside the temporary directories, which are removed afterwards.

@@ -23,7 +23,7 @@ Buffers per path: ``output`` always; ``gemm_output`` (generic, decode_matmul), `
 slices), fp16 / bf16 staging copies by compute dtype and external H128, ``weight_f16`` /
 ``weight_compute`` (decode_matmul), ``workspace`` (K6 only; the K6 path uses no generic scratch,
 so a consumer with a one-element generic scratch can capture it). The exact table and the K6
-path's composition: b12x/README.md, "Design notes".
+path's composition: docs/notes/b12x.md.
 
 Invariants: paths, tiles and split-K are decided once, in the plan; ``run`` reads them and never
 re-decides (plan fields equal launch fields, R15); every run-time check precedes the first launch.

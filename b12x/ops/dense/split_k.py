@@ -21,7 +21,7 @@ Layout:
   *requested* split; the plan then applies the launcher's arithmetic (a consequence, not a
   decision). :data:`BOUNDARIES` put both sides of every threshold as literal data;
   :data:`TABLE` bundles it all for :mod:`oracle.dispatch`. Each row's conditions in full:
-  b12x/README.md, "Design notes".
+  docs/notes/b12x.md.
 
 Invariants: ``explain`` is a pure function of the case, every field validated before any row
 runs; every constant of the rule lives here (:func:`split_k` is the keyword form for callers of

@@ -21,7 +21,7 @@ The wave-balanced FC2 tile follows PR #146 (the merged contract, spec §7 item 6
 waives the ``tile_k >= 64`` floor for FC2 only. Selection: dense takes ``(64,256,256)`` when it
 qualifies, else ``(64,128,128)``, else the best-occupancy entry; FC1 / FC2 the small- or
 large-batch table by ``cta_m_blocks``, maximising CTAs/SM from shared memory; the FC2 wave rule is
-checked first. The full rules: b12x/README.md, "Design notes".
+checked first. The full rules: docs/notes/b12x.md.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ rejection reason) and a ``value``; rows are in priority order; ``explain`` retur
 5. :data:`FC2_TILE` — the wave-balanced FC2 tile (:mod:`b12x.ops.moe.fc2_tile`).
 
 The compute dtype enters no decision (a boundary per table pins it); it reaches the kernel as
-``MoeGemmSpec.bf16``. Each row's thresholds and values: b12x/README.md, "Design notes".
+``MoeGemmSpec.bf16``. Each row's thresholds and values: docs/notes/b12x.md.
 
 Invariants: ``explain`` is a pure function of the case; every threshold constant lives in one
 :class:`Condition` of one row, read at call time.

@@ -21,7 +21,7 @@ Layout:
   (fp32 accumulation, one rounding); rows of inactive routes are **never written**.
 * **Buffers** (:func:`moe_gemm_buffer_specs`): ``out``, ``expert_descriptors`` and the route
   packer's. :class:`MoeGemmOp` is the graph op; :data:`OBSERVABLES`: ``out`` → ``"gemm"``.
-  Layouts in full: b12x/README.md, "Design notes".
+  Layouts in full: docs/notes/b12x.md.
 
 Invariants: every input is validated before anything is packed or launched, and the kernel is
 looked up before the first launch (R5); ``run`` never allocates or synchronises (graph

@@ -17,7 +17,7 @@ per-warp): ``pinned`` (a ``shared_decode`` pin: off / wide / tensor), ``pinned_m
 SHARED_MIN_ROUTES·E``: None), ``no_room`` (:data:`SHARED_WIDE_SMEM` not granted: None),
 ``shared_wide`` (:data:`SHARED_WIDE`). Every mainloop gives a route the same result bit for bit.
 The route thresholds were chosen by measurement: docs/evidence/moe-shared-decode-routes.md; the
-rows in full: b12x/README.md, "Design notes".
+rows in full: docs/notes/b12x.md.
 
 Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_pair_odd, fc1_n, fc2_n,
 max_shared_mem, capability``; both sides of every threshold are literal

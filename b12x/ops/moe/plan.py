@@ -21,7 +21,7 @@ is chosen from the weight geometry alone, :func:`choose_k_split`, and reduces in
 so the op is **batch invariant**: a token's output at batch M equals its batch-1 output bit for
 bit. Buffers: :func:`moe_buffer_specs`. Plans are frozen; ``run`` never re-decides (R15). A
 paired phase plans one ``MoeGemmSpec`` with ``pair`` and ``rate_axis`` set
-(:func:`b12x.ops.moe.pairs.pair_gemm_spec`). The full notes: b12x/README.md, "Design notes".
+(:func:`b12x.ops.moe.pairs.pair_gemm_spec`). The full notes: docs/notes/b12x.md.
 """
 
 from __future__ import annotations

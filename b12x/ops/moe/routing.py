@@ -21,7 +21,7 @@ Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r 
 Algorithm (no sort, no atomics, O(n·E) memory): ids widened to int64 (out-of-range ids go to the
 drop bucket ``E``), an expert-major one-hot, a chunked inclusive scan over routes giving each
 route's stable rank in its expert, an exclusive scan of the padded counts, then the scatter and a
-``searchsorted`` for the block experts. Step by step: b12x/README.md, "Design notes".
+``searchsorted`` for the block experts. Step by step: docs/notes/b12x.md.
 
 Invariants:
 * Caller tensors (``topk_ids``) are only read. Capacity beyond int32 is rejected at plan time.
