@@ -1,39 +1,31 @@
 """What b12x declares to the oracle: the typed op contract, and CPU compile reports.
 
-Layout
-------
+Layout:
 * **The contract** (``docs/oracle_contract.md`` §1; the oracle imports it directly):
-  :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op:
-  its plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch
-  tables, tile registry and observable buffers). :data:`OPS` holds the ops ``decode``,
-  ``dense`` and ``moe``; :func:`op_contract` looks one up by name (``ValueError`` naming the
-  known ops). ``OPS`` is built on first access (it imports the op modules, torch and the DSL);
-  importing this module stays light.
-* **Variants are derived, never hand-listed**: every legal (codebook, bits) of
-  :mod:`b12x.formats`, both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an
-  external identity H128 callback: the raw GEMM) with the dispatch rows that can serve each
-  (:func:`dense_paths`, asked of the dense dispatch table at its boundary M values and
-  capabilities); MoE uniform (both w13 layouts), tiers (:data:`b12x.ops.moe.tiers.TIER_BITS`,
-  codebook
+  :class:`DeclaredVariant` (one supported variant of one op) and :class:`OpContract` (one op: its
+  plan / bind / run / allocate entry points, its graph op, custom op, variants, dispatch tables,
+  tile registry and observable buffers). :data:`OPS` (``decode``, ``dense``, ``moe``; built on
+  first access, so importing this module stays light); :func:`op_contract` looks one up.
+* **Variants are derived, never hand-listed**: every legal (codebook, bits) of :mod:`b12x.formats`,
+  both compute dtypes; dense rotations ``"full"`` and ``"none"`` (an external identity H128
+  callback: the raw GEMM) with the dispatch rows that can serve each (:func:`dense_paths`, asked of
+  the dense dispatch table at its boundary M values and capabilities); MoE uniform (both w13
+  layouts), tiers (:data:`b12x.ops.moe.tiers.TIER_BITS`, codebook
   :data:`b12x.ops.moe.tiers.TIER_CODEBOOK`) and QSRT pairs (each kind of
-  :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the
-  codebook; ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
-* Deprecated views (the oracle still reads them; the lead switches it to :data:`OPS`):
-  :func:`supported_variants` and :func:`supported_moe_variants` return the old dict lists,
-  derived from :data:`OPS`.
+  :data:`b12x.kernels.moe_gemm.PAIR_KINDS` whose base and record rates are legal for the codebook;
+  ``"dynamic"`` added for :data:`~b12x.kernels.moe_gemm.DYNAMIC_KINDS`).
+* Deprecated views derived from :data:`OPS`: :func:`supported_variants`,
+  :func:`supported_moe_variants`.
 * :func:`kernel_specializations` lists every :class:`~b12x.launch.specs.KernelSpec` the host
-  wrappers can launch (decode, GEMM per tile shape and split mode, split-K reduce, rotations).
-  :func:`representative_specializations` is a small subset that still touches every kernel kind,
-  codebook family, both compute dtypes and both window geometries (2- and 3-word lanes).
+  wrappers can launch; :func:`representative_specializations` a subset touching every kernel
+  kind, codebook family, compute dtype and window geometry.
 * :func:`compile_specialization` compiles one spec of any kernel kind (``KernelSpec``,
   ``MoeGemmSpec``, ...: :mod:`b12x.launch.kinds`) for one arch on the CPU with fake tensors and
-  returns a :class:`CompileReport` (PTX text, registers and spill bytes parsed from ptxas's
-  ``remarks{ptx}`` report, which the DSL prints and we capture).
+  returns a :class:`CompileReport` (PTX, registers and spill bytes from ptxas's remarks).
 
-Invariants
-----------
-* Compiling needs no GPU: the arch comes from ``--gpu-arch``; nothing is launched.
-* Imports of cutlass and of the op modules happen lazily inside the functions that need them.
+Invariants:
+* Compiling needs no GPU (the arch comes from ``--gpu-arch``); cutlass and the op modules are
+  imported lazily.
 * A variant of an op is in :data:`OPS` iff b12x runs it; the oracle skips nothing silently.
 """
 

@@ -11,9 +11,8 @@
   cleared by one empty capture) before the error propagates, so the next case still runs.
 * :func:`paired_median_us` — two callables timed in alternating samples (``a``, ``b``, ``a``, …),
   their medians: both see the same clocks. A GPU under a sustained GEMM load lowers its SM clock
-  (an H100 80GB went from 1980 to 1305-1425 MHz within one M = 4096 row of
-  ``dense_trellis.py``, 2026-12-07), so a cell timed apart from its anchor can differ from it by
-  that much for no reason of its own. :func:`alternate_medians` is the alternation itself, over
+  (docs/evidence/bench-paired-timing.md), so a cell timed apart from its anchor can differ from it
+  by that much for no reason of its own. :func:`alternate_medians` is the alternation itself, over
   any sampler (CPU-tested); :func:`over_baseline` times a set of graphs against one of them.
 * :func:`hbm_copy_bandwidth` — bytes read + written per second of a 1 GiB device-to-device copy
   (2 GiB of traffic per copy), the HBM anchor every benchmark reports its weight traffic against,

@@ -14,9 +14,8 @@ every pair of
 each as a replayed CUDA graph of one ``torch.mm`` (:func:`bench_timing.capture_graph`); every
 form is timed in alternating samples with the anchor's form
 (:func:`bench_timing.paired_median_us`), because a sustained GEMM load lowers the SM clock and
-forms timed one after the other are compared across clocks (a first, unpaired version of this
-script put bf16 ``TN`` at 680.2 us and bf16 ``NN`` at 600.6 at M = 1024 on an H100, 2026-12-07,
-where the anchor cell of the table run an hour earlier took 601.4). One weight (``K·N·2`` bytes;
+forms timed one after the other are compared across clocks
+(docs/evidence/bench-paired-timing.md). One weight (``K·N·2`` bytes;
 470 MB at the default 8192 x 28672) is far larger than any L2, so the operands are not rotated.
 It prints one row per M with the four times in us and each one over bf16 ``TN`` (the anchor's
 form, paired), and writes them to ``--json``. Not yet run in this paired form.

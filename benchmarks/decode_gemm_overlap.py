@@ -18,10 +18,7 @@ stream). Random MCG payloads, fp16 compute, as the path plans it for bf16 x. A p
 near the GEMM alone would mean the decode can hide; near the sequence, that the GEMM leaves it
 no room (cuBLAS's kernels fill every SM).
 
-Result (H100 80GB, 2026-12-07, defaults; ratio over the paired sequence): M = 1024 sequence
-849.0 us, decode 0.255, GEMM 0.761, pipelined x2 / x4 / x7 1.066 / 1.072 / 1.014; M = 4096
-sequence 2981.2 us, decode 0.077, GEMM 0.923, pipelined 1.005 / 1.002 / 1.004. The decode does
-not hide: cuBLAS's kernels occupy every SM, and the chunked GEMMs lose a little efficiency.
+Result: docs/evidence/dense-decode-matmul-bounds.md (the decode does not hide).
 
 Usage: ``python benchmarks/decode_gemm_overlap.py [--m 1024,4096] [--chunks 2,4,7] [--bits 4]
 [--k 8192] [--n 28672] [--json FILE]``. Needs a CUDA device; without one it prints one line and

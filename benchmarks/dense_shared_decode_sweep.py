@@ -16,11 +16,9 @@ Everything is the GEMM alone (activations already rotated; no H128), bf16, on on
 * **time**: every geometry x split, the per-warp decode at the split the split-K table picks
   for it (``dense_trellis.auto_split``), the whole linear as the plan runs it (the front door:
   decode + cuBLAS from the dispatch threshold on), and cuBLAS alone on a bf16 weight (the
-  anchor). Each is captured in CUDA graphs over enough payload copies to
-  rotate past the L2 (``dense_trellis.copies_for``); median of event-timed replays.
-
-Output: one line per cell (``us`` and ``/cuBLAS``), then per M the best shared-decode cell
-against the per-warp decode and the front door. ``--json F`` writes every cell.
+  anchor), in CUDA graphs over payload copies that rotate past the L2 (median of event-timed
+  replays). Output: one line per cell, then per M the best shared-decode cell against the
+  per-warp decode and the front door; ``--json F`` writes every cell.
 
 Usage: ``python benchmarks/dense_shared_decode_sweep.py [--m 16,64,256] [--bits 4]
 [--geometries 1x1x8x8,...] [--splits 1,2,4] [--slots 1x4,2x3] [--json out.json]``; a

@@ -21,21 +21,17 @@ Everything below is measured in the same process, on the same device, in this or
    imported the run prints ``peer unavailable: <reason>`` and goes on without it.
 
 Every timed callable is captured in CUDA graphs (capture after warm-up on the capture stream) and
-the replays are timed with CUDA events (median of samples). Each b12x cell is timed in
-alternating samples with its M's cuBLAS graphs (:func:`bench_timing.paired_median_us`) and its
-ratio is over that paired anchor time (JSON ``anchor_us``): a sustained GEMM load lowers the SM
-clock (an H100 80GB fell from 1980 to 1305-1425 MHz within one M = 4096 row, 2026-12-07, and the
-same kernels took up to 15 % longer), so a cell timed apart from its anchor was compared across
-clocks: two runs the same day put K3 at 1.38 and 1.36 and a third put K4 at 1.36 at M = 4096,
-each next to cells at 1.17-1.20 whose profiled kernels were the same; paired, one run gave
-1.145-1.164 for all four. The cuBLAS column is the anchor timed alone, before the row's cells.
-The peer is timed alone and divided by that column: the one run that alternated it with the
-anchor's graphs stopped at M = 4096 on an illegal memory access inside quack (earlier unpaired
-runs that day were clean; not investigated), so its ratios can carry the clock skew above.
-Weights are rotated past the L2:
-each cell holds ``max(2, ⌈3 · 60 MiB / weight bytes⌉)`` copies of its weight (random payloads:
-any bit pattern is a valid trellis stream, and the time does not depend on the values), one
-graph per copy, and replay ``i`` runs copy ``i mod copies``, so every replay reads cold memory.
+the replays are timed with CUDA events (median of samples). Each b12x cell is timed in alternating
+samples with its M's cuBLAS graphs (:func:`bench_timing.paired_median_us`) and its ratio is over
+that paired anchor time (JSON ``anchor_us``): a sustained GEMM load lowers the SM clock, so a cell
+timed apart from its anchor was compared across clocks (docs/evidence/bench-paired-timing.md). The
+cuBLAS column is the anchor timed alone, before the row's cells. The peer is timed alone and divided
+by that column: the one run that alternated it with the anchor's graphs stopped at M = 4096 on an
+illegal memory access inside quack (earlier unpaired runs that day were clean; not investigated), so
+its ratios can carry the clock skew above. Weights are rotated past the L2: each cell holds ``max(2,
+⌈3 · 60 MiB / weight bytes⌉)`` copies of its weight (random payloads: any bit pattern is a valid
+trellis stream, and the time does not depend on the values), one graph per copy, and replay ``i``
+runs copy ``i mod copies``, so every replay reads cold memory.
 
 Output: a per-cell line as it is measured, then two tables: time ÷ cuBLAS bf16 per M (lower is
 better) with the goal column (≤ 0.60, 0.65, 0.80, 0.95, 1.05, 1.05 at M = 1, 16, 64, 256, 1024,

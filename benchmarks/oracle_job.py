@@ -29,8 +29,8 @@ and the summary (table data, environment) is written to ``--out`` (default
 
 A run past ``--timeout`` kills the job's whole process group, not only its parent: the GPU job's
 worker processes (``python -m oracle run --shard i/N``) would otherwise go on compiling and
-launching into the next run (a cold run that timed out on an H100, 2026-12-07, left two of its
-eight workers running). Its row names the workers that wrote their compile stats
+launching into the next run (a cold run that timed out on an H100 left two of its eight workers
+running). Its row names the workers that wrote their compile stats
 (``stats_shards``), so the ones missing are the ones that did not finish, and a run that wrote no
 report sums the checks of the worker parts written during it (``partial``, :func:`partial_parts`),
 so a failure in a finished worker shows even when the job as a whole ran out of time.

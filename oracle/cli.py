@@ -1,54 +1,29 @@
 """``python -m oracle``: the default job and the subcommands (README.md).
 
-Commands
---------
-* (none) — the default job: :data:`oracle.checks.FAMILIES` in order. On CPU: fingerprints,
-  layout, contracts, dispatch/tiles, kernel compile checks, and one ``skip`` line per GPU check
-  family saying why; on a GPU also the differential grid, decode exactness and graph protocol.
-* ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases for the GPU families
-  (``--max-cases N`` takes a stratified sample, :func:`oracle.sampling.stratified_sample`);
-  ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile on the simulated devices (pin vs
-  the one predicate), compiles the kernel specialisations the tile registry maps it to for
-  sm_80/sm_90/sm_120 (registers, spill bytes, MMA present; ``--codebook``/``--bits`` narrow
-  them; without either, a representative subset, said so in the ``compile.tile_<tile>`` line:
-  :mod:`oracle.checks.tile_run`) and, on a GPU, runs the grid cases pinned to it
-  (:func:`oracle.checks.gpu.select_grid` ``tile=``). A tile that qualifies for no (problem,
-  device) point, maps to no specialisation, fails to compile, or (on a GPU) qualifies for no grid
-  case FAILS the run; nothing about a tile ever passes without compiling. ``--compile-all`` /
-  ``--compile-budget S`` widen the compile family. ``--gpus N|all`` shards the grid over N GPUs
-  (one pinned subprocess each, heavy cases in a serial phase) and merges one report;
-  ``--shard I/N|serial`` runs one slice.
-* ``grid`` — list case ids for ``--filter`` / ``--op`` and the tier (``--tier`` picks which grid
-  is listed; listing runs nothing, so it needs no device).
-* ``contracts`` — delegates its arguments to :func:`oracle.contracts.cli.main`.
-* ``mutate`` — the mutation gate; delegates to :func:`oracle.mutate.cli.main`.
-* ``replay PATH`` — load a saved grid case (no pickle), check it agrees with its id
-  (:func:`oracle.results.check_grid_case`), recompute its references, rerun the kernel when CUDA
-  is present, print the verdict.
-* ``report JSON`` — print a JSON report (:data:`oracle.report.READABLE_SCHEMAS`) as a table;
-  ``--png DIR`` writes error-vs-shape plots per variant (or refuses, saying why: matplotlib
-  missing, nothing plottable); ``--tile-map CASE`` writes the per-tile error map of a saved case.
+Commands:
+* (none) — the default job: :data:`oracle.checks.FAMILIES` in order (on CPU one ``skip`` line per
+  GPU family saying why; on a GPU also the differential grid, decode exactness, graph protocol).
+* ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases (``--max-cases N``: a stratified
+  sample); ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile, compiles its kernel
+  specialisations for sm_80/sm_90/sm_120 and on a GPU runs the grid cases pinned to it
+  (:mod:`oracle.checks.tile_run`; nothing about a tile passes without compiling);
+  ``--compile-all`` / ``--compile-budget S``; ``--gpus N|all`` shards over GPUs and merges one
+  report, ``--shard I/N|serial`` runs one slice.
+* ``grid`` — list case ids (runs nothing, needs no device). ``contracts`` and ``mutate`` delegate
+  to :func:`oracle.contracts.cli.main` and :func:`oracle.mutate.cli.main`.
+* ``replay PATH`` — load a saved case (no pickle), check it against its id, recompute its
+  references, rerun the kernel when CUDA is present, print the verdict.
+* ``report JSON`` — print a report as a table; ``--png DIR`` and ``--tile-map CASE`` write plots.
 
-Common options (before or after the command): ``--json FILE``, ``--results DIR`` (default
-``./results``), ``--tier cpu|gpu|auto`` (default auto: gpu when CUDA is present),
-``--require-gpu`` (refuse to run without CUDA), ``-q``.
+Common options: ``--json FILE``, ``--results DIR``, ``--tier cpu|gpu|auto``, ``--require-gpu``,
+``-q``.
 
-Refusals (validated before anything runs)
------------------------------------------
-Every selection and input file is checked first: filters and case ids
-(:func:`oracle.grids.select_cases`: unknown keys, values outside the registry's vocabulary,
-contradictions such as ``bits=9``, ids that are not grid points, selections that match nothing
-or that contain no case the oracle can run on a GPU), tiles, ``--only`` families, report files
-(:class:`oracle.report.ReportFileError`), saved cases (:class:`oracle.results.CaseFileError`), and
-the device: ``--tier gpu`` or ``--require-gpu`` without CUDA. A refusal prints ONE line,
-``python -m oracle <command>: error: <why>``, to stderr and exits 2 (never a traceback):
-:func:`refuse` is the one place that does so, for argparse errors (the parser's ``error`` hook)
-and for every refusal error a command raises (:func:`main` catches them). It raises
-:class:`Refused`, a ``SystemExit`` with code 2 whose ``str`` is the message, so in-process
-callers see the same exit code as the shell.
-
-Exit codes: 0 every check passed (skips never fail); 1 a check failed; 2 refused (usage,
-selection, file or device); 130 interrupted (``mutate``).
+Refusals: every selection, tile, family, input file and the device are validated before anything
+runs; a refusal prints ONE line, ``python -m oracle <command>: error: <why>``, to stderr and exits
+2 (never a traceback). :func:`refuse` is the one place that does so (argparse errors included); it
+raises :class:`Refused`, a ``SystemExit`` with code 2. Exit codes: 0 every check passed (skips
+never fail); 1 a check failed; 2 refused; 130 interrupted (``mutate``). The full notes:
+docs/notes/oracle.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,26 @@
 """Generic checks over a declared dispatch table (docs/architecture.md, §5.5; regression class R2).
 
-The protocol a dispatch table must satisfy
-------------------------------------------
-A dispatch table is any object with these attributes (b12x declares its own; this module never
-imports b12x, and tests use small doubles):
+The protocol a dispatch table must satisfy: A dispatch table is any object with these attributes
+(b12x declares its own; this module never imports b12x, and tests use small doubles):
 
 * ``name: str`` — what the table routes (e.g. ``"dense"``).
 * ``paths: Sequence[path]`` — every implemented path. Each path has ``name: str`` and
   ``predicate(case) -> bool`` (the row's gate). Names are unique.
 * ``boundaries`` — the boundaries as data (:class:`Boundary`, or any record or mapping with its
-  fields, since b12x cannot import oracle): a ``name``, a ``base`` case, the ``field``
-  that is varied, the value on each side (``below``, ``above``) and the path expected on each
-  side (``expect_below``, ``expect_above``). Example, the K6/MCG small-M row:
-  ``Boundary("k6_small_m_M", base={... "m": 0 ...}, field="m", below=128, above=129,
-  expect_below="k6_mcg_small_m", expect_above="generic")``.
+  fields, since b12x cannot import oracle): a ``name``, a ``base`` case, the ``field`` that is
+  varied, the value on each side (``below``, ``above``) and the path expected on each side
+  (``expect_below``, ``expect_above``), e.g. M 128 / 129 around the K6/MCG small-M row.
 * ``explain(case)`` — an :class:`Explanation` or any object with ``path`` and ``reasons``: the
-  chosen path and why (one reason per path considered,
-  e.g. ``"k6_mcg_small_m: m=129 > 128"``). ``explain`` must be a pure function of the case.
+  chosen path and why (one reason per path considered, e.g. ``"k6_mcg_small_m: m=129 > 128"``).
+  ``explain`` must be a pure function of the case.
 
 A *case* is a plain mapping of dispatch fields (arch/capability, ``m``, ``bits``, ``codebook``,
-``pair_kind``, ``compute_dtype``, ``external_rotation``, ``explicit_tile`` ...); the table
-decides which fields it reads. Cases are never mutated by the checks.
+``pair_kind``, ``compute_dtype``, ``external_rotation``, ``explicit_tile`` ...); the table decides
+which fields it reads. Cases are never mutated by the checks.
 
-The generic checks (each returns one :class:`Outcome`)
-------------------------------------------------------
-* :func:`check_boundaries` — at both sides of every declared boundary, ``explain`` picks the
-  expected path, and that path's own predicate holds there (a row deleted, a gate off by one, or
-  a hijacking row above it all fail here).
-* :func:`check_reachability` — every declared path is chosen for at least one grid point (the
-  grid given plus both sides of every boundary); any path ``explain`` returns that is not
-  declared is a failure too.
-* :func:`check_determinism` — ``explain`` gives the same path and reasons twice, and on a copy of
-  the case; it does not mutate the case.
-* :func:`check_consistency` — at every grid point and boundary side, the chosen path's
-  predicate holds.
+The generic checks (each returns one :class:`Outcome`):
+* :func:`check_boundaries`, :func:`check_reachability`, :func:`check_determinism`,
+  :func:`check_consistency` (what each proves: docs/notes/oracle.md).
 
 :func:`check_table` runs all four. An :class:`Outcome` carries the check name, the failure
 messages (empty when it passed; capped at :data:`MAX_LISTED` with a count of the rest) and

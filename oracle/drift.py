@@ -1,69 +1,30 @@
 """``python -m oracle drift CASE_ID_OR_FILE``: where a dense case's output error comes from (CPU).
 
-Input
------
-* a grid case id (:func:`oracle.grids.resolve_case_id`, every id ``python -m oracle grid``
-  lists): the inputs are regenerated from the id (:func:`oracle.runners.inputs.dense_inputs`,
-  the runners' seeded inputs); there is no kernel output, so only *faithful vs exact* is shown
-  and every kernel row reads "not available (no saved output)";
-* a saved failing case (:func:`oracle.results.load_case`, then
-  :func:`oracle.results.check_grid_case`): its inputs must equal, bit for bit, the ones its id
-  generates (else it is refused, as ``replay`` refuses it), and its kernel output ``y`` is
-  compared too. The sidecar's ``execution`` (e.g. ``gpu.dense.<id>.k6_mcg_small_m@rtx_pro_6000``)
-  and ``note`` are shown.
+Input: a grid case id (inputs regenerated from the id; no kernel output, so only *faithful vs
+exact* is shown) or a saved failing case (:func:`oracle.results.load_case`; its inputs must equal
+the ones its id generates, else it is refused as ``replay`` refuses it; its kernel output ``y`` is
+compared too). Only unpaired ``dense`` cases (rotation ``full`` or ``none``); decode and MoE cases
+are refused with a pointer to ``python -m oracle replay``.
 
-Only unpaired ``dense`` cases are supported (rotation ``full`` and ``none``); decode cases are
-judged bit for bit and MoE cases route by token, so both are refused with a pointer to
-``python -m oracle replay``.
+References (float64, :mod:`reference.linear`): *exact* and *faithful* (the case's compute dtype);
+for rotation ``none`` the raw GEMM. For each pair (faithful vs exact, kernel vs exact, kernel vs
+faithful): ``max_abs``, ``mean_abs``, ``rel_l2``, ``max_abs_rel``.
 
-References (float64 on the CPU; :mod:`reference.linear`)
---------------------------------------------------------
-* rotation ``full``: *exact* = ``forward_decoded(x, Wq, suh, svh, precision="exact")``,
-  *faithful* = the same with ``precision="faithful"`` and the case's compute dtype;
-* rotation ``none`` (the raw GEMM): *exact* = ``x @ Wq`` in float64, *faithful* =
-  ``faithful_gemm(fp16(x), Wq, compute_dtype)`` cast to ``x.dtype`` (the output buffer's dtype).
+The error map (with a saved kernel output): the residual ``R = y_kernel − y_faithful`` is
+attributed to the decoded weight ``Wq``, assuming the kernel computed ``A @ (Wq + dW)``:
+1. GEMM space: ``R_g = H128_N(R / svh)`` for ``full``, ``R`` for ``none``;
+2. per K16 slice, the share of ``‖R_g‖²`` that ``A[:, s]`` explains at best (a wrong weight in
+   slice ``s`` makes it explain nearly all), ranked, then by weight-space energy;
+3. in weight space, ``dW = pinv(A) @ R_g``: its largest entries, its largest 16×16 tiles, and the
+   worst output columns.
+Limits: with ``M < K``, ``dW`` is the minimum-norm error (a wrong weight smears over its column);
+with ``M ≤ 16`` the slices cannot discriminate (``slices_discriminate`` says so); errors of the
+rotations, ``svh`` or the output rounding spread over whole blocks; read the map only when
+``kernel vs faithful`` is well above ``faithful vs exact``. In full: docs/notes/oracle.md.
 
-For each pair (faithful vs exact, kernel vs exact, kernel vs faithful): ``max_abs``,
-``mean_abs``, ``rel_l2`` = ‖a − b‖₂/‖b‖₂ and ``max_abs_rel`` = max|a − b| / RMS(b).
-
-The error map (only with a saved kernel output)
------------------------------------------------
-The residual ``R = y_kernel − y_faithful`` is attributed to the *decoded weight* ``Wq``, the B
-operand of the kernel's GEMM, assuming the kernel computed ``A @ (Wq + dW)`` with the faithful A
-operand (``rotated_f16`` in the compute dtype for ``full``, ``fp16(x)`` for ``none``):
-
-1. **GEMM space.** ``R_g = H128_N(R / svh)`` for ``full`` (undo the output scale and the output
-   H128, exactly, in float64; H128 is orthonormal and symmetric); ``R_g = R`` for ``none``.
-2. **Per K16 slice.** For each slice ``s`` of 16 K rows, the share of ``‖R_g‖²`` that
-   ``A[:, s] @ D`` explains at best (least squares over ``D [16, N]``): ``‖P_s R_g‖² / ‖R_g‖²``
-   with ``P_s`` the orthogonal projector onto the column space of ``A[:, s]``. A wrong weight in
-   slice ``s`` makes that slice explain (nearly) all of the residual, the others ~16/M of it.
-   Slices are ranked by that share, then by the weight-space energy of the slice (below).
-3. **In weight space.** ``dW = pinv(A) @ R_g`` (``[K, N]``), the least-squares weight error:
-   its largest entries ``(k, n)`` (with the decoded ``Wq[k, n]`` there) and the largest
-   Frobenius norms of its 16×16 tiles (tile ``(kt, nt)`` = ``Wq[16kt:16kt+16, 16nt:16nt+16]``,
-   the trellis tile of the payload). Also the worst GEMM-space output columns.
-
-Limits (honest reading)
------------------------
-* Least squares needs ``M ≥ 1``. With ``rank(A) = K`` (needs ``M ≥ K``) ``dW`` is the unique
-  least-squares weight error; with ``M < K`` it is the *minimum-norm* one, i.e. the true error
-  projected onto the row space of ``A``: a single wrong weight is smeared over the other rows of
-  its column (still peaking at it for random ``x`` when M is not tiny), and an error orthogonal
-  to every row of ``x`` is invisible in ``y`` at all.
-* With ``M ≤ 16`` every K16 slice spans the same space as ``A`` and explains the same share, so
-  the slice ranking falls back to the weight-space energy (``slices_discriminate`` says so).
-* The model is linear in ``Wq``. Errors of the rotations, of the ``svh`` scale or of the output
-  rounding do not come from one weight: they show as energy spread over whole 128-wide blocks or
-  over every slice. The faithful reference keeps torch's fp32 summation order, so a correct
-  kernel still leaves a small noise residual; read the map only when ``kernel vs faithful`` is
-  well above ``faithful vs exact``.
-
-:func:`drift` is the pure function (returns a :class:`DriftReport`; raises
-:class:`DriftRefused`, a ``ValueError`` with a one-line message that names ``CASE_ID_OR_FILE``
-or ``--top`` and carries the grid's / the case loader's own reason); :func:`main`
-prints it, writes ``--json`` (``{"schema": "oracle.drift/1", ...}``, docs/json_schemas.md) and
-turns every refusal into ONE stderr line with exit 2 (:func:`oracle.cli.refuse`).
+:func:`drift` is the pure function (a :class:`DriftReport`, or :class:`DriftRefused`, a one-line
+``ValueError``); :func:`main` prints it, writes ``--json`` (``oracle.drift/1``,
+docs/json_schemas.md) and turns every refusal into ONE stderr line with exit 2.
 """
 
 from __future__ import annotations

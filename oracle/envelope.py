@@ -4,112 +4,27 @@ A kernel stage stores ``y = round_d(v)`` where ``v`` is some fp32 evaluation of 
 expression ``x`` of the stage's inputs and ``round_d`` rounds to the stage's storage dtype ``d``.
 The **legitimate set** of an element is every value a correct kernel may store:
 ``[round_d(x - r), round_d(x + r)]`` with ``r`` a bound on ``|v - x|`` over every legitimate
-evaluation. Since ``round_d`` is monotone, any ``v`` in ``[x - r, x + r]`` rounds into the set.
-Everything here is float64 on the inputs' device; bounds are computed from the operands, never
-from the output under judgement.
+evaluation. Everything here is float64 on the inputs' device; bounds are computed from the
+operands, never from the output under judgement. The derivations (why each bound holds) are in
+docs/envelope.md; the calibration of :data:`LAMBDA` and :data:`KAPPA` in
+docs/evidence/oracle-envelope-calibration.md.
 
-Rounding (:func:`round_values`, :func:`round_to`, :func:`ulp`)
---------------------------------------------------------------
-Correctly rounded, round-to-nearest-even from float64 into fp16 / bf16 / fp32 (gradual underflow,
-overflow to ±inf past ``max + ulp/2``, ties to even), by scaling with the binade's ulp
-(``ldexp``, exact), ``torch.round`` (ties to even) and scaling back. torch's own float64 ->
-float16 cast rounds twice (through fp32) and is wrong on values such as ``1 + 2⁻¹¹ + 2⁻⁴⁰``;
-this module never uses it on float64 data. ``mode="toward_zero"`` exists to plant faults.
-
-The GEMM stage (:func:`gemm_envelope`)
---------------------------------------
-``y = round_cd(Σ_k a_k b_k)`` with compute-dtype operands. Products of two fp16 (11-bit) or two
-bf16 (8-bit) significands are exact in fp32 and float64, so the centre ``c = Σ a b`` is computed
-in float64 (error ≤ (K+2)·2⁻⁵³·Σ|ab|, added to the radius). The accumulation error of a legitimate
-kernel is bounded through the **partial sums it can form**:
-
-* every GEMM this project runs (b12x's dense mainloop and split-K, the MoE intra-CTA K split,
-  cuBLAS-like tilings, pairwise trees, reversed loops) adds products over **contiguous K ranges**
-  and adds those range sums together. With ``S_j`` the float64 prefix sums at K16 boundaries
-  (``S_0 = 0``) and ``B_j`` the K16 block sums of ``|a_k b_k|``, every such partial sum satisfies
-  ``|partial| ≤ P = (max_j S_j - min_j S_j) + 2·max_j B_j`` (range of the prefix walk, plus the
-  partial blocks at both ends);
-* each fp32 operation errs by at most ``2u·|result| ≤ 2u·P`` (``u = 2⁻²⁴``; one ulp when the
-  hardware truncates, half of it when it rounds to nearest);
-* round-to-nearest errors are zero-mean and (as in Higham & Mary's probabilistic analysis)
-  independent: by Azuma–Hoeffding their sum over ``K`` additions exceeds ``λ·u·P·√K`` with
-  probability ≤ ``2·exp(-λ²/2)`` (λ = :data:`LAMBDA` = 5: ≤ 7.5e-6 per element even if every
-  partial sum sat at ``P``; partial sums of a random walk mostly lie far below their range, so
-  the real rate is many orders smaller);
-* tensor-core accumulation (``mma.sync`` m16n8k16: 16 products per step summed wide, then
-  normalised into the fp32 accumulator **by truncation**) adds a *directed* error of at most one
-  ulp per K16 step: ``≤ 2κ·u·P·⌈K/16⌉`` (κ = :data:`KAPPA` = 1, deterministic, no independence
-  assumption; alignment truncations of mixed-sign products are zero-mean and sit in the random
-  part).
-
-So ``r = u·P·(λ·√K + 2κ·⌈K/16⌉)``; the directed part ``r_sys = 2κ·u·P·⌈K/16⌉`` is what may
-shift results systematically (the bias gate allows for it). Against the classic
-``γ(K)·Σ|a||b|`` this replaces ``Σ|a||b|`` (≈ 0.64·K·σ for random signs) by the range of the
-partial sums (≈ 1.6·√K·σ):
-at K = 8192 the set stays within about ±0.5 fp16 ulp of the centre for a typical element,
-narrow enough for one wrong weight to leave it. Measured on CPU emulations of every order named
-above (tests/oracle/test_planted_faults.py), the worst error stays below 0.45·u·P·⌈K/16⌉ (the
-tensor-core truncation dominates from K = 1024), a factor > 4 inside ``r`` at every K from 128
-to 8192, on zero-mean, shifted and all-positive data; 3456 judged emulated GEMMs (12 seeds,
-4 data kinds, 9 orders, K 128..4096, fp16 and bf16) gave no false alarm, nor did 80 real
-cuBLAS tensor-core GEMMs on an H100 (fp16 and bf16, K 128..16384, M 1 and 64, zero-mean and
-all-positive data, reduced-precision reductions allowed or not; worst bias 0.03 ulp).
-
-An operand whose stage was not observed (a :class:`Bound`, below) adds ``Σ sound·|b|`` to the
-worst-case radius and to ``P`` (every partial sum moves by at most that much), and
-``Σ (var + det²)·b²`` to the variance proxy.
-
-fp32 chain stages and composition (:class:`Bound`)
--------------------------------------------------
-H128 butterflies, scalings by fp16 vectors, SiLU, the top-k sum. A :class:`Bound` carries the
-exact float64 centre of the chain (computed from the *observed* previous stage when there is
-one) and its error in three parts: ``det`` (directed errors, added deterministically), ``var``
-(a variance proxy of zero-mean errors treated as independent between elements, bounded by
-``λ·√var`` as in the GEMM model) and ``sound`` (a worst-case bound of everything, no
-independence assumed). The legitimate radius is ``min(sound, det + λ·√var)``. Rules:
-
-* H128: depth-7 butterfly plus the ``× 0.088388347648`` fp32 scale (whose fp32 value differs from
-  ``1/√128`` by 0.29 u): ``|fl(Hv) - Hv| ≤ γ_H·|H||v|`` with ``γ_H`` = :data:`GAMMA_H` ≈ 8.3u;
-  the input's ``sound`` maps through ``|H|`` (every entry ``1/√128``), its ``var`` and ``det²``
-  through ``H²`` (a block mean): H128 is a *mixing* map, after which the directed errors of
-  128 elements, mixed with ± signs, are counted as zero-mean;
-* ``v · s`` with ``s`` exact: ``|s|`` on every part, plus ``u·|result|`` (round to nearest);
-* SiLU ``g / (1 + exp(-g))``: Lipschitz 1.1, plus ``3u·|silu|`` round-to-nearest error and a
-  possibly directed ``ε_exp(g)·|silu|`` with ``ε_exp(g) = (2 + 1.2·|g|)·2⁻²³`` (the device exp may
-  be the fast approximation: ≤ 2 + 1.17·|g| ulp), plus 2⁻¹²⁶ (exp overflow gives ±0);
-* a sum of ``n`` terms from +0: every part adds, plus ``n·u·Σ|term|``.
-
-A stage that was **not observed** enters the next one as the value a legitimate kernel stored
-(:meth:`StageSet.stored`): per element either its set (``mid ± hw``; exact when the set holds one
-value, the common case) or the model (``centre`` with the pre-rounding error plus each rounding
-as a zero-mean error of at most half an ulp), whichever has the smaller variance proxy. Composing
-the worst case instead (``|H|·radius`` at every step) is sound but vacuous: through H128, FC2 and
-H128 again it grows the MoE output set to hundreds of ulps. The probabilistic composition keeps
-it at a few ulps (the real spread an unobserved fp16 intermediate leaves), which is why an
-observed stage is always the sharper judge.
-
-Stage checks (:func:`check_stage`)
-----------------------------------
-An element passes when ``lo ≤ y ≤ hi``. Reported per stage: elements checked, violations, the
-first violation, the worst ratio ``|y - centre| / max(hi - centre, centre - lo)`` (≤ 1 for every
-legitimate value; a value on the edge of a one-value set gives 1) and the worst excess outside
-the set in ulps.
-
-The **bias gate** catches shifts that stay inside the sets (+1 ulp everywhere, a
-round-toward-zero epilogue): over elements with a nonzero centre and a radius of at most
-:data:`BIAS_SELECT_ULP` ulps (near-cancelling elements are mostly noise), with
-``d = (y - centre) / ulp(centre)``,
-
-* ``|mean(d)| ≤ allow + z·s/√n`` and ``|mean(sign(centre)·d)| ≤ allow' + z·s/√n``: ``allow`` is
-  the largest shift the directed legitimate errors can cause, ``mean(sys / ulp)``, or, where the
-  stage is an H128 of a GEMM (the dense output, the MoE reduce), the exact dual of that linear
-  map, ``Σ_i sys_i·|(Lᵀw)_i| / n`` (``StageSet.dual``); ``s = max(std(d), 1/√12)`` (round to
-  nearest alone is uniform on ±½ ulp: 0.29); z = :data:`BIAS_Z` = 6 (a false alarm under the
-  normal approximation: ~2e-9 per statistic);
-* it needs at least :data:`BIAS_MIN_ELEMENTS` selected elements, otherwise it is reported as not
-  applied. +1 ulp gives ``mean(d) ≈ 1``, round-toward-zero ``mean(sign·d) ≈ -½``; legitimate
-  outputs stay within a few hundredths of an ulp plus the directed allowance (≈ 0.25 ulp at
-  fp16 K = 8192, far less below).
+* Rounding (:func:`round_values`, :func:`round_to`, :func:`ulp`): correctly rounded,
+  round-to-nearest-even from float64 into fp16 / bf16 / fp32 (never torch's double-rounding
+  float64 -> float16 cast); ``mode="toward_zero"`` exists to plant faults.
+* The GEMM stage (:func:`gemm_envelope`): centre ``Σ a b`` in float64; radius
+  ``r = u·P·(λ·√K + 2κ·⌈K/16⌉)`` with ``P`` the range of the K16 prefix sums plus two block
+  sums (a bound on every contiguous-K partial sum); ``r_sys = 2κ·u·P·⌈K/16⌉`` is the directed
+  (tensor-core truncation) part.
+* fp32 chain stages (:class:`Bound`: H128, scalings, SiLU, sums): an exact centre and an error
+  in three parts, ``det`` (directed), ``var`` (zero-mean, independent) and ``sound`` (worst
+  case); radius ``min(sound, det + λ·√var)``. An unobserved stage enters the next as the value
+  a legitimate kernel stored (:meth:`StageSet.stored`).
+* Stage checks (:func:`check_stage`): an element passes when ``lo ≤ y ≤ hi``; the worst ratio
+  ``|y - centre| / half-width`` is ≤ 1 for every legitimate value. The **bias gate** catches
+  shifts that stay inside the sets (+1 ulp everywhere, round-toward-zero): mean and signed mean
+  of ``(y - centre) / ulp`` over well-conditioned elements against the directed allowance plus
+  ``z·s/√n`` (:data:`BIAS_Z`, :data:`BIAS_MIN_ELEMENTS`, :data:`BIAS_SELECT_ULP`).
 """
 
 from __future__ import annotations
@@ -148,9 +63,11 @@ __all__ = [
 U32 = 2.0**-24
 """Unit roundoff of fp32 (round to nearest)."""
 LAMBDA = 5.0
-"""Azuma–Hoeffding multiplier of the zero-mean (round-to-nearest) accumulation error."""
+"""Azuma–Hoeffding multiplier of the zero-mean (round-to-nearest) accumulation error.
+Chosen by measurement: docs/evidence/oracle-envelope-calibration.md"""
 KAPPA = 1.0
-"""Directed (truncation) error per K16 tensor-core step, in ulps of the partial sum."""
+"""Directed (truncation) error per K16 tensor-core step, in ulps of the partial sum.
+Chosen by measurement: docs/evidence/oracle-envelope-calibration.md"""
 STEP = 16
 """K depth of one tensor-core MMA step (m16n8k16)."""
 HADAMARD_DEPTH = 7

@@ -1,39 +1,21 @@
 """``python -m oracle explain``: the plan b12x would make for one problem, without a GPU.
 
-What it shows
--------------
+What it shows:
 * ``--op dense`` (default): :func:`b12x.ops.dense.plan.plan_dense` on a *simulated* part
-  (:data:`oracle.tiles.DEVICES`: ``--arch sm_80|sm_90|sm_120`` takes the first part of that
-  capability, ``--device NAME`` any part by name), then
-
-  - the chosen path and **every** row of the dense dispatch table
-    (:data:`b12x.ops.dense.dispatch.TABLE`) in priority order: ``taken``, ``rejected`` with the
-    first
-    failed condition, or ``not reached`` (a row below the taken one, with what it would have
-    said);
-  - the tile (generic path only), every row of the mainloop table
-    (:data:`b12x.ops.dense.mainloop.TABLE`: per-warp or shared decode) and the kernel geometry
-    (``m_tiles``, ``n_tiles``, ``warps``, and the shared decode's ``m_warps``, ``shared_rows``,
-    ``smem_stages``);
-  - every row of the split-K table (:data:`b12x.ops.dense.split_k.TABLE`), the row that decided, the
-    requested split and the split the launcher makes of it;
-  - the plan's buffers (:class:`~b12x.runtime.scratch.BufferSpec`: name, shape, dtype, role,
-    zeroed). Nothing is allocated anywhere: these are the specs, not tensors.
-
-* ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same simulated part, printing every
-  :class:`~b12x.ops.moe.plan.Decision` of :attr:`~b12x.ops.moe.plan.MoePlan.decisions` (role,
-  table, case,
-  path, value) with the table's reasons (re-asked from :data:`b12x.ops.moe.dispatch.TABLES_BY_NAME`
-  for the recorded case), the grouped-GEMM specialisations and the buffer specs
-  (:func:`b12x.ops.moe.plan.moe_buffer_specs`, which the plan lists).
+  (``--arch`` / ``--device``): the path and **every** row of the dispatch, mainloop and split-K
+  tables (taken, rejected with the first failed condition, or not reached), the tile, the kernel
+  geometry, the split and the plan's buffer specs (nothing is allocated).
+* ``--op moe``: :func:`b12x.ops.moe.plan.plan_moe` on the same part: every recorded
+  :class:`~b12x.ops.moe.plan.Decision` with its table's reasons, the grouped-GEMM
+  specialisations and the buffer specs. In full: docs/notes/oracle.md.
 
 The pure functions :func:`explain_dense` and :func:`explain_moe` return frozen data objects
 (:class:`DenseExplanation`, :class:`MoeExplanation`) that the CLI prints and ``--json`` writes
-(``{"schema": "oracle.explain/1", ...}``, docs/json_schemas.md). They raise
-:class:`PlanRefused` (a ``ValueError``) carrying the plan validator's own
-message for an invalid problem (``bits`` 9, ``K`` not a multiple of 128, an unknown codebook,
-...); :func:`main` turns those, and every bad argument, into ONE refusal line on stderr and exit
-2 (:func:`oracle.cli.refuse`, which raises :class:`oracle.cli.Refused`).
+(``{"schema": "oracle.explain/1", ...}``, docs/json_schemas.md). They raise :class:`PlanRefused` (a
+``ValueError``) carrying the plan validator's own message for an invalid problem (``bits`` 9, ``K``
+not a multiple of 128, an unknown codebook, ...); :func:`main` turns those, and every bad argument,
+into ONE refusal line on stderr and exit 2 (:func:`oracle.cli.refuse`, which raises
+:class:`oracle.cli.Refused`).
 
 Rotation ``none`` plans with an external H128 (``external_rotation=True``), as the raw-GEMM
 runner does (:func:`oracle.runners.dense.identity_h128`); ``full`` is the EXL3 linear.

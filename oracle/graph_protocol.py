@@ -1,57 +1,28 @@
 """The CUDA-graph protocol runner (docs/moe_graph_capture.md; regression classes R4, R5, R8, R15).
 
-The op protocol
----------------
-Any op with plan / bind / run (b12x's dense linear, MoE, decode kernel ...):
+The op protocol: any op with ``plan(problem)`` (host side; may allocate), ``bind(plan, buffers)``
+(only views of the caller's named buffers; a missing name raises naming it), ``run(bound,
+inputs)`` (writes the bound outputs; never allocates; capture-safe), ``freeze()`` (later compiles
+are errors; may return a context manager, else ``unfreeze()`` is called at the end) and optional
+``compile_unwarmed(plan)`` (must raise under capture, R5; without it that check is a "skip").
 
-* ``plan(problem) -> plan`` — host side; may allocate.
-* ``bind(plan, buffers) -> bound`` — only makes views of the caller's ``buffers`` (a mapping of
-  named tensors). Asking for a name the mapping lacks raises an error naming it.
-* ``run(bound, inputs) -> None`` — writes the outputs into the bound buffers; never allocates and
-  is capture-safe. ``inputs`` is a mapping of named input tensors read by address.
-* ``freeze()`` — makes any later compile an error (e.g. ``b12x.runtime.freeze``). It may return a
-  context manager (entered for the rest of the protocol); otherwise ``unfreeze()``, if the op has
-  it, is called at the end.
-* optional ``compile_unwarmed(plan)`` — asks for a specialization that warm-up did not build; it
-  must raise when called under capture (R5). Without it that misuse check is a "skip".
+:class:`ConsumerFixture` holds EXACTLY the buffers the consumer provisions, by name and role
+(``outputs`` compared bitwise with eager and poisoned before each replay, ``scratch`` poisoned,
+anything else persistent), and the captured ``inputs`` and ``input_sets`` (copied in place before
+each eager run and replay).
 
-The consumer fixture
---------------------
-:class:`ConsumerFixture` holds EXACTLY the buffers the consumer provisions (e.g. vLLM's one-element
-generic scratch placeholder on the small-M path), by name, with their roles: ``outputs`` (compared
-bitwise with eager; poisoned before each replay), ``scratch`` (poisoned before each replay),
-anything else is persistent (e.g. a lock workspace the kernel re-zeroes; never poisoned). It also
-holds the captured ``inputs`` and ``input_sets``: values copied *in place* into the captured inputs
-before each eager run and replay (set 0 is the one present at capture).
+Steps (each a :class:`Step`, pass / fail / skip): ``plan`` → ``bind`` → ``warmup`` (side stream;
+set 0 twice, bitwise equal: determinism) → ``reference`` (when given) → ``freeze`` → ``capture``
+(no allocator activity) → ``replay.<i>`` (input set ``i mod S`` copied in, outputs and scratch
+poisoned, replayed, bitwise equal to eager, no allocation) → ``addresses`` (unchanged) →
+``misuse.missing_buffer`` (each buffer removed in turn must raise naming it) →
+``misuse.compile_in_capture``. A step after a failure is "skip" with that reason;
+:class:`GraphVerdict` passes iff no step failed.
 
-Steps (in order; each recorded as a :class:`Step` with status pass / fail / skip)
----------------------------------------------------------------------------------
-``plan`` → ``bind`` (through a tracking mapping: a missing name fails naming it) → ``warmup``
-(side stream; per input set, eager outputs snapshotted; set 0 is run twice and must agree
-bitwise: determinism) → ``reference`` (only when given) → ``freeze`` → ``capture`` (allocator
-counters must not move) → ``replay.<i>`` for ``replays`` rounds (copy input set ``i mod S`` in
-place, poison outputs and scratch with NaN or 0xFF (alternating per round over the sets),
-replay, no allocator activity, outputs bitwise equal to eager for that set; poison showing
-through is reported as unwritten elements) → ``addresses`` (every caller buffer keeps its
-address) → ``misuse.missing_buffer`` (each buffer the op read is removed in turn; bind+run under
-capture must raise an error naming it) → ``misuse.compile_in_capture``. A step that cannot run
-because an earlier one failed is "skip"
-with that reason. :class:`GraphVerdict` aggregates: passed iff no step failed.
-
-Backends
---------
-All device work goes through a backend, so the bookkeeping is testable on CPU:
-:class:`SimulatedBackend` (CPU tensors; "capture" records the callable and runs it once with
-``capturing`` set; "replay" calls it again; allocator activity is counted by a dispatch mode that
-sees every aten op returning a fresh tensor) and :class:`CudaBackend` (torch.cuda graphs, side
-stream, ``torch.cuda.memory_stats`` counters).
-
-Closeness and composition
--------------------------
-With ``reference=`` (input set -> expected outputs) and optionally ``judge=`` (got, expected ->
-(ok, reason); bitwise by default) a ``reference`` step after warm-up checks the eager outputs of
-every input set against the reference. :class:`ComposedOp` chains ops into one step so the whole
-step is captured at once (FULL); PIECEWISE is the runner applied to each stage separately.
+Backends: :class:`SimulatedBackend` (CPU: the bookkeeping testable without a GPU) and
+:class:`CudaBackend` (torch.cuda graphs, side stream, memory-stat counters). With ``reference=``
+and ``judge=`` the eager outputs of every input set are checked; :class:`ComposedOp` chains ops
+into one captured step (FULL; PIECEWISE is the runner per stage). In full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations

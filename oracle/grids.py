@@ -1,75 +1,29 @@
 """Shape buckets and case generation from the variant registry.
 
-Layout
-------
-* Buckets are data. :data:`M_BUCKETS` straddles every M boundary a dispatch or tile table may
-  draw (1, 8|9, 16|17, 127|128|129, …). :data:`KN_BUCKETS` are (K, N) pairs, multiples of 128,
-  with residues 128 mod 256 and 256 mod 512 on both axes, GLM-like projection shapes, and one
-  heavy 8192×28672 shape. :data:`MOE_BUCKETS` are (hidden, intermediate) residues, crossed with
-  :data:`MOE_EXPERTS` and :data:`MOE_TOP_K`. ``Case.heavy`` follows :func:`is_heavy`: the
-  weights one case generates, moves and decodes (K·N dense; experts × 3·H·I for MoE) reach
-  :data:`HEAVY_WEIGHTS`. The buckets flagged heavy are heavy at every expert count; a MoE stack
-  of many large experts is heavy too (e.g. 64 × 7168×256 pair experts, 352M weights).
-* A :class:`Case` is one grid point. For ``op == "moe"``: ``k`` is the hidden size H (FC1
-  reduction) and ``n`` the intermediate size I; ``experts``/``top_k`` are set. For pairs the
-  rate axis is exactly 256 (one pair, spec §4.4) and MoE pairs use I = 256 (spec §4.2).
-  Points that :func:`shape_illegal_reason` rejects (e.g. coupled MoE with H % 512 != 0) are not
-  generated. Decode cases keep the M axis: their activations are M one-hot rows (row i selects
-  k = i mod K), so M still crosses every dispatch boundary while the output stays exact.
-* :func:`cases` uses a *cross* design per variant, not the full product: every M bucket at the
-  base shapes, and every (K, N) / MoE bucket at the boundary Ms :data:`CROSS_M`. Order is
-  deterministic (registry order, then buckets in declaration order).
-* Tiers: ``"cpu"`` keeps cases a CPU reference can run quickly (no heavy shapes, M ≤ 256,
-  K·N ≤ 2^22, experts ≤ 64); ``"gpu"`` keeps everything, heavy cases flagged ``heavy=True``.
-* ``Case.seed`` is a stable CRC-32 of the case's identity (plus an optional base seed), so a
-  case id alone reproduces its inputs. ``case_id`` is filename-safe (``[A-Za-z0-9_.-]``) and
+Layout:
+* Buckets are data: :data:`M_BUCKETS` straddles every M boundary a dispatch or tile table may
+  draw; :data:`KN_BUCKETS` are (K, N) pairs (multiples of 128, residues 128 mod 256 and 256 mod
+  512, GLM-like shapes, one heavy 8192×28672); :data:`MOE_BUCKETS` (hidden, intermediate)
+  crossed with :data:`MOE_EXPERTS` and :data:`MOE_TOP_K`. ``Case.heavy`` follows
+  :func:`is_heavy` (the weights one case generates reach :data:`HEAVY_WEIGHTS`).
+* A :class:`Case` is one grid point (for MoE ``k`` = H, ``n`` = I; pairs use a 256 rate axis);
+  :func:`shape_illegal_reason` points are not generated; decode cases keep the M axis (M one-hot
+  rows). :func:`cases` is a deterministic *cross* design per variant: every M bucket at the base
+  shapes, every (K, N) / MoE bucket at the boundary Ms :data:`CROSS_M`.
+* Tiers: ``"cpu"`` keeps cases a CPU reference runs quickly; ``"gpu"`` keeps all, heavy flagged.
+  ``Case.seed`` is a stable CRC-32 of the case's identity; ``case_id`` is filename-safe and
   :func:`parse_case_id` inverts it.
 
-Filter grammar (:func:`parse_filter`)
--------------------------------------
-``clause ("," clause)*`` where ``clause := field op value``:
-
-* ``field``: a Variant field (``op codebook bits pair_kind rate_axis tier_layout rotation
-  compute_dtype``; ``dtype`` is an alias of ``compute_dtype``), a Case field (``m k n experts
-  top_k seed heavy``), or ``name`` / ``id`` (the variant name / case id).
-* ``op``: ``=`` or ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` (numeric fields only), ``~``
-  (substring, string fields only).
-* ``value``: an int, a word, ``none`` (matches None; where ``none`` is itself a value of the
-  field, as for ``rotation``, that value), ``true``/``false`` for ``heavy``; with ``=``
-  and ``!=``, alternatives separated by ``|`` (``codebook=mcg|sqg_e4m3``).
-
-All clauses must hold (AND). Example: ``"codebook=mcg,bits=6,m<=128,pair_kind=none"``.
-
-Validation (:class:`SelectionError`, a ``ValueError`` whose message is ONE line)
---------------------------------------------------------------------------------
-:func:`parse_filter` refuses, naming the clause and listing what is known:
-
-* an unknown field, a malformed clause, a missing value, an operator the field cannot take, a
-  number that is not an integer;
-* a value outside the registry's vocabulary for a categorical field (``op codebook pair_kind
-  rate_axis tier_layout rotation compute_dtype``). Values are case-sensitive (``codebook=MCG`` is
-  refused; the vocabulary is ``mcg``); ``none`` is accepted only where a field can be None;
-* with ``=`` (and ``!=``) a number that no registered variant / grid point has (``bits=9``,
-  ``m=3``), a ``name`` that is no registered variant, an ``id`` that is no grid case;
-* clauses on variant fields that no registered variant satisfies together
-  (``codebook=sqg_e4m3,bits=6``): the message says which values the field takes with the others.
-
-:func:`select_cases` (what the CLI calls) additionally refuses a selection that matches no case
-of the tier's grid, an alternative of a ``=`` clause that selects nothing with the other clauses
-(``m=17|64`` where the rest of the filter has no M = 64: a union would hide it), ``--case``
-together with ``--filter``, and a bad ``max_cases``.
-
-Case ids (:func:`resolve_case_id`)
-----------------------------------
-A ``--case`` id must be a *generated grid point*: it parses, names a registered variant, its
-(M, K, N[, experts, top_k]) is a point :func:`cases` generates for that variant, and its seed is
-the grid's seed for that point (base seed 0). Hand-made ids for other shapes or seeds are refused:
-every id the CLI accepts is one that ``python -m oracle grid`` lists, so a run, a saved case and
-a replay always name the same inputs. (:func:`parse_case_id` stays the plain inverse of
-:attr:`Case.case_id`, for files and reports.)
-
-Stratified sampling lives in :mod:`oracle.sampling` (``cases(max_cases=N)`` and
-:func:`select_cases` take its sample).
+Filters (:func:`parse_filter`): ``clause ("," clause)*``, ``clause := field op value``, all
+clauses ANDed (``"codebook=mcg,bits=6,m<=128,pair_kind=none"``); fields of the variant or the
+case, ``name`` / ``id``; ops ``= == != < <= > >= ~``; ``|`` alternatives with ``=`` / ``!=``.
+Refusals are one-line :class:`SelectionError` s naming the clause: unknown fields, values
+outside the registry's vocabulary, numbers no variant or grid point has, jointly unsatisfiable
+clauses; :func:`select_cases` also refuses an empty selection, an alternative that selects
+nothing, ``--case`` with ``--filter`` and a bad ``max_cases``. A ``--case`` id must be a
+generated grid point with the grid's seed (:func:`resolve_case_id`), so a run, a saved case and
+a replay always name the same inputs. Stratified sampling: :mod:`oracle.sampling`. The grammar
+and refusals in full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations
@@ -161,8 +115,8 @@ PAIR_EXTENT = 256  # a pair is exactly 256 channels on its rate axis (spec §4.2
 #: A case is heavy when the weights it generates, moves and decodes reach this count: one dense
 #: 8192 x 28672 matrix (2^27.8), or a MoE stack of experts x 3·H·I (gate, up, down). The rule
 #: counts the whole stack because that is what one case costs: 256 experts of 2048 x 1024 are
-#: 1.6G weights (12 x the dense heavy shape) and took 12-21 s per case in the default job
-#: (H200 warm job, 2026-12-03), while one such expert is small.
+#: 1.6G weights (12 x the dense heavy shape), while one such expert is small
+#: (docs/evidence/oracle-sharding.md).
 HEAVY_WEIGHTS = 1 << 27
 #: One MoE expert this large (H·I; FC1 is twice that) needs a GPU to itself: such a case runs in
 #: the serial phase of a sharded run (:func:`needs_whole_gpu`), as does a heavy dense shape.

@@ -2,44 +2,20 @@
 
 :func:`compute_metrics` computes on the device of ``y`` (the references are copied there), so a
 GPU job's judges do not copy every output to the host; the helpers that return tensors
-(:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors
-(:func:`row_block_rel_l2` and :func:`rel_l2` also reduce on the device of ``y``).
+(:func:`row_cosines`, :func:`row_block_rel_l2`, :func:`tile_errors`) return CPU tensors.
 
-Layout
-------
-* Tensors are viewed as a matrix of *rows*: the last dimension is the row, every leading
-  dimension is flattened into the row index (a 1-D tensor is one row, a 0-d tensor one element).
-* ``‖ref‖`` in ``max_abs_rel`` is the **RMS** of the reference (``‖ref‖₂ / √numel``), so the
-  number reads as "worst element error in units of a typical reference element" and does not
-  grow with the tensor size.
-* :func:`compute_metrics` returns a :class:`Metrics` for every case, pass or fail:
-
-  ====================  =======================================================================
-  ``rel_l2``            ‖y − e‖₂ / ‖e‖₂
-  ``max_abs_rel``       max |y − e| / RMS(e)
-  ``sqnr_db``           10·log10(Σe² / Σ(y − e)²)  (inf when y == e)
-  ``worst_row_cosine``  min over rows of cos(y_r, e_r); both rows zero -> 1, one zero -> 0
-  ``worst_row``         index of that row
-  ``faithful_rel_l2``   ‖f − e‖₂ / ‖e‖₂ (None without a faithful reference)
-  ``ratio``             rel_l2 / faithful_rel_l2 (the "α actually used")
-  ``nan_count``         NaNs in y;  ``inf_count``: ±Infs in y
-  ====================  =======================================================================
-
-  The bound that was applied (filled by the judges of :mod:`oracle.tolerance`, ``None`` where a
-  gate did not run), reported pass or fail so drift is visible before it fails:
-
-  ==============================  =============================================================
-  ``coarse_bound``                the rel-L2 bound of the row block closest to failing
-  ``coarse_ratio``                max over row blocks of rel-L2 / its bound (fails above 1)
-  ``envelope_checked``            elements judged against a legitimate set (all stages)
-  ``envelope_violations``         elements outside their set (all stages)
-  ``envelope_worst_ratio``        max ``|y - centre| / (widest legitimate distance)`` (≤ 1 legit)
-  ``envelope_worst_excess_ulp``   the farthest element outside its set, in ulps
-  ``bias_mean_ulp``               the bias statistic closest to its bound (signed, ulps)
-  ``bias_bound_ulp``              that statistic's bound (allowance + noise, ulps)
-  ==============================  =============================================================
-
-  Relative errors against a zero reference are 0 when the other side is zero too, else inf.
+Layout:
+* Tensors are viewed as a matrix of *rows*: the last dimension is the row, leading dimensions are
+  flattened into the row index.
+* ``‖ref‖`` in ``max_abs_rel`` is the **RMS** of the reference, so the number reads as "worst
+  element error in units of a typical reference element".
+* :func:`compute_metrics` returns a :class:`Metrics` for every case, pass or fail: ``rel_l2``,
+  ``max_abs_rel``, ``sqnr_db``, ``worst_row_cosine`` / ``worst_row``, ``faithful_rel_l2``,
+  ``ratio`` (the "α actually used"), ``nan_count``, ``inf_count``, and the bounds the judges of
+  :mod:`oracle.tolerance` applied (``coarse_*``, ``envelope_*``, ``bias_*``; ``None`` where a gate
+  did not run), so drift is visible before it fails. Each field's definition:
+  docs/notes/oracle.md (and docs/oracle_contract.md).
+* Relative errors against a zero reference are 0 when the other side is zero too, else inf.
 * :func:`row_block_rel_l2` (rel-L2 per block of rows, the unit the tolerance gates on) and
   :func:`tile_errors` (RMS error per tile / RMS of the whole reference: the per-tile error map).
 """

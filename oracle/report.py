@@ -10,8 +10,8 @@ history in ``docs/json_schemas.md``)::
                  "by_tier": {"cpu": {"pass", "fail", "skip"}, "gpu": {...}}},
      "environment": {"python", "torch", "numpy", "cutlass", "device", "git_sha", "platform"}}
 
-Metric values that are not finite are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(strict JSON) and read back as floats by :meth:`Report.from_json`.
+Non-finite metric values are written as ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON) and read
+back as floats by :meth:`Report.from_json`.
 
 Reading is strict (:class:`ReportFileError`, a ``ValueError`` with a one-line message): an
 unreadable or non-JSON file, a schema other than :data:`READABLE_SCHEMAS` (a report without a
@@ -20,7 +20,6 @@ types, a check :class:`CheckResult` refuses, and a ``summary`` that disagrees wi
 (a report whose summary says ``ok`` while a check failed is corrupt, never green).
 
 Plots (matplotlib, the Agg canvas, no pyplot global state):
-
 * :func:`plot_error_vs_shape` groups checks whose ``metrics`` carry ``variant`` (a variant name)
   and ``m``/``k``/``n`` (falling back to parsing the check name as a case id) and writes one PNG
   per variant: rel-L2 and faithful rel-L2 against M and against K·N, log scales.

@@ -1,61 +1,29 @@
 """Shard the oracle's GPU grid across the GPUs of one host and merge the partial reports (issue 7).
 
-Layout
-------
-*Plan* (pure and deterministic; no randomness, no dict-order dependence; CUDA only to read the
-limits of the ``device`` a shard plans on):
+*Plan* (pure and deterministic; CUDA only to read the limits of the ``device`` a shard plans on):
 
-* :func:`kernel_group` maps a case to the kernel specialisation it compiles first (decode kernel
-  per codebook/K; the large-M decode-then-GEMM path groups with the decode kernel). Given the
-  ``device`` the shard runs on, a plain dense case is keyed by what its plan launches there
-  (:func:`oracle.runners.dense.planned_product_spec`: the GEMM with its mainloop, or the decode
-  kernel), so cases that compile one specialisation share a shard. Without one (the parent of a
-  multi-GPU run plans before any CUDA; a CPU machine) the key is the device-free estimate: GEMM
-  per codebook/K/dtype/tile, the tile from the launcher's ``choose_tiles(M, N)``. That estimate
-  is wrong on sm_90, whose dispatch plans the ``wgmma`` and stream-K mainloops at M 33..256 and
-  decode-then-GEMM only from M 257: on an H100 it grouped M 129..256 with the decode kernel and
-  spread 25 GEMM specialisations of the default job over two shards each, and its heaviest
-  worker compiled 79 dense specialisations against 62 with the planned key (the cold default
-  job ran past its 300 s target on an H100, 2026-12-07, with exactly the two heaviest workers
-  unfinished). With the planned key the same cold job ran in 247.2 s on an H100 (2026-12-07,
-  ``RUNS=cold TESTS=0 bash scripts/device_session.sh``: 1669 checks, 0 fail, 760 compiles,
-  workers busy 129..234 s of case time). The M of a case enters the key only through what it
-  plans.
+* :func:`kernel_group` maps a case to the kernel specialisation it compiles first: given the
+  ``device``, a dense case is keyed by what its plan launches there
+  (:func:`oracle.runners.dense.planned_product_spec`); without one, by the device-free estimate
+  (GEMM per codebook/K/dtype/tile), which is wrong on sm_90 (docs/evidence/oracle-sharding.md).
+  The M of a case enters the key only through what it plans.
 * :func:`estimate_cost` is a relative cost model (units of roughly 50 ms of one H200):
-  :data:`CASE_OVERHEAD` per case plus terms in K·N (payload generation, decode, copies) and
-  M·K·N (GEMM and the fp64 reference). A group costs :data:`COMPILE_COST` (one compile) plus
-  its cases.
-* :func:`plan_shards` puts memory-heavy cases (:func:`oracle.grids.needs_whole_gpu`: one weight
-  matrix that needs a GPU to itself) in the serial phase, then assigns whole
-  groups to ``count`` shards by longest-processing-time first: groups by decreasing cost (ties
-  by key), each onto the least-loaded shard (ties by index). A group is never split, and the
-  classic LPT bound holds: ``max load <= total / count + largest group``.
+  :data:`CASE_OVERHEAD` per case plus terms in K·N and M·K·N; a group adds :data:`COMPILE_COST`.
+* :func:`plan_shards` puts memory-heavy cases (:func:`oracle.grids.needs_whole_gpu`) in the
+  serial phase, then assigns whole groups to ``count`` shards longest-processing-time first
+  (deterministic ties); a group is never split, and ``max load <= total / count + largest group``.
 
-*Selection* (:func:`select_cases`) mirrors the single-GPU ``run`` exactly (``--case``,
-``--filter``, or the default "heavy=false" with a ``gpu.heavy`` skip line), keeps the cases the
-oracle has a GPU runner for, and turns the rest into the same ``gpu.<op>.unrunnable`` skip lines.
-Parent and every shard compute it independently and agree, because it is deterministic.
-
-*Shard run* (:func:`run_shard`, ``python -m oracle run --shard I/N|serial``): runs the cases of
-one slice (grouped, so each compile is reused) and, in a parallel slice, the graph protocol on
-its GPU; slice 0 also carries the selection's skip lines. The report's ``environment["shard"]``
-is the *manifest*: ``label``, ``index``, ``count``, ``phase``, ``cases`` (assigned ids),
-``executed`` (CUDA present and tier gpu), ``grid`` (``total``, ``serial``, ``fingerprint`` =
-SHA-256 of the sorted ids of the whole selection) and ``cuda_visible_devices``.
-
-*Launch* (:func:`launch_shards`, :func:`run_multi_gpu`; ``python -m oracle run --gpus N|all``):
-one subprocess per GPU with ``CUDA_VISIBLE_DEVICES`` set in its environment (so it is pinned
-before anything in it can initialise CUDA; ``B12X_SHARD`` carries its label), all parallel
-slices at once, then the serial slice on the first GPU; stdout/stderr go to ``part_<tag>.log``
-next to ``part_<tag>.json``. A failed launch kills the shards already started.
-
-*Merge* (:func:`merge_reports`): one :class:`~oracle.report.Report`. Errors (``ValueError``):
-a missing or duplicate shard, shards of different grids or counts, a case assigned twice, a case
-result reported twice or by a shard it was not assigned to, an executed shard missing a result,
-assignments that do not cover the grid. A shard that crashed (``crashed=``) becomes one ``fail``
-line instead. Summary counts are recomputed (they add up over the parts); a non-case check that
-several shards report (e.g. ``gpu.graph.decode``) is kept once per shard as ``name@<label>``;
-the environment lists every shard's device and ``CUDA_VISIBLE_DEVICES``.
+*Selection* (:func:`select_cases`) mirrors the single-GPU ``run`` exactly; parent and every shard
+compute it independently and agree. *Shard run* (:func:`run_shard`, ``python -m oracle run
+--shard I/N|serial``) runs one slice's cases, grouped, plus the graph protocol in a parallel
+slice; ``environment["shard"]`` is its *manifest* (label, index, count, phase, cases, executed,
+the grid's total, serial count and fingerprint, ``cuda_visible_devices``). *Launch*
+(:func:`launch_shards`, :func:`run_multi_gpu`; ``run --gpus N|all``): one subprocess per GPU
+pinned by ``CUDA_VISIBLE_DEVICES``, then the serial slice on the first GPU; logs next to the
+parts; a failed launch kills the shards started. *Merge* (:func:`merge_reports`): one
+:class:`~oracle.report.Report`; any inconsistency between the parts (missing, duplicate or
+foreign shards, cases assigned or reported twice, uncovered grid) is a ``ValueError``; a crashed
+shard is one ``fail`` line; summaries are recomputed. In full: docs/notes/oracle.md.
 """
 
 from __future__ import annotations

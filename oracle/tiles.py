@@ -1,7 +1,6 @@
 """Generic checks over a declared tile registry (§5.4; regressions R3, R15).
 
-The protocol a tile registry must satisfy
------------------------------------------
+The protocol a tile registry must satisfy:
 Any object with these members (b12x declares its own; this module never imports b12x):
 
 * ``name: str`` and ``entries: Sequence[tile]`` — every tile the registry knows. Tiles are
@@ -15,23 +14,13 @@ Any object with these members (b12x declares its own; this module never imports 
   custom-op schema would carry (``force_tile_config``).
 * ``pin(spec, problem, device) -> tile`` — the explicit pin; it must go through ``qualify`` and
   raise ``ValueError`` carrying the predicate's reason when it rejects.
-* optional ``key(tile, problem, device) -> Hashable`` — the compile-cache identity; when absent
-  the tile itself is the key.
-* optional ``problems: Sequence[problem]`` — the grid the registry wants checked.
+* optional ``key(tile, problem, device)`` (the compile-cache identity; default the tile) and
+  ``problems`` (the grid to check; problems are opaque here, handed back untouched).
 
-Problems are opaque to this module; they are handed back to the registry untouched.
-
-The generic checks (each returns an :class:`oracle.dispatch.Outcome`)
---------------------------------------------------------------------
-* :func:`check_round_trip` — for every problem and every simulated device: the auto-selected
-  tile is a declared entry, ``qualify`` accepts it, it survives serialise → deserialise → pin
-  unchanged, and the cache key is identical. This is the GB10 bug (R3): a tile admitted by auto
-  selection but rejected by the pin's duplicated ``tile_k >= 64`` floor.
-* :func:`check_pin_matches_qualify` — for every entry, ``pin`` accepts exactly when ``qualify``
-  does (the pin has no predicate of its own).
-* :func:`find_duplicated_floors` (static, optional) — in a module's source, comparisons of a tile
-  field (``tile_k``, ``tile_n``, ``cta_threads`` ...) against an integer literal outside the one
-  predicate function: a floor constant copied somewhere else.
+The generic checks (each returns an :class:`oracle.dispatch.Outcome`):
+* :func:`check_round_trip` (auto-selected tiles survive qualify → serialise → pin → key
+  unchanged: the GB10 bug, R3), :func:`check_pin_matches_qualify` and the static
+  :func:`find_duplicated_floors`; in full: docs/notes/oracle.md.
 
 :data:`DEVICES` are the simulated parts: 188-SM RTX PRO 6000 (12,0) and 48-SM GB10 (12,1) with
 101,376 B, 132-SM H200 (9,0), 108-SM A100 (8,0), and simulated 120-SM (12,0, 227 KB) and 80-SM

@@ -1,58 +1,31 @@
 """The one tolerance model (docs/oracle_contract.md §3), with its defaults as data.
 
-Judges
-------
-:func:`judge_gemm`, :func:`judge_linear` and :func:`judge_moe` take the kernel output, the
+Judges: :func:`judge_gemm`, :func:`judge_linear` and :func:`judge_moe` take the kernel output, the
 operands (and optionally the kernel's intermediate stages, ``observed``) and decide from them
-alone; they compute every reference they need on the tensors' device. A case passes when **all**
-of these hold (every number is reported in the :class:`Verdict`, pass or fail):
+alone, computing every reference on the tensors' device. A case passes when **all** hold (every
+number is reported in the :class:`Verdict`, pass or fail):
 
-1. ``y`` has no NaN and no ±Inf (always; no tolerance waives it);
-2. **element by element**, every judged stage lies in its *legitimate set*: the values a correct
-   kernel can store from the same inputs (:mod:`oracle.envelope`: a GEMM stage's set comes from
-   the partial-sum bound of fp32 accumulation in any contiguous-K order, tensor-core truncation
-   included; an fp32 chain stage's from its evaluation error bound). Observed stages are judged
-   from the *observed* previous stage, so one error is reported where it happens and does not
-   compound; a stage that was not observed is composed with the next one (its legitimate
-   values carried through: worst case through ``|H|``, zero-mean parts in quadrature, see
-   :mod:`oracle.envelope`), which is wider, so observed stages are the sharper judges;
-3. the **bias gate** of every judged stage: the mean deviation from the exact centre in ulps, and
-   its ``sign(centre)``-weighted version, stay within the directed-error allowance plus six
-   standard errors (catches +1 ulp everywhere and a round-toward-zero epilogue, which can stay
-   inside the sets);
-4. the **coarse gates** against the exact float64 reference ``e`` and the faithful reference
-   ``f`` (the kernel's rounding points, :mod:`reference`): for every block of ``row_block``
-   consecutive rows, ``relL2_block(y, e) ≤ alpha · relL2_block(f, e)``; a block where the
-   faithful error is exactly zero (nothing rounded) uses ``floor`` instead, and only then;
-   and ``worst-row cosine(y, e) ≥ min_row_cosine``.
+1. ``y`` has no NaN and no ±Inf (no tolerance waives it);
+2. **element by element**, every judged stage lies in its *legitimate set*
+   (:mod:`oracle.envelope`); observed stages are judged from the *observed* previous stage, an
+   unobserved one is composed into the next (wider, so observed stages are the sharper judges);
+3. the **bias gate** of every judged stage (mean deviation in ulps within the directed-error
+   allowance plus six standard errors: catches +1 ulp everywhere and round-toward-zero);
+4. the **coarse gates** against the exact float64 reference ``e`` and the faithful ``f``: per
+   ``row_block`` rows ``relL2_block(y, e) ≤ alpha · relL2_block(f, e)`` (``floor`` where the
+   faithful error is exactly zero), and worst-row cosine ``≥ min_row_cosine``.
 
-Stages (route order ``r = t·top_k + j`` for the MoE; rows of inactive routes are ignored):
+Stages: dense ``rotated``, ``gemm``, ``output``; MoE ``rotated_gate``, ``rotated_up``, ``fc1``,
+``activated``, ``fc2``, ``output`` (route order; inactive routes' rows ignored).
+``Verdict.details["stages"]`` maps each to its :class:`~oracle.envelope.StageReport`.
+:func:`judge` is the coarse gate alone; ``exact`` tolerances use :func:`judge_exact`. The full
+notes: docs/notes/oracle.md.
 
-* dense linear: ``rotated`` (``[M, K]`` fp16), ``gemm`` (``[M, N]`` compute dtype), ``output``;
-* MoE: ``rotated_gate``, ``rotated_up`` (``[R, H]``), ``fc1`` (``[R, 2I]`` gate | up),
-  ``activated`` (``[R, I]``), ``fc2`` (``[R, H]``), all compute dtype, and ``output`` (``[M, H]``,
-  ``x.dtype``).
-
-``Verdict.details["stages"]`` maps each stage to its :class:`~oracle.envelope.StageReport`
-(``observed: False`` and ``composed_into`` for the stages the kernel did not expose).
-
-:func:`judge` is the coarse gate alone on precomputed references (kept for existing callers);
-``exact`` tolerances (decode, layout, replay vs eager) use :func:`judge_exact` (``torch.equal``
-semantics).
-
-Modules
--------
-This module holds the rules above and the dense judges; :mod:`oracle.verdicts` the
-:class:`Tolerance` / :class:`Verdict` types, the defaults and the argument checks and verdict
-building every judge shares; :mod:`oracle.moe_judge` the MoE judge. ``judge_moe``,
-``MOE_STAGES`` and the verdict types are re-exported here (the public names did not move).
-
-Defaults
---------
-:data:`DEFAULT_TOLERANCES` per compute dtype; per-variant overrides live in :mod:`oracle.variants`
-and must carry a non-empty reason (:meth:`Tolerance.override` enforces it). The element-wise model
-has no per-variant knobs: its constants (λ, κ, γ_H, the bias z) are derivations, documented in
-:mod:`oracle.envelope`.
+Modules: this one holds the rules and the dense judges; :mod:`oracle.verdicts` the
+:class:`Tolerance` / :class:`Verdict` types, defaults and shared checks; :mod:`oracle.moe_judge`
+the MoE judge (re-exported here). :data:`DEFAULT_TOLERANCES` per compute dtype; per-variant
+overrides live in :mod:`oracle.variants` with a non-empty reason; the element-wise model has no
+per-variant knobs (its constants: :mod:`oracle.envelope`).
 """
 
 from __future__ import annotations

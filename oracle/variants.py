@@ -1,41 +1,32 @@
 """The variant registry (docs/architecture.md): everything that changes decoding, declared once.
 
-Layout
-------
-* :class:`Variant` is a frozen dataclass with eight axes: ``codebook``, ``bits``, ``pair_kind``,
-  ``rate_axis``, ``tier_layout``, ``rotation``, ``compute_dtype`` and ``op``. Constructing one
-  with a value outside an axis' *vocabulary* raises ``ValueError``/``TypeError``; a combination
-  of valid values may still be *illegal*, which is a property (``legal``, ``illegal_reason``) so
-  that illegal combinations can be enumerated with their reason (:func:`illegal_variants`).
+Layout:
+* :class:`Variant` is a frozen dataclass with eight axes (``codebook``, ``bits``, ``pair_kind``,
+  ``rate_axis``, ``tier_layout``, ``rotation``, ``compute_dtype``, ``op``); a value outside an
+  axis' vocabulary raises, an *illegal* combination is a property (``legal``,
+  ``illegal_reason``; :func:`illegal_variants` enumerates them with their reasons).
 * Legality is data: :data:`CODEBOOK_BITS` (spec §1.1/§2, the reference table), :data:`PAIR_KINDS`
   (spec §4.3 record rates, storage order), plus the structural rules in :func:`_illegal_reason`.
-* :data:`REGISTRY` (also :func:`all_variants`) is *generated* from those tables: every legal
-  (codebook, bits) × op × rotation × compute dtype, every pair kind legal for a codebook × rate
-  axis, and the K3/K4 MCG tiers. Adding a codebook or pair kind to the tables adds its variants.
-* Tolerances are data: per-dtype defaults live in :mod:`oracle.tolerance`; per-variant overrides
-  live in :data:`TOLERANCE_OVERRIDES` here, each with a mandatory reason.
-* Kernel coverage comes from b12x's typed contract (``b12x.support.OPS``, read through
-  :mod:`oracle.declared`, docs/oracle_contract.md): a variant is covered when some op declares
-  it, and ``kernel_coverage`` is ``"b12x:<op>[<dispatch paths>]"``; otherwise
-  ``no_coverage_reason`` says why. Coupled-Hadamard variants never have coverage (out of scope,
-  reason stated). There is no fallback: the contract is imported directly.
-* MoE in bf16 compute: spec §6 says the upstream full-rotation MoE needs fp16 operands and
-  §7 q11 asks for an explicit policy. b12x ships a bf16 arm (uniform, tiers and pairs), so the
-  registry holds those variants and judges them against the bf16-rounded faithful reference
-  (``reference.moe`` models the double rounding fp16 -> bf16 of operands and weights).
+* :data:`REGISTRY` (:func:`all_variants`) is *generated* from those tables (legal (codebook,
+  bits) × op × rotation × dtype, legal pair kinds × rate axis, the K3/K4 MCG tiers).
+* Tolerance overrides per variant: :data:`TOLERANCE_OVERRIDES`, each with a mandatory reason.
+* Kernel coverage comes from b12x's typed contract (``b12x.support.OPS`` via
+  :mod:`oracle.declared`, imported directly): ``kernel_coverage`` is
+  ``"b12x:<op>[<dispatch paths>]"`` when some op declares the variant, else ``no_coverage_reason``
+  says why (coupled Hadamard: out of scope).
+* MoE in bf16 compute is registered (b12x ships a bf16 arm) and judged against the bf16-rounded
+  faithful reference (why: docs/notes/oracle.md).
 
-Invariants
-----------
+Invariants:
 * ``Variant.name`` is a stable id, ``"<op>/<codebook>/k<bits>[/<pair>][/tiers_<layout>]
   [/rot_<rotation>]/<dtype>"``; the rotation part is omitted when it is the op's default
   (decode: none; dense, moe: full). ``Variant.from_name(v.name) == v`` for every variant, and no
   name contains ``-`` (case ids use ``-`` in place of ``/``).
-* Paired variants carry ``bits = 3``: b12x compiles every pair layout on the trellis_bits = 3 base
-  specialization (spec §4.2, §4.4); the record rates come from ``pair_kind``.
-* Dense/decode pairs need a ``rate_axis`` ("k": FC2 style, "n": FC1 style). MoE pairs are
-  phase-bound (FC1 on N, FC2 on K, spec §4.2), so a MoE pair variant has ``rate_axis = None``.
-* ``rotation``: "none" = raw ``x @ W``; "full" = EXL3 H128 on both sides (dense, spec §3.2) or the
-  uncoupled MoE chain (§3.4); "coupled" = coupled Hadamard (§3.5), registered without coverage.
+* Paired variants carry ``bits = 3`` (every pair layout compiles on that base, spec §4.2, §4.4);
+  the record rates come from ``pair_kind``.
+* Dense/decode pairs need a ``rate_axis`` ("k" or "n"); MoE pairs are phase-bound (spec §4.2),
+  ``rate_axis = None``. ``rotation``: "none" = raw ``x @ W``; "full" = EXL3 H128 (§3.2, §3.4);
+  "coupled" = coupled Hadamard (§3.5), registered without coverage.
 """
 
 from __future__ import annotations

@@ -109,9 +109,8 @@ class Tolerance:
         return dataclasses.asdict(self)
 
 
-#: Per compute dtype defaults. Measured with reference.linear (random payloads, M 1..129, K/N
-#: 256..1280, mcg/sqg_e4m3/3inst): the faithful dense path's rel-L2 against exact is
-#: 4.5e-4..5.3e-4 in fp16 and 3.0e-3..3.7e-3 in bf16, worst-row cosine >= 0.9999999 / 0.999993.
+#: Per compute dtype defaults, set from the faithful path's measured error against exact
+#: (docs/evidence/oracle-default-tolerances.md).
 #: alpha = 2: a legitimate kernel's rel-L2 against exact is another draw of the same rounding
 #: noise (ratio ~1 +- a few % per 16-row block). The floors (~2 ulps relative) apply only to a
 #: row block whose faithful error is exactly zero (nothing rounded, e.g. exactly representable

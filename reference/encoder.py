@@ -2,55 +2,20 @@
 
 Public names:
 
-* ``encode(values, bits, codebook, *, returns="payload", chunk_bytes=...)``: a weight matrix
-  ``[..., K, N]`` (K, N positive multiples of 16) -> the payload ``int16[..., K/16, N/16, 16·bits]``
+* ``encode(values, bits, codebook, *, returns="payload", chunk_bytes=...)``: a weight matrix ``[...,
+  K, N]`` (K, N positive multiples of 16) -> the payload ``int16[..., K/16, N/16, 16·bits]``
   (``returns="payload"``, SWAP16 storage as :func:`reference.trellis.pack`) or the path's states
   ``int64[..., K/16, N/16, 256]`` in **step order** (``returns="states"``).
-* ``encode_tiles(tile_values, bits, codebook, *, chunk_bytes=...)``: the core. Tiles
-  ``[..., 256]`` already in step order (§1.5) -> states ``int64[..., 256]``.
+* ``encode_tiles(tile_values, bits, codebook, *, chunk_bytes=...)``: the core. Tiles ``[..., 256]``
+  already in step order (§1.5) -> states ``int64[..., 256]``.
 
 Invariants of the result (checked by the tests): the path is tail-biting, so
 ``trellis.states(trellis.pack(states & (2^b − 1)), b)`` equals the returned states, and the decoded
 value of step t is ``state_values(codebook, bits)[state[t]]``, the fp16 value whose squared error
 against the input the encoder minimised. Bit-exact agreement with EXL3's encoder is not a goal.
-
-The trellis (§1.3). ``state[t] = ((state[t−1] << b) | sym[t]) & 0xFFFF``. Consecutive states share
-an *edge* of ``16 − b`` bits: the out-edge of step t is ``state[t] & (2^(16−b) − 1)`` and equals the
-in-edge of step t+1, ``state[t+1] >> b``. A state is ``(c, e)``: top branch bits ``c`` (b bits) over
-its out-edge ``e``. The Viterbi keeps one cost per edge and, per step,
-``cost'(e) = min_c [cost(((c << (16−b)) | e) >> b) + (value(c, e) − w[t])²]``.
-
-Tail-biting scheme (the two passes of §1.7):
-
-1. Pass 1, unconstrained (all start costs 0), visits steps 128..255 then 0..127. Back-tracing from
-   the cheapest final edge down to step 0 yields ``state[0]``; its in-edge is the *end edge*.
-2. Pass 2 visits steps 0..255 with every start edge but the end edge priced out (a large finite
-   ``_UNREACHABLE``), and back-traces from the end edge at step 255. The path therefore closes:
-   the out-edge of step 255 is the in-edge of step 0.
-
-Every edge is reachable after ⌈(16−b)/b⌉ ≤ 15 steps, so pass 2 is always feasible for finite
-inputs. Should a tile still fail to close (a guard, not an expected event), its path's symbols
-are kept and its states are rebuilt cyclically from them (:func:`_close_paths`), which is
-tail-biting by construction (any symbol string is a legal tile) and changes only the first
-⌈16/b⌉ − 1 states.
-
-Arithmetic and ties. Costs are float32 (the fp16 codebook values and the inputs are converted
-exactly or rounded to float32) and are kept relative to the tile's best edge (the per-tile minimum
-is subtracted after each step), so decisions are resolved against the excess cost rather than the
-running total. The branch search uses one ``amin`` per step: the low ``b`` mantissa bits of every
-candidate's (non-negative) cost are replaced by its branch index ``c``, so the minimum carries its
-own arg-min; among candidates whose costs agree once those low bits are cleared (equal, or within
-``2^b`` float32 ulps) **the smallest branch ``c`` wins**, as with EXL3's strict ``<``. Back-pointers
-are uint8 ``c`` per (step, tile, edge).
-
-Memory and layout. Per chunk of T tiles the work buffer is float32 ``[T, 65536]`` laid out
-``[c, e_lo, e_hi]`` (``e_lo`` = low b bits of the out-edge, ``e_hi`` = its top ``16 − 2b`` bits,
-which is the in-edge's low part), so the in-edge cost broadcasts over the middle axis and the branch
-minimum reduces over the outer one. Back-pointers take ``256 · T · 2^(16−b)`` bytes (4 MiB per tile
-at b = 2, 8 MiB at b = 1), stored in the ``[e_lo, e_hi]`` edge order. Tiles are processed in
-chunks sized so back-pointers plus work buffers stay under ``chunk_bytes`` (default 256 MiB).
-Inputs must lie in the fp16 range (|w| ≤ 65504), which keeps every path cost below ~5e12,
-far from ``_UNREACHABLE``.
+The algorithm: the trellis and the two tail-biting passes, :func:`encode_tiles`; costs and ties,
+:func:`_forward`; memory layout and chunking, :func:`_layout_axes`; the closing guard,
+:func:`_close_paths`.
 
 Speed. Each step is a handful of whole-buffer torch ops, on any device. On a small CPU the loop runs
 fastest single-threaded (``torch.set_num_threads(1)``; about 40–100 ms per tile for both passes on
@@ -88,7 +53,17 @@ def _branch_major_values(codebook: str, bits: int) -> torch.Tensor:
 
 
 def _layout_axes(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Broadcastable index grids ``c [C,1,1]``, ``e_lo [1,C,1]``, ``e_hi [1,1,M]``."""
+    """Broadcastable index grids ``c [C,1,1]``, ``e_lo [1,C,1]``, ``e_hi [1,1,M]``.
+
+    Memory and layout. Per chunk of T tiles the work buffer is float32 ``[T, 65536]`` laid out ``[c,
+    e_lo, e_hi]`` (``e_lo`` = low b bits of the out-edge, ``e_hi`` = its top ``16 − 2b`` bits, which
+    is the in-edge's low part), so the in-edge cost broadcasts over the middle axis and the branch
+    minimum reduces over the outer one. Back-pointers take ``256 · T · 2^(16−b)`` bytes (4 MiB per
+    tile at b = 2, 8 MiB at b = 1), stored in the ``[e_lo, e_hi]`` edge order. Tiles are processed
+    in chunks sized so back-pointers plus work buffers stay under ``chunk_bytes`` (default 256 MiB).
+    Inputs must lie in the fp16 range (|w| ≤ 65504), which keeps every path cost below ~5e12, far
+    from ``_UNREACHABLE``.
+    """
     branches, middle = 1 << bits, 1 << (STATE_BITS - 2 * bits)
     c = torch.arange(branches).reshape(branches, 1, 1)
     e_lo = torch.arange(branches).reshape(1, branches, 1)
@@ -99,9 +74,18 @@ def _layout_axes(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _forward(steps: torch.Tensor, lut: torch.Tensor, start_cost: torch.Tensor, bits: int):
     """Run the Viterbi recursion over ``steps`` (float32 ``[T, S]``, visiting order).
 
-    Returns the final edge costs float32 ``[T, E]`` (natural edge order, relative to the tile's
-    best edge) and back-pointers uint8 ``[S, T, E]`` indexed by ``e_lo · M + e_hi`` (the
-    out-edge is ``(e_hi << b) | e_lo``).
+    Returns the final edge costs float32 ``[T, E]`` (natural edge order, relative to the tile's best
+    edge) and back-pointers uint8 ``[S, T, E]`` indexed by ``e_lo · M + e_hi`` (the out-edge is
+    ``(e_hi << b) | e_lo``).
+
+    Arithmetic and ties. Costs are float32 (the fp16 codebook values and the inputs are converted
+    exactly or rounded to float32) and are kept relative to the tile's best edge (the per-tile
+    minimum is subtracted after each step), so decisions are resolved against the excess cost rather
+    than the running total. The branch search uses one ``amin`` per step: the low ``b`` mantissa
+    bits of every candidate's (non-negative) cost are replaced by its branch index ``c``, so the
+    minimum carries its own arg-min; among candidates whose costs agree once those low bits are
+    cleared (equal, or within ``2^b`` float32 ulps) **the smallest branch ``c`` wins**, as with
+    EXL3's strict ``<``. Back-pointers are uint8 ``c`` per (step, tile, edge).
     """
     tiles, count = steps.shape
     branches, middle = 1 << bits, 1 << (STATE_BITS - 2 * bits)
@@ -155,6 +139,12 @@ def _close_paths(path: torch.Tensor, bits: int) -> torch.Tensor:
 
     A closed tile (``path[:, 0] >> b`` equals the out-edge of step 255) is returned unchanged; any
     other tile keeps its symbols (low b bits) and gets the cyclic states of §1.3.
+
+    Every edge is reachable after ⌈(16−b)/b⌉ ≤ 15 steps, so pass 2 is always feasible for finite
+    inputs. Should a tile still fail to close (a guard, not an expected event), its path's symbols
+    are kept and its states are rebuilt cyclically from them (:func:`_close_paths`), which is
+    tail-biting by construction (any symbol string is a legal tile) and changes only the first
+    ⌈16/b⌉ − 1 states.
     """
     edge_mask = (1 << (STATE_BITS - bits)) - 1
     closed = (path[:, 0] >> bits) == (path[:, -1] & edge_mask)
@@ -209,7 +199,23 @@ def encode_tiles(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> torch.Tensor:
-    """Encode tiles ``[..., 256]`` in step order; return tail-biting states ``int64[..., 256]``."""
+    """Encode tiles ``[..., 256]`` in step order; return tail-biting states ``int64[..., 256]``.
+
+    The trellis (§1.3). ``state[t] = ((state[t−1] << b) | sym[t]) & 0xFFFF``. Consecutive states
+    share an *edge* of ``16 − b`` bits: the out-edge of step t is ``state[t] & (2^(16−b) − 1)`` and
+    equals the in-edge of step t+1, ``state[t+1] >> b``. A state is ``(c, e)``: top branch bits
+    ``c`` (b bits) over its out-edge ``e``. The Viterbi keeps one cost per edge and, per step,
+    ``cost'(e) = min_c [cost(((c << (16−b)) | e) >> b) + (value(c, e) − w[t])²]``.
+
+    Tail-biting scheme (the two passes of §1.7):
+
+    1. Pass 1, unconstrained (all start costs 0), visits steps 128..255 then 0..127. Back-tracing
+       from the cheapest final edge down to step 0 yields ``state[0]``; its in-edge is the *end
+       edge*.
+    2. Pass 2 visits steps 0..255 with every start edge but the end edge priced out (a large finite
+       ``_UNREACHABLE``), and back-traces from the end edge at step 255. The path therefore closes:
+       the out-edge of step 255 is the in-edge of step 0.
+    """
     tile_values = check_dtype(tile_values, _FLOAT_DTYPES, "tile_values")
     check_min_ndim(tile_values, 1, "tile_values")
     check_last_dim(tile_values, STEPS_PER_TILE, "tile_values")

@@ -15,27 +15,9 @@ blockwise on both sides. The layer's weight is ::
 
 with ``Wq`` the decoded weight (:func:`decoded_weight`).
 
-Two precisions (:func:`forward`):
+Two precisions, ``"exact"`` (float64) and ``"faithful"`` (the kernel's rounding points, §3.2
+table, §3.3 buffers, step by step): :func:`forward`.
 
-* ``"exact"``: everything in float64 over the decoded fp16 weights; returns float64.
-* ``"faithful"``: the kernel's rounding points (§3.2 table, §3.3 buffers), step by step:
-
-  1. ``x`` -> fp16 (the ``input_f16`` buffer when ``x`` is bf16);
-  2. ``fp16(x * suh)``: fp16 x fp16 is exact in fp32, so one multiply in fp32 and one rounding
-     reproduce ``__hmul2``;
-  3. H128 with the fp32 butterfly (:func:`reference.hadamard.apply_blockwise_faithful`),
-     rounded to fp16 (``rotated_f16``);
-  4. for bf16 compute, both operands (``rotated_f16`` -> ``rotated_compute`` and the decoded
-     fp16 ``Wq``) are rounded to bf16;
-  5. GEMM with fp32 accumulation (a float32 matmul of the operand values), rounded to the
-     compute dtype (``gemm_output``), then to fp16 for bf16 compute (``gemm_output_f16``);
-  6. output H128 with the fp32 butterfly, rounded to fp16;
-  7. ``fp16(. * svh)`` (one rounding, as in step 2);
-  8. ``+ bias`` in fp32, rounded to fp16;
-  9. cast to ``x.dtype`` (``output_f16`` -> ``output`` when ``x`` is bf16).
-
-  The summation order inside the fp32 GEMM is torch's, not the kernel's; that is the one
-  latitude a kernel has against this reference.
 
 :func:`forward_decoded` runs the same pipeline on an already decoded weight and explicit scales,
 so pair layers (:mod:`reference.pairs`) and MoE experts reuse it instead of duplicating it. Any
@@ -236,7 +218,30 @@ def forward(
     compute_dtype: torch.dtype = torch.float16,
 ) -> torch.Tensor:
     """``y = x @ W_hat (+ bias)`` for ``x [..., K]`` at ``precision`` ``"exact"`` (float64) or
-    ``"faithful"`` (the kernel's rounding points, result in ``x.dtype``; ``x`` fp16 or bf16)."""
+    ``"faithful"`` (the kernel's rounding points, result in ``x.dtype``; ``x`` fp16 or bf16).
+
+    Two precisions (:func:`forward`):
+
+    * ``"exact"``: everything in float64 over the decoded fp16 weights; returns float64.
+    * ``"faithful"``: the kernel's rounding points (§3.2 table, §3.3 buffers), step by step:
+
+      1. ``x`` -> fp16 (the ``input_f16`` buffer when ``x`` is bf16);
+      2. ``fp16(x * suh)``: fp16 x fp16 is exact in fp32, so one multiply in fp32 and one rounding
+         reproduce ``__hmul2``;
+      3. H128 with the fp32 butterfly (:func:`reference.hadamard.apply_blockwise_faithful`), rounded
+         to fp16 (``rotated_f16``);
+      4. for bf16 compute, both operands (``rotated_f16`` -> ``rotated_compute`` and the decoded
+         fp16 ``Wq``) are rounded to bf16;
+      5. GEMM with fp32 accumulation (a float32 matmul of the operand values), rounded to the
+         compute dtype (``gemm_output``), then to fp16 for bf16 compute (``gemm_output_f16``);
+      6. output H128 with the fp32 butterfly, rounded to fp16;
+      7. ``fp16(. * svh)`` (one rounding, as in step 2);
+      8. ``+ bias`` in fp32, rounded to fp16;
+      9. cast to ``x.dtype`` (``output_f16`` -> ``output`` when ``x`` is bf16).
+
+      The summation order inside the fp32 GEMM is torch's, not the kernel's; that is the one
+      latitude a kernel has against this reference.
+    """
     k = getattr(layer, "k", None)
     if k is None or not callable(getattr(layer, "decode", None)):
         raise TypeError(f"layer: expected a TrellisLinear-like layer, got {type(layer).__name__}")

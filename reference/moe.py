@@ -1,68 +1,25 @@
 """Fused trellis MoE with full (uncoupled) rotation: experts, exact and faithful forward (§3.4).
 
-Tensors of one uniform-rate expert stack (:class:`TrellisExperts`, validated on construction;
-``E`` experts, hidden size ``H``, intermediate size ``I``, both multiples of 128, bit rate ``b``):
-
-* ``w13`` int16, FC1 (``H -> 2I``), in one of two layouts (§1.6):
-
-  - ``"packed"``: ``[E, H/16, 2I/16, 16b]``, gate = output columns ``[0, I)``, up = ``[I, 2I)``.
-    The kernel computes **one** input rotation for both halves (``gate_suh``). ``up_suh`` is
-    still a field, but it carries no extra information: it must equal ``gate_suh`` element for
-    element (after broadcasting), otherwise construction raises a ValueError. A checkpoint with
-    distinct gate/up input scales needs the ``"proj"`` layout.
-  - ``"proj"`` (b12x ``trellis_t256_proj``): ``[2, E, H/16, I/16, 16b]``, projection 0 = gate,
-    1 = up, each with its own input rotation (``gate_suh``, ``up_suh``; b12x "dual A").
-
-* ``w2`` int16 ``[E, I/16, H/16, 16b]``, FC2 (``I -> H``).
-* ``gate_suh``, ``up_suh``, ``down_svh``: fp16 ``[E, H]`` or ``[1, H]`` (``[1, H]`` is the
-  shared/broadcast form, expert stride 0).
-* ``intermediate_rotations``: fp16 ``[E, 3I]`` = ``[gate_svh || up_svh || down_suh]`` in exactly
-  that order.
-* ``codebook``: explicit, no default; ``(codebook, b)`` must be legal. All scales finite.
+The tensors of one uniform-rate expert stack (``w13`` in the ``"packed"`` or ``"proj"`` layout,
+``w2``, the rotation tables, an explicit ``codebook``): :class:`TrellisExperts`.
 
 Per route (token ``t``, expert ``e``, router weight ``w``), with ``Hb`` the blockwise H128:
 
 1. ``A_g = Hb(x_t * gate_suh[e])``, ``A_u = Hb(x_t * up_suh[e])`` (packed: ``A_u = A_g``);
 2. ``gate_raw = A_g @ Wq_gate[e]``, ``up_raw = A_u @ Wq_up[e]``;
-3. ``g = Hb(gate_raw) * gate_svh[e]``, ``u = Hb(up_raw) * up_svh[e]``,
-   ``a = silu(g) * u * down_suh[e]``, ``A2 = Hb(a)``;
+3. ``g = Hb(gate_raw) * gate_svh[e]``, ``u = Hb(up_raw) * up_svh[e]``, ``a = silu(g) * u *
+   down_suh[e]``, ``A2 = Hb(a)``;
 4. ``y_raw = A2 @ Wq_down[e]``;
 5. ``out_t = sum over the token's active routes of w * (Hb(y_raw) * down_svh[e])``.
 
-So ``g = x_t @ diag(gate_suh) H Wq_gate H diag(gate_svh)`` and the FC2 term is
-``silu(g) * u`` times ``diag(down_suh) H Wq_down H diag(down_svh)``: each expert matrix is an EXL3
-linear (§3.2) with FC1's ``svh`` and FC2's ``suh`` applied at the intermediate boundary.
-
-Precisions (:func:`moe_forward`):
-
-* ``"exact"``: float64 everywhere over the decoded fp16 weights; returns float64 ``[M, H]``.
-* ``"faithful"``: the kernel's rounding points, in this order:
-
-  1. ``x -> fp16`` (``fp16(x_t)``);
-  2. ``fp16(x16 * suh)``: the fp32 product of two fp16 values is exact, so one rounding;
-  3. H128 with the kernel's fp32 butterfly (:func:`reference.hadamard.apply_blockwise_faithful`),
-     rounded to fp16 (the ``rotation_gate``/``rotation_up`` route-major buffers), then to the
-     compute dtype as a GEMM operand (a no-op for fp16);
-  4. FC1: operands in the compute dtype (decoded fp16 weights rounded to bf16 for bf16 compute),
-     fp32 accumulation, gate and up each stored in the compute dtype (the fc1 buffer);
-  5. boundary in fp32 from the stored values: fp32 butterfly H128, ``* svh`` in fp32,
-     ``(silu(g) * u) * down_suh`` in fp32 (silu = ``g * sigmoid(g)`` by torch; the kernel's exp
-     approximation is not replayed), fp32 butterfly H128, stored in the compute dtype (``A2``);
-  6. FC2: fp32 accumulation, stored in the compute dtype (``y_raw``);
-  7. top-k sum in fp32: ``Hb_fp32(y_raw) * down_svh`` then ``* w`` (w as fp32), added into an
-     fp32 zero accumulator over the token's active slots in slot order. Returns float32
-     ``[M, H]``; the kernel's final store to the output dtype is the caller's one extra rounding.
-
-  The summation order inside the fp32 GEMMs is torch's, not the kernel's. ``compute_dtype``
-  bf16 is modelled for completeness only: the spec (§4.1, §6) says full rotation needs fp16
-  operands, so a bf16 run is a double rounding fp16 -> bf16 of the rotated operands and of the
-  decoded weights.
+Each expert matrix is an EXL3 linear (§3.2, ``diag(suh) H Wq H diag(svh)``) with FC1's ``svh``
+and FC2's ``suh`` applied at the intermediate boundary. Precisions ``"exact"`` (float64) and
+``"faithful"`` (the kernel's rounding points): :func:`moe_forward`.
 
 Inactive routes (ids outside ``[0, E)``, see :mod:`reference.routing`) are never gathered, never
 decoded and never added, so they contribute exactly zero, whatever their router weight (even NaN).
-Work is vectorised per expert: the active routes are grouped with
-:func:`reference.routing.pack_routes`, each routed expert is decoded once and runs one matmul per
-projection over all its routes. Caller tensors are never modified.
+Work is vectorised per expert (routes grouped by :func:`reference.routing.pack_routes`, each
+expert decoded once, one matmul per projection). Caller tensors are never modified.
 
 :func:`expert_route_outputs` exposes step 1-4 plus the ``Hb(y_raw) * down_svh`` term per route
 (unweighted) and :func:`weighted_route_sum` step 5, so :mod:`reference.tiers` can reuse them.
@@ -124,7 +81,29 @@ def _check_scale_table(
 
 @dataclass(frozen=True, eq=False)
 class TrellisExperts:
-    """One uniform-rate trellis expert stack; see the module docstring for every field."""
+    """One uniform-rate trellis expert stack.
+
+    Tensors of one uniform-rate expert stack (:class:`TrellisExperts`, validated on construction;
+    ``E`` experts, hidden size ``H``, intermediate size ``I``, both multiples of 128, bit rate
+    ``b``):
+
+    * ``w13`` int16, FC1 (``H -> 2I``), in one of two layouts (§1.6):
+
+      - ``"packed"``: ``[E, H/16, 2I/16, 16b]``, gate = output columns ``[0, I)``, up = ``[I, 2I)``.
+        The kernel computes **one** input rotation for both halves (``gate_suh``). ``up_suh`` is
+        still a field, but it carries no extra information: it must equal ``gate_suh`` element for
+        element (after broadcasting), otherwise construction raises a ValueError. A checkpoint with
+        distinct gate/up input scales needs the ``"proj"`` layout.
+      - ``"proj"`` (b12x ``trellis_t256_proj``): ``[2, E, H/16, I/16, 16b]``, projection 0 = gate, 1
+        = up, each with its own input rotation (``gate_suh``, ``up_suh``; b12x "dual A").
+
+    * ``w2`` int16 ``[E, I/16, H/16, 16b]``, FC2 (``I -> H``).
+    * ``gate_suh``, ``up_suh``, ``down_svh``: fp16 ``[E, H]`` or ``[1, H]`` (``[1, H]`` is the
+      shared/broadcast form, expert stride 0).
+    * ``intermediate_rotations``: fp16 ``[E, 3I]`` = ``[gate_svh || up_svh || down_suh]`` in exactly
+      that order.
+    * ``codebook``: explicit, no default; ``(codebook, b)`` must be legal. All scales finite.
+    """
 
     w13: torch.Tensor
     w2: torch.Tensor
@@ -653,8 +632,31 @@ def moe_forward(
 ) -> torch.Tensor:
     """The fused MoE forward of §3.4 for ``x [M, H]`` and routes ``[M, top_k]``.
 
-    ``precision="exact"`` returns float64, ``"faithful"`` float32 (see the module docstring for
-    every rounding point). ``topk_ids`` is int32 or int64; ids outside ``[0, E)`` are inactive.
+    ``topk_ids`` is int32 or int64; ids outside ``[0, E)`` are inactive. Precisions:
+
+    * ``"exact"``: float64 everywhere over the decoded fp16 weights; returns float64 ``[M, H]``.
+    * ``"faithful"``: the kernel's rounding points, in this order:
+
+      1. ``x -> fp16`` (``fp16(x_t)``);
+      2. ``fp16(x16 * suh)``: the fp32 product of two fp16 values is exact, so one rounding;
+      3. H128 with the kernel's fp32 butterfly
+         (:func:`reference.hadamard.apply_blockwise_faithful`), rounded to fp16 (the
+         ``rotation_gate``/``rotation_up`` route-major buffers), then to the compute dtype as a GEMM
+         operand (a no-op for fp16);
+      4. FC1: operands in the compute dtype (decoded fp16 weights rounded to bf16 for bf16 compute),
+         fp32 accumulation, gate and up each stored in the compute dtype (the fc1 buffer);
+      5. boundary in fp32 from the stored values: fp32 butterfly H128, ``* svh`` in fp32, ``(silu(g)
+         * u) * down_suh`` in fp32 (silu = ``g * sigmoid(g)`` by torch; the kernel's exp
+         approximation is not replayed), fp32 butterfly H128, stored in the compute dtype (``A2``);
+      6. FC2: fp32 accumulation, stored in the compute dtype (``y_raw``);
+      7. top-k sum in fp32: ``Hb_fp32(y_raw) * down_svh`` then ``* w`` (w as fp32), added into an
+         fp32 zero accumulator over the token's active slots in slot order. Returns float32 ``[M,
+         H]``; the kernel's final store to the output dtype is the caller's one extra rounding.
+
+      The summation order inside the fp32 GEMMs is torch's, not the kernel's. ``compute_dtype`` bf16
+      is modelled for completeness only: the spec (§4.1, §6) says full rotation needs fp16 operands,
+      so a bf16 run is a double rounding fp16 -> bf16 of the rotated operands and of the decoded
+      weights.
     """
     if not isinstance(experts, TrellisExperts):
         raise TypeError(f"experts: expected TrellisExperts, got {type(experts).__name__}")

@@ -8,33 +8,16 @@ experts, hidden ``H`` (multiple of 128), intermediate ``I = 256·P``, codebook e
   ``"dynamic"``: per expert P33 (mode 0) or P24 (mode 1) from ``fc1_modes`` / ``fc2_modes``
   (int32/int64 ``[E]``, values in {0, 1}). Every pair of an expert's phase has the same kind.
   The rate axis is the phase's: FC1 on N (gate/up output channels), FC2 on K.
-* ``w13`` (paired FC1), int16, ``s = b_lo + b_hi`` (6 for dynamic):
-
-  - ``"proj"``: ``[2, E, (H/16)·P·128·s]``; projection 0 = gate, 1 = up, each a P-pair N-axis
-    payload with ``orth = H``;
-  - ``"packed"``: ``[E, (H/16)·2P·128·s]``: one 2P-pair N-axis payload whose first P pairs are
-    gate's columns ``[0, I)`` and the last P up's ``[I, 2I)``.
-
-  ``fc1_order`` names the N-axis order: ``"prepared"`` (K16-row-major, what b12x consumes,
-  :func:`reference.pairs.interleave_n_axis`) or ``"reference"`` (pair-major records).
-* ``w2`` (paired FC2), int16 ``[E, P·(H/16)·128·s]``: a P-pair K-axis payload (``orth = H``), per
-  pair ``[record 0 plane: K16 rows 0..7 ‖ record 1 plane: rows 8..15]`` (the absolute K16 row
-  ``16p + kt`` of the intermediate).
-* Rotations exactly as :class:`reference.moe.TrellisExperts` (``[E|1, H]`` hidden-side tables,
-  ``[E, 3I]`` intermediate ``[gate_svh ‖ up_svh ‖ down_suh]``, record-major per pair).
+* ``w13`` (paired FC1, ``"proj"`` or ``"packed"``, ``fc1_order``), ``w2`` (paired FC2) and the
+  rotations (as :class:`reference.moe.TrellisExperts`): layouts in :class:`PairedExperts`.
 
 Each expert decodes with :func:`reference.pairs.decode_pair` into the same fp16 ``Wq`` matrices
 a uniform stack has, then runs the §3.4 chain of :mod:`reference.moe` unchanged
 (:func:`reference.moe.route_outputs_from_source`, :func:`reference.moe.weighted_route_sum`): same
 exact (fp64) and faithful (kernel rounding points) precisions.
 
-**P33 is uniform K3, re-cut** (:func:`p33_from_uniform`): both records of a P33 pair have 3
-bits, so record 0 of pair p on the K axis is K16 rows ``16p..16p+7`` of the uniform
-``[I/16, H/16, 48]`` stack in row-major order and record 1 rows ``16p+8..16p+15``: the pair-major
-payload is the uniform payload flattened. On the N axis the prepared order per K16 row is
-``[pair p: tiles 16p..16p+7 ‖ tiles 16p+8..16p+15]``, i.e. the uniform row's tiles in order:
-the prepared payload is again the flattened uniform payload (the reference order is its
-de-interleave).
+**P33 is uniform K3, re-cut**: its pair payloads are the flattened uniform payload
+(:func:`p33_from_uniform`).
 """
 
 from __future__ import annotations
@@ -93,6 +76,13 @@ def p33_from_uniform(trellis: torch.Tensor, rate_axis: str, *, layout: str = "pr
     """The P33 pair payload of a uniform K3 trellis ``[K/16, N/16, 48]`` (see the docstring).
 
     Rate axis ``"k"`` needs K = 256·P, ``"n"`` needs N = 256·P. Returns a 1-D int16 tensor.
+
+    **P33 is uniform K3, re-cut** (:func:`p33_from_uniform`): both records of a P33 pair have 3
+    bits, so record 0 of pair p on the K axis is K16 rows ``16p..16p+7`` of the uniform ``[I/16,
+    H/16, 48]`` stack in row-major order and record 1 rows ``16p+8..16p+15``: the pair-major payload
+    is the uniform payload flattened. On the N axis the prepared order per K16 row is ``[pair p:
+    tiles 16p..16p+7 ‖ tiles 16p+8..16p+15]``, i.e. the uniform row's tiles in order: the prepared
+    payload is again the flattened uniform payload (the reference order is its de-interleave).
     """
     trellis = check_dtype(trellis, torch.int16, "trellis")
     if trellis.dim() != 3 or trellis.shape[-1] != 48:
@@ -124,7 +114,23 @@ def _check_modes(name: str, modes: object, num_experts: int, device) -> torch.Te
 
 @dataclass(frozen=True, eq=False)
 class PairedExperts:
-    """One paired trellis expert stack; see the module docstring for every field."""
+    """One paired trellis expert stack; see the module docstring for every field.
+
+    * ``w13`` (paired FC1), int16, ``s = b_lo + b_hi`` (6 for dynamic):
+
+      - ``"proj"``: ``[2, E, (H/16)·P·128·s]``; projection 0 = gate, 1 = up, each a P-pair N-axis
+        payload with ``orth = H``;
+      - ``"packed"``: ``[E, (H/16)·2P·128·s]``: one 2P-pair N-axis payload whose first P pairs are
+        gate's columns ``[0, I)`` and the last P up's ``[I, 2I)``.
+
+      ``fc1_order`` names the N-axis order: ``"prepared"`` (K16-row-major, what b12x consumes,
+      :func:`reference.pairs.interleave_n_axis`) or ``"reference"`` (pair-major records).
+    * ``w2`` (paired FC2), int16 ``[E, P·(H/16)·128·s]``: a P-pair K-axis payload (``orth = H``),
+      per pair ``[record 0 plane: K16 rows 0..7 ‖ record 1 plane: rows 8..15]`` (the absolute K16
+      row ``16p + kt`` of the intermediate).
+    * Rotations exactly as :class:`reference.moe.TrellisExperts` (``[E|1, H]`` hidden-side tables,
+      ``[E, 3I]`` intermediate ``[gate_svh ‖ up_svh ‖ down_suh]``, record-major per pair).
+    """
 
     w13: torch.Tensor
     w2: torch.Tensor

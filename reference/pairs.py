@@ -1,21 +1,19 @@
 """QSRT fixed-payload pairs: two 128-channel records at their own bit rates (spec §4.2-4.4).
 
-Vocabulary. A *pair* covers 256 channels of its *rate axis*: record 0 ("low", ``b_lo`` bits)
-takes channels ``[0, 128)`` and record 1 ("high", ``b_hi`` bits) channels ``[128, 256)``. "low"
-and "high" mean storage order, not smaller/larger rate: P43 is K4 then K3 (and is not
-fixed-payload: 7 bits per coefficient pair). :data:`PAIR_KINDS` maps each kind to
-``(b_lo, b_hi)``. A record is an ordinary trellis tensor of 8 x (orth/16) tiles; ``orth`` is the
-other GEMM axis, a multiple of 128. The payload is one 1-D int16 tensor of length
-``(orth/16) * 8 * 16 * (b_lo + b_hi)`` (:func:`pair_payload_length`).
+Vocabulary. A *pair* covers 256 channels of its *rate axis*: record 0 ("low", ``b_lo`` bits) takes
+channels ``[0, 128)`` and record 1 ("high", ``b_hi`` bits) channels ``[128, 256)``. "low" and "high"
+mean storage order (P43 is K4 then K3, 7 bits per coefficient pair). :data:`PAIR_KINDS` maps each
+kind to ``(b_lo, b_hi)``. A record is an ordinary trellis tensor of 8 x (orth/16) tiles (``orth``,
+the other GEMM axis, a multiple of 128); the payload is one 1-D int16 tensor
+(:func:`pair_payload_length`).
 
 Rate axis ``"k"`` (FC2 style; records on the reduction axis, K = 256, N = orth)::
 
     payload = [record 0: int16[8 K16 rows, N/16 tiles, 16*b_lo]]
             ‖ [record 1: int16[8 K16 rows, N/16 tiles, 16*b_hi]]
 
-  K16 rows 0..7 decode from record 0 at ``b_lo`` and rows 8..15 from record 1 at ``b_hi``
-  (the kernel's ``logical_k16 < 8`` test, on the **absolute** K16 index). The prepared layout
-  is the reference layout (zero-copy).
+  K16 rows 0..7 decode from record 0 at ``b_lo``, rows 8..15 from record 1 at ``b_hi`` (on the
+  **absolute** K16 index); the prepared layout is the reference layout.
 
 Rate axis ``"n"`` (FC1 style; records on the output axis, K = orth, N = 256)::
 
@@ -23,23 +21,11 @@ Rate axis ``"n"`` (FC1 style; records on the output axis, K = orth, N = 256)::
                    ‖ [record 1: int16[K/16, 8 N16 tiles, 16*b_hi]]
     prepared order:  for each K16 row kt: [record 0 row kt: 8*16*b_lo ‖ record 1 row kt: 8*16*b_hi]
 
-  N16 tiles 0..7 are record 0 and 8..15 record 1. :func:`interleave_n_axis` makes the prepared
-  order (done once at load time in b12x) and :func:`deinterleave_n_axis` undoes it.
+  N16 tiles 0..7 are record 0, 8..15 record 1; :func:`interleave_n_axis` makes the prepared order
+  (once, at load time) and :func:`deinterleave_n_axis` undoes it.
 
-Several pairs along one rate axis (MoE: FC1's N axis holds ``I = 256*P`` channels per
-projection; FC2's K axis may span several pairs on one rank). Pass ``kind`` as a sequence of P
-kinds, one per pair, in channel order; pair ``p`` covers rate-axis channels ``[256p, 256p+256)``.
-The concatenation order chosen here is:
-
-* reference order: pair-major, each pair's own reference payload in turn,
-  ``pair 0 (record 0 ‖ record 1) ‖ pair 1 (record 0 ‖ record 1) ‖ ...``, for both axes;
-* N-axis prepared order: K16-row-major, then pair, then record:
-  per K16 row ``kt``, ``[pair 0: low ‖ high] ‖ [pair 1: low ‖ high] ‖ ...``, so a CTA with
-  ``tile_n = 256`` finds pair ``p``'s row ``kt`` as one contiguous span (§4.2's
-  ``64*(b_lo+b_hi)`` u32 per pair and K16 row).
-
-:class:`PairedLinear` is a pair-backed layer that :mod:`reference.linear` accepts wherever it
-takes a layer (``forward``, ``reconstruct``); :func:`pair_forward` is the one-call form.
+Several pairs along one rate axis (MoE): ``kind`` is a sequence of P kinds in channel order
+(:func:`pair_payload_length`). :class:`PairedLinear` is a layer :mod:`reference.linear` accepts.
 """
 
 from __future__ import annotations
@@ -125,7 +111,19 @@ def record_length(bits: int, orth: int) -> int:
 
 
 def pair_payload_length(kind: str | Sequence[str], orth: int) -> int:
-    """``(orth/16) * 8 * 16 * (b_lo + b_hi)`` int16 words, summed over the pairs of ``kind``."""
+    """``(orth/16) * 8 * 16 * (b_lo + b_hi)`` int16 words, summed over the pairs of ``kind``.
+
+    Several pairs along one rate axis (MoE: FC1's N axis holds ``I = 256*P`` channels per
+    projection; FC2's K axis may span several pairs on one rank). Pass ``kind`` as a sequence of P
+    kinds, one per pair, in channel order; pair ``p`` covers rate-axis channels ``[256p,
+    256p+256)``. The concatenation order chosen here is:
+
+    * reference order: pair-major, each pair's own reference payload in turn, ``pair 0 (record 0 ‖
+      record 1) ‖ pair 1 (record 0 ‖ record 1) ‖ ...``, for both axes;
+    * N-axis prepared order: K16-row-major, then pair, then record: per K16 row ``kt``, ``[pair 0:
+      low ‖ high] ‖ [pair 1: low ‖ high] ‖ ...``, so a CTA with ``tile_n = 256`` finds pair ``p``'s
+      row ``kt`` as one contiguous span (§4.2's ``64*(b_lo+b_hi)`` u32 per pair and K16 row).
+    """
     kinds = _normalize_kinds(kind)
     orth = _check_orth(orth)
     return sum(record_length(b_lo + b_hi, orth) for b_lo, b_hi in map(PAIR_KINDS.get, kinds))

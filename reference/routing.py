@@ -1,39 +1,32 @@
 """MoE routing: softmax top-k, the active-route rule, and route packing by expert (spec §3.4).
 
-Vocabulary
-----------
-* A **route** is one (token ``t``, slot ``s``) pair of a ``[M, top_k]`` routing table. Its
-  **route index** is ``r = t * top_k + s`` (token-major, slot inner), in ``[0, M * top_k)``.
-* A route is **active** when its expert id ``e`` satisfies ``0 <= e < num_experts``; every other
-  id (``-1`` for CUDA-graph padding and non-local EP routes, ``E``, ``2**31``, ``2**32``, any
-  negative int32) is **inactive** and contributes exactly zero (regression class R7).
+Vocabulary:
+* A **route** is one (token ``t``, slot ``s``) pair of a ``[M, top_k]`` routing table. Its **route
+  index** is ``r = t * top_k + s`` (token-major, slot inner), in ``[0, M * top_k)``.
+* A route is **active** when its expert id ``e`` satisfies ``0 <= e < num_experts``; every other id
+  (``-1`` for CUDA-graph padding and non-local EP routes, ``E``, ``2**31``, ``2**32``, any negative
+  int32) is **inactive** and contributes exactly zero (regression class R7).
 * Ids may be int32 or int64. The range check is done in the ids' own dtype; nothing is narrowed
   before the check (R9: ``2**32`` narrowed to int32 is expert 0). Only ids already known to be in
   ``[0, E)`` are ever converted.
 
-Packed layout (what :func:`pack_routes` returns, R12)
------------------------------------------------------
-``packed_route_indices`` (int32, length :func:`capacity_bound`) lists the route indices of the
-active routes grouped by expert, experts in ascending id order, and inside one expert in
-ascending route order (token order, then slot). Each expert's group is padded up to a multiple
-of ``block_size`` with the **sentinel** ``M * top_k`` (one past the last route index), so every
-block of ``block_size`` consecutive slots belongs to exactly one expert. An expert with no
-active route owns no block. Slots past the last block (up to the capacity) also hold the
-sentinel.
+Packed layout (what :func:`pack_routes` returns, R12): ``packed_route_indices`` (int32, length
+:func:`capacity_bound`) lists the route indices of the active routes grouped by expert, experts in
+ascending id order, and inside one expert in ascending route order (token order, then slot). Each
+expert's group is padded up to a multiple of ``block_size`` with the **sentinel** ``M * top_k`` (one
+past the last route index), so every block of ``block_size`` consecutive slots belongs to exactly
+one expert. An expert with no active route owns no block. Slots past the last block (up to the
+capacity) also hold the sentinel.
 
 * ``block_expert_ids[b]`` (int32, ``[num_blocks]``) is the expert of block ``b``.
 * ``packed_route_count = num_blocks * block_size`` counts the filled slots, padding included.
-* Route indices and the sentinel are stored as int32; a table whose capacity exceeds
-  ``2**31 - 1`` is rejected with a ValueError rather than wrapped.
-* ``expert_counts[e]`` (int32, ``[E]``) is the number of active routes of expert ``e`` (no
-  padding); ``expert_offsets[e]`` (int32, ``[E + 1]``) is where expert ``e``'s padded group
-  starts, ``expert_offsets[E] = packed_route_count``.
+* Route indices and the sentinel are int32; a capacity past ``2**31 - 1`` is rejected.
+* ``expert_counts[e]`` (int32, ``[E]``) is the number of active routes of expert ``e`` (no padding);
+  ``expert_offsets[e]`` (int32, ``[E + 1]``) is where expert ``e``'s padded group starts,
+  ``expert_offsets[E] = packed_route_count``.
 
-Capacity
---------
-Expert ``e`` fills ``ceil(c_e / B) * B <= c_e + B - 1`` slots when ``c_e > 0`` and none
-otherwise, so ``packed_route_count <= M * top_k + E * (B - 1)``. :func:`capacity_bound` returns
-that bound **rounded up to a multiple of** ``B`` so the packed array is made of whole blocks.
+Capacity: ``packed_route_count <= M * top_k + E * (B - 1)`` (expert ``e`` fills
+``ceil(c_e / B) * B`` slots); :func:`capacity_bound` rounds it up to whole blocks of ``B``.
 """
 
 from __future__ import annotations

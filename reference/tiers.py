@@ -1,30 +1,29 @@
 """Mixed K3/K4 expert tiers in one combined expert namespace (spec §4.1).
 
-A **tier** is a set of whole experts sharing one native bit rate: FC1 and FC2 of an expert are
-both at its tier's rate, and each tier is an ordinary :class:`reference.moe.TrellisExperts` stack
-with its own payloads and rotation tables. Two tiers (tier 0, tier 1) are served together:
+A **tier** is a set of whole experts sharing one native bit rate: FC1 and FC2 of an expert are both
+at its tier's rate, and each tier is an ordinary :class:`reference.moe.TrellisExperts` stack with
+its own payloads and rotation tables. Two tiers (tier 0, tier 1) are served together:
 
 * **Global ids** are the router's expert ids, ``[0, num_global_experts)``.
-* **Combined ids**: tier-0 experts get ``[0, E0)`` and tier-1 experts ``[E0, E0 + E1)``, each in
-  the order of the id list given for the tier (position ``j`` of a tier list is local id ``j``).
+* **Combined ids**: tier-0 experts get ``[0, E0)`` and tier-1 experts ``[E0, E0 + E1)``, each in the
+  order of the id list given for the tier (position ``j`` of a tier list is local id ``j``).
 * ``global_to_combined`` int32 ``[num_global_experts]``: the combined id of each global expert,
   ``-1`` for a global expert in neither tier (an **unmapped** expert: its routes are inactive and
   contribute exactly zero, like any other inactive id).
 * ``descriptor_map`` int32 ``[E0 + E1]``: ``(tier << 8) | local_id``. A tier holds at most 256
-  experts so the local id fits the low byte; more raises. A global id listed twice (within a tier
-  or across tiers) raises.
+  experts so the local id fits the low byte; more raises. A global id listed twice (within a tier or
+  across tiers) raises.
 * :func:`combine_rotations` concatenates the rotation tables tier 0 || tier 1
-  (``intermediate_rotations``, ``gate_suh``, ``up_suh``, ``down_svh``), expanding a broadcast
-  ``[1, H]`` table to ``[E_t, H]`` first, so the combined tables are always ``[E0 + E1, ...]``
-  and input rotation and activation run once in the combined namespace.
+  (``intermediate_rotations``, ``gate_suh``, ``up_suh``, ``down_svh``), expanding a broadcast ``[1,
+  H]`` table to ``[E_t, H]`` first, so the combined tables are always ``[E0 + E1, ...]`` and input
+  rotation and activation run once in the combined namespace.
 
 :func:`mixed_moe_forward` maps global ids to combined ids (unmapped and out-of-range ids become
 inactive; int64 ids are range-checked before any narrowing), groups routes by combined id, takes
-each combined expert's rotations from the combined tables and its payload from its own tier
-through ``descriptor_map``, and finishes with the §3.4 top-k sum
-(:func:`reference.moe.weighted_route_sum`). Its result therefore equals the sum of two
-single-tier :func:`reference.moe.moe_forward` calls with the routes split by tier (up to the fp
-summation order of the final sum).
+each combined expert's rotations from the combined tables and its payload from its own tier through
+``descriptor_map``, and finishes with the §3.4 top-k sum (:func:`reference.moe.weighted_route_sum`).
+Its result therefore equals the sum of two single-tier :func:`reference.moe.moe_forward` calls with
+the routes split by tier (up to the fp summation order of the final sum).
 
 Nothing has a default codebook or bit rate: :class:`MixedTierExperts` takes ``tier0_bits``,
 ``tier1_bits`` and ``codebook`` explicitly and checks them against both payloads (R11).

@@ -115,7 +115,7 @@ def decode_kernel():
 
 def dense_wgmma():
     """The sm_90 row at M 65..128 (the swap-AB mainloop, 128 tokens x 256 weight rows per CTA,
-    planned as stream-K since 2026-12-06: one CTA per SM, so at this size most K pieces are
+    planned as stream-K: one CTA per SM, so at this size most K pieces are
     fixed up across CTAs through the partials and flags): planned M 100, live M 70 (tokens past
     it zero-filled), N 512 (two CTA columns), bf16 compute, K3 sqg_e4m3 (a LUT codebook)."""
     return _dense(

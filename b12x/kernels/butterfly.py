@@ -1,7 +1,6 @@
 """The H128 butterfly of the rotation kernels, dense and MoE: one lane layout, one stage order.
 
-Layout (a warp holds four 128-element blocks)
----------------------------------------------
+Layout (a warp holds four 128-element blocks):
 * Lanes ``8q .. 8q+7`` (the lane **group** ``q = lane // 8``) hold block ``q`` of the warp's four.
   Lane ``8q + s`` holds the sixteen elements ``e = 32g + 4s + c`` (``g, c`` in ``0..3``) of its
   block, listed ``g``-major: ``values[4g + c]``. So index bits 0–1 (``c``) and 5–6 (``g``) are
@@ -11,8 +10,7 @@ Layout (a warp holds four 128-element blocks)
   :func:`lane_words`. :func:`load_lane` / :func:`store_lane` move them as four 8-byte accesses
   (one per ``g``); per ``g`` a group's eight lanes cover 64 contiguous bytes.
 
-Stage order (index bits 0..6, ascending; the order both torch paths round in)
------------------------------------------------------------------------------
+Stage order (index bits 0..6, ascending; the order both torch paths round in):
 1. Bits 0–1 in-thread, per ``g``: the caller's H4 of four consecutive elements (the dense
    kernels' natural order ``((a+b)+c)+d, …``; the MoE kernels' two-stage butterfly).
 2. Bits 2, 3, 4: :func:`xor_stages` over lane offsets 1, 2, 4 (inside the group).
@@ -23,8 +21,7 @@ At every stage of bits 2..6 the lower element (bit clear) becomes ``lo + hi`` an
 the four-elements-per-lane butterfly (bits 2–6 all across lanes), the results are bit-identical
 to it; only the data movement changed.
 
-How a cross-lane stage is issued
---------------------------------
+How a cross-lane stage is issued:
 One ``shfl.bfly`` and one ``fma.rn.f32 d = sign·self + partner`` per value, ``sign`` = +1 on the
 lower lane and −1 on the upper (:func:`lane_signs`). Both are exact restatements of the add/sub:
 
@@ -35,10 +32,8 @@ lower lane and −1 on the upper (:func:`lane_signs`). Both are exact restatemen
   infinities and NaNs come out as the add/sub gives them.
 
 Why this layout: with four elements per lane and all five upper stages across lanes, the
-rotation kernels were bound by shuffles (the MoE rotate kernel at ~80 % SM throughput and 27 %
-of DRAM bandwidth at GLM-like M = 4096 on the H200, ncu ``--clock-control none``, even after the
-add/sub/select per stage became one FMA). Sixteen elements per lane move three stages of five
-through shuffles, two fifths fewer shuffles per element.
+rotation kernels were bound by shuffles (docs/evidence/rotation-butterfly-layout.md). Sixteen
+elements per lane move three stages of five through shuffles, two fifths fewer shuffles per element.
 """
 
 from __future__ import annotations

@@ -1,73 +1,65 @@
 """Dense trellis GEMM: ``C[M, N] = A[M, K] · Wq[K, N]`` with Wq decoded in registers (mma.sync).
 
-Layout
-------
+Layout:
 * **Operands.** ``a``: the (already rotated) activations, fp16 or bf16 ``[M, K]`` viewed as
   ``int32[M, K/2]`` (two elements per word). ``payload``: ``int32[K/16, N/16, 8b]`` (the int16
   trellis viewed as int32; ring words, spec §1.2). Output: either the compute dtype ``[M, N]``
   viewed as ``int32[M, N/2]`` (no split-K) or fp32 partials ``[S, M, N]`` (split-K), summed by
   :class:`b12x.kernels.split_k_reduce.SplitKReduceKernel` in split order (deterministic).
-* **Work split.** A CTA has ``warps`` warps; warp w of CTA (x, y, z) owns N16 tiles
-  ``(x·warps + w)·n_tiles + [0, n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows
-  ``[z·kps, min((z+1)·kps, K/16))`` (``kps`` = K16 rows per split, a runtime argument).
-* **Mainloop** (:func:`decode_and_accumulate`, a shared body; lane setup, accumulators, A and
-  ring word pointers come from :mod:`b12x.kernels.mainloop`): per K16 row, each lane loads its
-  A fragments (rows g, g+8; k = 2r.., 2r+8..) and, per N16 tile, its 2–3 ring words, cuts its eight
-  windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues
-  two ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with
-  B = ``(w4w5, w6w7)`` (the EXL3 tile order is the B-fragment order, §1.5). fp32 accumulation.
-  Loads go through register stages ``depth`` rows ahead (ring words via per-lane byte pointers
-  with immediate per-tile offsets, ``ld.global.nc``; one ``IMAD.WIDE`` per pointer and row). The
-  loop body covers ``depth + 1`` rows, so each stage lives in fixed registers and no register is
-  copied between iterations; a row past the split's end (last group only) is skipped.
-* **Shared-memory ring** (opt-in, ``smem_stages`` = S in 2..4; 0 = the register stages above).
-  Each warp streams its own K16 rows through S slots of shared memory with ``cp.async``, so the
-  loads are issued S - 1 rows ahead and cannot be sunk to their use. A slot is one K16 row of
-  one warp: its ``n_tiles`` payload tiles (``n_tiles·32b`` contiguous bytes in global memory,
-  copied as 16-byte chunks, chunk c by lane c % 32, ``.cg``), then ``m_tiles`` A blocks of
-  16 rows x 32 B (lane l copies half l % 2 of row l // 2, ``.ca``; rows >= M are zero-filled
-  without a read, and the halves of rows 4..7 mod 8 are swapped so that the fragment reads hit
-  32 distinct banks). Per row: ``cp.async.wait_group S-2``, a warp barrier, refill of the slot
-  read one row earlier with the row S - 1 ahead, ``commit_group``, then the lane reads its ring
-  words and A words from the slot (``ld.shared``, immediate offsets) and calls
-  :func:`decode_and_accumulate` as above. Rows past the split's end are zero-size copies (no
-  global read, never decoded); the kernel drains every group before it exits. Shared memory
-  per CTA: ``warps·S·(32b·n_tiles + 512·m_tiles)`` B (:func:`ring_smem_bytes`): 12 KB for the
-  headline K4 1x4 tile at S = 3 (8 CTAs of 4 warps per SM fit in 96 KB), at most 40 KB.
-  Measured on the H200 (2026-12-02, ``benchmarks/dense_mainloop_sweep.py``, 8192 x 28672 MCG):
-  S = 3 is the best ring and lands within 0-4 % of the register path (K4 M=1 90.6 us, M=16
-  96.9 us; K6 M=1 99.1 us, M=16 111.3 us), so the mainloop is bound by decode instruction issue,
-  not by load latency, and the default stays S = 0 (the ring has no sanitizer run yet).
-* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows; the
-  mainloop is :class:`b12x.kernels.shared_decode.SharedDecodeMainloop`, which the grouped MoE
-  GEMM runs too: this kernel supplies its rows, payload run and epilogue). The
-  per-warp mainloops above decode a weight once per warp, so every M16 block of the grid
-  decodes it again; here the CTA decodes it once and all its warps multiply it. A CTA covers
-  ``cta_tiles = n_tiles·warps`` N16 tiles and ``16·m_tiles·m_warps`` rows. A step is
-  ``shared_rows`` K16 rows; ``smem_stages`` (3..4) cp.async slots
-  (:mod:`b12x.kernels.shared_layout`) bring the CTA's payload run and activation rows (all
+* **Work split.** A CTA has ``warps`` warps; warp w of CTA (x, y, z) owns N16 tiles ``(x·warps +
+  w)·n_tiles + [0, n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows ``[z·kps,
+  min((z+1)·kps, K/16))`` (``kps`` = K16 rows per split, a runtime argument).
+* **Mainloop** (:func:`decode_and_accumulate`, a shared body; lane setup, accumulators, A and ring
+  word pointers come from :mod:`b12x.kernels.mainloop`): per K16 row, each lane loads its A
+  fragments (rows g, g+8; k = 2r.., 2r+8..) and, per N16 tile, its 2–3 ring words, cuts its eight
+  windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues two
+  ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with B =
+  ``(w4w5, w6w7)`` (the EXL3 tile order is the B-fragment order, §1.5). fp32 accumulation. Loads go
+  through register stages ``depth`` rows ahead (ring words via per-lane byte pointers with immediate
+  per-tile offsets, ``ld.global.nc``; one ``IMAD.WIDE`` per pointer and row). The loop body covers
+  ``depth + 1`` rows, so each stage lives in fixed registers and no register is copied between
+  iterations; a row past the split's end (last group only) is skipped.
+* **Shared-memory ring** (opt-in, ``smem_stages`` = S in 2..4; 0 = the register stages above). Each
+  warp streams its own K16 rows through S slots of shared memory with ``cp.async``, so the loads are
+  issued S - 1 rows ahead and cannot be sunk to their use. A slot is one K16 row of one warp: its
+  ``n_tiles`` payload tiles (``n_tiles·32b`` contiguous bytes in global memory, copied as 16-byte
+  chunks, chunk c by lane c % 32, ``.cg``), then ``m_tiles`` A blocks of 16 rows x 32 B (lane l
+  copies half l % 2 of row l // 2, ``.ca``; rows >= M are zero-filled without a read, and the halves
+  of rows 4..7 mod 8 are swapped so that the fragment reads hit 32 distinct banks). Per row:
+  ``cp.async.wait_group S-2``, a warp barrier, refill of the slot read one row earlier with the row
+  S - 1 ahead, ``commit_group``, then the lane reads its ring words and A words from the slot
+  (``ld.shared``, immediate offsets) and calls :func:`decode_and_accumulate` as above. Rows past the
+  split's end are zero-size copies (no global read, never decoded); the kernel drains every group
+  before it exits. Shared memory per CTA: ``warps·S·(32b·n_tiles + 512·m_tiles)`` B
+  (:func:`ring_smem_bytes`): 12 KB for the headline K4 1x4 tile at S = 3 (8 CTAs of 4 warps per SM
+  fit in 96 KB), at most 40 KB. The default stays S = 0: docs/evidence/dense-smem-ring.md.
+* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows; the mainloop
+  is :class:`b12x.kernels.shared_decode.SharedDecodeMainloop`, which the grouped MoE GEMM runs too:
+  this kernel supplies its rows, payload run and epilogue). The per-warp mainloops above decode a
+  weight once per warp, so every M16 block of the grid decodes it again; here the CTA decodes it
+  once and all its warps multiply it. A CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles and
+  ``16·m_tiles·m_warps`` rows. A step is ``shared_rows`` K16 rows; ``smem_stages`` (3..4) cp.async
+  slots (:mod:`b12x.kernels.shared_layout`) bring the CTA's payload run and activation rows (all
   threads copy; rows >= M and rows past the split's end are zero-filled without a read)
-  ``smem_stages - 1`` steps ahead. Software-pipelined, one barrier per step: after
-  ``wait_group`` (step + 1 has landed) and the barrier, each warp (a) decodes its ``n_tiles``
-  N16 tiles of step + 1 (ring words read from the slot) into fragment buffer ``(s+1) % 2``,
-  each lane storing its four B registers as 16 B at ``16·lane`` of the tile's 512-byte block
-  (a reader lane gets exactly its own B fragment back, conflict-free), and (b) multiplies step
-  s: warp ``w = wm·(warps/m_warps) + wn`` takes its ``m_tiles`` M16 blocks (rows
-  ``wm·16·m_tiles ..``, A fragments from the slot with the ring's bank swizzle) times the
-  ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of buffer ``s % 2`` (decoded in the
-  previous step; the prologue decodes step 0). The barrier also proves every warp is done with
-  step - 1, whose slot is refilled and whose buffer is overwritten after it. The loop body
-  unrolls ``lcm(smem_stages, 2)`` steps, so slot and buffer offsets are immediates. Each output
-  element sees the same ``mma.sync`` operands in the same K order as in the per-warp
+  ``smem_stages - 1`` steps ahead. Software-pipelined, one barrier per step: after ``wait_group``
+  (step + 1 has landed) and the barrier, each warp (a) decodes its ``n_tiles`` N16 tiles of step + 1
+  (ring words read from the slot) into fragment buffer ``(s+1) % 2``, each lane storing its four B
+  registers as 16 B at ``16·lane`` of the tile's 512-byte block (a reader lane gets exactly its own
+  B fragment back, conflict-free), and (b) multiplies step s: warp ``w = wm·(warps/m_warps) + wn``
+  takes its ``m_tiles`` M16 blocks (rows ``wm·16·m_tiles ..``, A fragments from the slot with the
+  ring's bank swizzle) times the ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of buffer
+  ``s % 2`` (decoded in the previous step; the prologue decodes step 0). The barrier also proves
+  every warp is done with step - 1, whose slot is refilled and whose buffer is overwritten after it.
+  The loop body unrolls ``lcm(smem_stages, 2)`` steps, so slot and buffer offsets are immediates.
+  Each output element sees the same ``mma.sync`` operands in the same K order as in the per-warp
   mainloops, so the two give **bit-identical** results (checked on the H200 by
-  ``tests/b12x/test_dense_shared_decode_gpu.py``). A warp whose M blocks all lie past M skips
-  its MMAs (warp-uniform; barriers stay outside the branch).
-* **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows
-  ``>= M`` read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so
-  their C rows are don't-care values).
+  ``tests/b12x/test_dense_shared_decode_gpu.py``). A warp whose M blocks all lie past M skips its
+  MMAs (warp-uniform; barriers stay outside the branch).
+* **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows ``>= M``
+  read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so their C rows
+  are don't-care values).
 
-Invariants
-----------
+Invariants:
 * The codebook, bitrate, compute dtype and tile shape are compile-time (a
   :class:`~b12x.formats.DecodeFormat` plus ints); the LUT arrives in one Int64 slot (§2.8).
 * Requirements checked by the host wrapper: K % 16 == 0, N % (16·n_tiles·warps) == 0, all
@@ -651,8 +643,8 @@ class DenseTrellisGemmKernel:
         A chunks: tile row lane // 2 (+16 per M16 block), 16 B half lane % 2, stored with the
         halves swapped in rows 4..7 mod 8 so the fragment reads (rows g, words r / r + 4) hit
         32 distinct banks. (The slot's payload run, ``n_tiles·32b`` bytes, is added as the
-        immediate offset by _fill_slot / _read_slot; adding it here too put A past its slot —
-        the first H200 run, 2026-12-02, caught the last warp's last slot writing out of bounds.)
+        immediate offset by _fill_slot / _read_slot; adding it here too put A past its slot:
+        docs/evidence/dense-smem-ring.md.)
         """
         stages = self.smem_stages
         slot_bytes = self._slot_bytes()

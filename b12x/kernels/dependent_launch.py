@@ -1,38 +1,32 @@
 """Programmatic dependent launch (PDL): each b12x kernel's launch attribute and first statement.
 
-Why
----
-A b12x step is a chain of short launches on one stream (the MoE at M = 1: pack, rotate, FC1,
-activate, FC2, reduce; the dense linear: rotate in, GEMM, reduce, rotate out). Without PDL the
-next grid's CTAs are scheduled only after the previous grid has completed, so every boundary
-pays the launch latency with the SMs idle. With PDL (sm_90 and newer) the next grid is launched
-while the previous one drains; its CTAs become resident and wait in their first statement.
+Why: a b12x step is a chain of short launches on one stream; without PDL every boundary pays the
+launch latency with the SMs idle. With PDL (sm_90 and newer) the next grid is launched while the
+previous one drains; its CTAs become resident and wait in their first statement.
 
-The rule every kernel keeps
----------------------------
-* :func:`launch_options` is spliced into every ``.launch(...)``: the PDL attribute
-  (``use_pdl``) when :func:`active` holds at trace time, nothing otherwise.
-* :func:`await_upstream` is the **first statement of every kernel body**, in every thread and
-  before any branch, global read or global write. It emits ``griddepcontrol.wait`` (returns once
-  the upstream grid has completed and its writes are visible; a no-op for a launch without the
-  attribute) and then ``griddepcontrol.launch_dependents`` (the downstream grid may be launched
-  once every CTA of this one has executed it or exited, i.e. once this grid is wholly resident,
-  so an early downstream CTA never takes a slot this grid still needs).
-* Ordering stays that of a plain stream, transitively: a grid completes only when each of its
-  CTAs has passed its wait, i.e. after its upstream grid completed. A kernel that is not ours
-  (a torch op, cuBLAS) launched between two of ours is ordered as usual, and one of ours after
-  it waits for it. Early residency cannot deadlock: the only kernel whose CTAs wait on other
-  CTAs of the same grid (the stream-K GEMM, :mod:`b12x.kernels.stream_k`) launches at most
-  one CTA per SM and waits only on CTAs that become resident once the upstream grid drains.
+The rule every kernel keeps:
+* :func:`launch_options` is spliced into every ``.launch(...)``: the PDL attribute (``use_pdl``)
+  when :func:`active` holds at trace time, nothing otherwise.
+* :func:`await_upstream` is the **first statement of every kernel body**, in every thread and before
+  any branch, global read or global write. It emits ``griddepcontrol.wait`` (returns once the
+  upstream grid has completed and its writes are visible; a no-op for a launch without the
+  attribute) and then ``griddepcontrol.launch_dependents`` (the downstream grid may be launched once
+  every CTA of this one has executed it or exited, i.e. once this grid is wholly resident, so an
+  early downstream CTA never takes a slot this grid still needs).
+* Ordering stays that of a plain stream, transitively: a grid completes only when each of its CTAs
+  has passed its wait, i.e. after its upstream grid completed. A kernel that is not ours (a torch
+  op, cuBLAS) launched between two of ours is ordered as usual, and one of ours after it waits for
+  it. Early residency cannot deadlock: the only kernel whose CTAs wait on other CTAs of the same
+  grid (the stream-K GEMM, :mod:`b12x.kernels.stream_k`) launches at most one CTA per SM and waits
+  only on CTAs that become resident once the upstream grid drains.
 * Both halves follow the same switch, so no kernel carries the attribute without the wait:
   :func:`active` is true for a compile target of sm_90 or newer (the instructions do not exist
   before) unless ``B12X_DEPENDENT_LAUNCH=0`` (read once per process; it is part of the compile
   cache's toolchain record, :func:`b12x.runtime.disk_store.toolchain`, so a kernel compiled under
   one setting is never loaded under the other).
 
-Checked on the CPU by ``tests/b12x/test_dependent_launch.py``: every kernel body starts with
-the call, every launch splices the options, and in compiled PTX no global access precedes the
-wait.
+Checked on the CPU by ``tests/b12x/test_dependent_launch.py`` (the first statement, the spliced
+options, and in compiled PTX no global access before the wait).
 """
 
 from __future__ import annotations

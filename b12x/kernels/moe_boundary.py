@@ -1,38 +1,35 @@
 """CuTe DSL boundary kernels of the fused MoE: the work between (and around) the grouped GEMMs,
 one launch per stage (spec §3.1, §3.4; :func:`b12x.ops.moe.run.run_moe`).
 
-Layout
-------
+Layout:
 * Every kernel gives each lane group of a warp (eight lanes, :mod:`b12x.kernels.butterfly`) one
-  (row, 128-feature block) job: a warp takes four consecutive jobs (:data:`ROTATE_JOBS_PER_WARP`
-  and its twins), all loads issued before the butterflies; a group past the end computes on the
-  last job's data and stores nothing, so no shuffle is under a branch. Lane ``8q + s`` holds
-  sixteen elements of its block, the words ``64·blk + 16g + 2s + h`` (``g`` in ``0..3``, ``h``
-  in ``0, 1``) of the operand viewed as ``int32[rows, F/2]``, the lower element in the low half.
-  Route ``r`` belongs to token ``r // top_k`` (route order is token-major, slot minor).
+  (row, 128-feature block) job: a warp takes four consecutive jobs (:data:`ROTATE_JOBS_PER_WARP` and
+  its twins), all loads issued before the butterflies; a group past the end computes on the last
+  job's data and stores nothing, so no shuffle is under a branch. Lane ``8q + s`` holds sixteen
+  elements of its block, the words ``64·blk + 16g + 2s + h`` (``g`` in ``0..3``, ``h`` in ``0, 1``)
+  of the operand viewed as ``int32[rows, F/2]``, the lower element in the low half. Route ``r``
+  belongs to token ``r // top_k`` (route order is token-major, slot minor).
 * The butterfly (:func:`_h128`) is the fp32 H128 of :func:`b12x.ops.moe.boundary.h128_fp32_` in the
-  same add/sub order: stages over index bits 0..6, each element whose bit is set keeping
-  ``lo − hi`` and the other ``lo + hi``; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)`` then
-  ``(s0+s2, s1+s3, s0−s2, s1−s3)``), bits 2–4 across the group's lanes (one exact FMA with a ±1
-  sign per value and stage), bits 5–6 in-thread (:func:`b12x.kernels.butterfly.h128`); then
-  ``× 0.088388347648``. Every fp32 add/sub/mul/div is an explicit ``.rn`` PTX instruction, so
-  neither LLVM nor ptxas contracts a product and a sum into an FMA: each op rounds exactly where
-  the torch glue rounds.
-* :class:`MoeRotateKernel` (``kind="rotate"``): ``A[r] = cd(fp16(H128(fp16(fp16(x[t]) ·
-  suh[e]))))`` for the gate table and, for the ``proj`` layout, the up table (grid y = projection).
+  same add/sub order: stages over index bits 0..6, each element whose bit is set keeping ``lo − hi``
+  and the other ``lo + hi``; bits 0–1 in-thread (``(a+b, a−b, c+d, c−d)`` then ``(s0+s2, s1+s3,
+  s0−s2, s1−s3)``), bits 2–4 across the group's lanes (one exact FMA with a ±1 sign per value and
+  stage), bits 5–6 in-thread (:func:`b12x.kernels.butterfly.h128`); then ``× 0.088388347648``. Every
+  fp32 add/sub/mul/div is an explicit ``.rn`` PTX instruction, so neither LLVM nor ptxas contracts a
+  product and a sum into an FMA: each op rounds exactly where the torch glue rounds.
+* :class:`MoeRotateKernel` (``kind="rotate"``): ``A[r] = cd(fp16(H128(fp16(fp16(x[t]) · suh[e]))))``
+  for the gate table and, for the ``proj`` layout, the up table (grid y = projection).
 * :class:`MoeActivateKernel` (``kind="activate"``): from ``fc1[r] = [gate | up]`` (compute dtype)
   ``g = H128(gate)·s1``, ``u = H128(up)·s2``, ``a = silu(g)·u·s3`` (``s1|s2|s3`` the expert's
   ``intermediate_rotations`` row, fp16 → fp32), ``A2[r] = cd(H128(a))``.
-* :class:`MoeReduceKernel` (``kind="reduce"``): one lane group per (token, block):
-  ``out[t] = x_dtype(Σ_{s=0..k−1} (H128(fc2[r])·svh[e])·w[r])`` in fp32 from ``+0`` in slot order;
-  an inactive route adds ``+0`` (selected, so a stale ``fc2`` row or a NaN weight never leaks).
-* :class:`MoeBoundarySpec` holds every codegen input. Device code only: the builder (kernel
-  object and fake arguments) is :func:`b12x.launch.moe_boundary.build_moe_boundary`, and launches
-  resolve through the ``moe_boundary`` kind of :mod:`b12x.launch.kinds` (the one compile cache,
-  its freeze switch and capture detection).
+* :class:`MoeReduceKernel` (``kind="reduce"``): one lane group per (token, block): ``out[t] =
+  x_dtype(Σ_{s=0..k−1} (H128(fc2[r])·svh[e])·w[r])`` in fp32 from ``+0`` in slot order; an inactive
+  route adds ``+0`` (selected, so a stale ``fc2`` row or a NaN weight never leaks).
+* :class:`MoeBoundarySpec` holds every codegen input. Device code only: the builder (kernel object
+  and fake arguments) is :func:`b12x.launch.moe_boundary.build_moe_boundary`, and launches resolve
+  through the ``moe_boundary`` kind of :mod:`b12x.launch.kinds` (the one compile cache, its freeze
+  switch and capture detection).
 
-Invariants
-----------
+Invariants:
 * Expert ids arrive as the route packer's int64 ``route_expert`` (the drop bucket ``E`` for an
   inactive route); every kernel clamps them to ``E − 1`` before a table row is formed, so no
   inactive id ever indexes a table (R7, R9). Route ids themselves are never read or written here.

@@ -5,8 +5,7 @@ The device twin of the torch packer :func:`b12x.ops.moe.routing.pack_routes_into
 launches about thirty small kernels per MoE step; this one CTA writes the same consumer
 buffers in one launch, bit for bit (``tests/b12x/test_moe_pack_gpu.py`` compares them).
 
-Layout (``n`` routes, ``E`` experts, block size ``B``, ``cap`` packed capacity)
-------------------------------------------------------------------------------
+Layout (``n`` routes, ``E`` experts, block size ``B``, ``cap`` packed capacity):
 * In: ``route_expert`` int64 ``[n]``, the caller's ids already widened (never narrowed) by the
   host's ``copy_``. Out, in place: ``route_expert`` with every id outside ``[0, E)`` replaced by
   the drop bucket ``E``; ``route_active`` / ``route_inactive`` (the bool buffers' bytes).
@@ -21,8 +20,7 @@ Layout (``n`` routes, ``E`` experts, block size ``B``, ``cap`` packed capacity)
   (``searchsorted(ends, start, right=True)``: the block's expert, ``E`` past the last group).
 
 Algorithm (one CTA of :data:`PACK_THREADS` threads; shared memory: buckets and ranks of at most
-:data:`PACK_MAX_ROUTES` routes, offsets of at most :data:`PACK_MAX_EXPERTS` + 1 buckets)
----------------------------------------------------------------------------------------------
+:data:`PACK_MAX_ROUTES` routes, offsets of at most :data:`PACK_MAX_EXPERTS` + 1 buckets):
 1. Per route: the bucket (``E`` for an id outside ``[0, E)``, found by int64 comparisons), the
    flags, the bucket into shared memory; the sentinel fill of ``packed_route_slots``.
 2. Per bucket (thread-strided): one walk over the routes in order counts the bucket and gives
@@ -32,8 +30,7 @@ Algorithm (one CTA of :data:`PACK_THREADS` threads; shared memory: buckets and r
 4. Per route: its slot, gather index and the packed entry; per block: its expert, by a
    fixed-step binary search over the group ends.
 
-Invariants
-----------
+Invariants:
 * Caller ids are never read here (only their widened copy), and no id outside ``[0, E)`` ever
   addresses a buffer: it becomes the drop bucket before any use.
 * Bounds (checked by the host before any launch, :func:`b12x.ops.moe.boundary.device_packs`):

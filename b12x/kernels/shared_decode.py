@@ -6,8 +6,7 @@ the CTA's activation rows come from (dense: rows ``cta_row0 ..`` clamped to M; M
 block's slots gathered through ``route_rows``), where its payload run starts (MoE: the block's
 expert) and their epilogues; everything between the first copy and the last drain is here.
 
-Layout and schedule
--------------------
+Layout and schedule:
 A CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles and ``cta_m = 16·m_tiles·m_warps`` rows.
 Its shared memory (:mod:`b12x.kernels.shared_layout`): ``smem_stages`` cp.async slots of
 ``shared_rows`` K16 rows (each row: the CTA's payload run, then its A blocks), then two fragment
@@ -29,8 +28,7 @@ The prologue fills ``smem_stages - 1`` slots and decodes step 0; the loop body u
 copy group before it returns. A warp whose rows are all dead (``live_rows`` false, warp-uniform)
 skips its MMAs; the barriers stay outside the branch.
 
-Summation order
----------------
+Summation order:
 Each output element sees the same ``mma.sync`` operands in the same K order as the per-warp
 mainloops. With ``k_split`` > 1 (the MoE's intra-CTA K split, ``K/16/k_split`` rows per slice)
 the accumulators restart from zero at every slice boundary and the slices are added in slice

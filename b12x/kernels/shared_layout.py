@@ -68,8 +68,8 @@ FRAG_TILE_BYTES = 32 * 16
 SMEM_STAGES = (0, 2, 3, 4)
 #: Legal ``shared_rows`` (K16 rows decoded per barrier) of the shared-decode mainloop.
 SHARED_ROWS = (1, 2, 4)
-#: ``(shared_rows, smem_stages)`` in order of preference (dense sweep, H200: 2 x 3 is 2-6 %
-#: faster than 1 x 4 where both fit).
+#: ``(shared_rows, smem_stages)`` in order of preference.
+#: Chosen by measurement: docs/evidence/dense-shared-decode-slots.md
 SLOT_CHOICES = ((2, 3), (1, 4))
 
 

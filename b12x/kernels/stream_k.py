@@ -1,61 +1,48 @@
 """Stream-K over the ``wgmma`` mainloops: a persistent grid shares every tile's K range.
 
-Why
----
-At M <= 64 the dense table's deep row (:data:`b12x.ops.dense.mainloop.TENSOR_DEEP`, 128 rows x
-256 columns per CTA, one CTA per SM) has 112 tiles at N = 28672: 0.85 waves on 132 SMs, so 20
-SMs idle for the whole GEMM while each busy SM runs a full K range. At M = 256 the swap-AB
-pairs (:data:`~b12x.ops.dense.mainloop.SWAP_TALL`) make 224 CTAs, 1.70 waves: the second
-leaves 40 SMs idle (:mod:`b12x.kernels.wgmma_swap`, "What bounds it"). Split-K rounds that the
-wrong way (224 halves on 132 SMs still leave two halves, one whole tile, on the busiest SM),
-and finer tiles put as many weight rows on the busiest SM (:mod:`b12x.ops.dense.mainloop`).
-Here ``ctas`` CTAs (one per SM) share the tiles' K ranges evenly instead: each runs about
-``tiles / ctas`` of a tile (0.85 at M = 64, 1.70 pair tiles per pair at M = 256), one K range
-after another.
+Why: the deep row's 112 tiles at N = 28672 are 0.85 waves on 132 SMs and the swap-AB pairs' 224 CTAs
+at M = 256 are 1.70; ``ctas`` CTAs (one per SM) share the tiles' K ranges evenly instead, each
+running about ``tiles / ctas`` of a tile (docs/evidence/dense-stream-k-geometry.md).
 
 Which mainloop: the ``wgmma`` shared decode (every warp multiplies) or swap-AB, unshared or in
-clusters. A cluster's CTAs share each token tile, so they must run the same K16 rows: the
-schedule below runs over CTA *groups* of ``cluster`` (group ``c // cluster``; rank ``c %
-cluster`` takes its CTA of each pair tile), and each segment starts the slots' mbarriers
-afresh (:meth:`~b12x.kernels.wgmma_swap.SwapAbMainloop.token_copier`: every use of the last
-segment's barriers was waited for, and its cluster barrier makes both CTAs ready).
+clusters. A cluster's CTAs share each token tile, so they must run the same K16 rows: the schedule
+below runs over CTA *groups* of ``cluster`` (group ``c // cluster``; rank ``c % cluster`` takes its
+CTA of each pair tile), and each segment starts the slots' mbarriers afresh
+(:meth:`~b12x.kernels.wgmma_swap.SwapAbMainloop.token_copier`: every use of the last segment's
+barriers was waited for, and its cluster barrier makes both CTAs ready).
 
-Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloop`,
-"Stream-K", with the measurements); ``tests/b12x/test_dense_stream_k_gpu.py`` passed on an H200
-and an H100 (2026-12-07).
+Planned by the dense table's deep and swap-AB rows (:mod:`b12x.ops.dense.mainloop`); GPU test:
+``tests/b12x/test_dense_stream_k_gpu.py``.
 
-Schedule (:mod:`b12x.kernels.stream_k_schedule`: pure integer math, the same functions run in
-the kernel and on the host for the tests)
--------------------------------------------------------------------------------------------
-* A *unit* is one trip of the mainloop's unrolled body (``period·shared_rows`` K16 rows, 16
-  for the deep row and the swap-AB pairs), so a K range never ends inside a trip; ``units =
-  ceil(K16 / span)`` per tile, ``total = tiles·units`` in tile-major order (tile ``t`` = N
-  column block ``t % tiles_n``, M block ``t // tiles_n``; with clusters a tile is a pair
-  tile, as below a CTA is a group).
-* CTA ``c`` of ``ctas`` (``ctas <= total``: every range is non-empty) owns units
-  ``[c·total // ctas, (c+1)·total // ctas)``: ranges differ by at most one unit. It walks its
-  tiles in order; for each it runs the mainloop over that tile's K16 rows of the range (a
-  segment), from zero accumulators.
-* A segment that starts at the tile's K16 row 0 is the tile's *head*. A non-head segment can
-  only be its CTA's first, so each CTA writes at most one partial: its accumulators go to
-  ``partials[c]`` (thread ``tid``'s registers ``4j .. 4j + 3`` at float ``4·(j·threads +
-  tid)``: the reader is the same thread index of another CTA of the same geometry, so no
-  layout is translated; :meth:`DenseStreamKGemmKernel._partial`), then
-  every thread fences, the CTA synchronises and thread 0 raises ``flags[c]`` (release).
+Schedule (:mod:`b12x.kernels.stream_k_schedule`: pure integer math, the same functions run in the
+kernel and on the host for the tests):
+* A *unit* is one trip of the mainloop's unrolled body (``period·shared_rows`` K16 rows, 16 for the
+  deep row and the swap-AB pairs), so a K range never ends inside a trip; ``units = ceil(K16 /
+  span)`` per tile, ``total = tiles·units`` in tile-major order (tile ``t`` = N column block ``t %
+  tiles_n``, M block ``t // tiles_n``; with clusters a tile is a pair tile, as below a CTA is a
+  group).
+* CTA ``c`` of ``ctas`` (``ctas <= total``: every range is non-empty) owns units ``[c·total // ctas,
+  (c+1)·total // ctas)``: ranges differ by at most one unit. It walks its tiles in order; for each
+  it runs the mainloop over that tile's K16 rows of the range (a segment), from zero accumulators.
+* A segment that starts at the tile's K16 row 0 is the tile's *head*. A non-head segment can only be
+  its CTA's first, so each CTA writes at most one partial: its accumulators go to ``partials[c]``
+  (thread ``tid``'s registers ``4j .. 4j + 3`` at float ``4·(j·threads + tid)``: the reader is the
+  same thread index of another CTA of the same geometry, so no layout is translated;
+  :meth:`DenseStreamKGemmKernel._partial`), then every thread fences, the CTA synchronises and
+  thread 0 raises ``flags[c]`` (release).
 * The head's CTA, if the tile is not wholly its own, adds the partials of CTAs ``c + 1 ..
   head_owner(last unit of the tile)`` in that order (K order): thread 0 waits for each flag
   (acquire), the CTA synchronises, every thread adds the partial from L2 (in chunks of
-  :data:`FIXUP_LOADS` loads between CTA barriers, which keeps the compile spill-free), and
-  thread 0 clears the flag for the next launch. Then it stores the tile as a whole segment
-  would (the plain kernel's epilogue). The sum is fixed by the
-  schedule (head, then the pieces in K order), so results are **bitwise reproducible**; on
-  one-hot activations every product but one is an exact zero, so they equal the unsplit GEMM's
-  bit for bit.
+  :data:`FIXUP_LOADS` loads between CTA barriers, which keeps the compile spill-free), and thread 0
+  clears the flag for the next launch. Then it stores the tile as a whole segment would (the plain
+  kernel's epilogue). The sum is fixed by the schedule (head, then the pieces in K order), so
+  results are **bitwise reproducible**; on one-hot activations every product but one is an exact
+  zero, so they equal the unsplit GEMM's bit for bit.
 
-Progress: a CTA waits only on higher-numbered CTAs, whose flags come from their *first*
-segments, and CTA ``ctas - 1`` never waits (its range ends at the last tile's end). With at
-most one CTA per SM and ``ctas`` no more than the SMs, every CTA becomes resident once the
-upstream grid drains (:mod:`b12x.kernels.dependent_launch`), so the waits cannot deadlock.
+Progress: a CTA waits only on higher-numbered CTAs, whose flags come from their *first* segments,
+and CTA ``ctas - 1`` never waits (its range ends at the last tile's end). With at most one CTA per
+SM and ``ctas`` no more than the SMs, every CTA becomes resident once the upstream grid drains
+(:mod:`b12x.kernels.dependent_launch`), so the waits cannot deadlock.
 
 Flags: int32 ``[ctas]``, zero before the first launch (a zeroed buffer); every raised flag is
 cleared by its reader, so the buffer is zero again after each launch (CUDA-graph replay keeps

@@ -1,40 +1,32 @@
 """Trellis decode on the device: window extraction (spec §1.4) and per-codebook decoders (§2).
 
-Layout
-------
-* **Ring words.** A tile payload ``int16[16b]`` read as little-endian u32 is the ring of
-  ``W32 = 8b`` words; ring word i holds stream bits ``[32i, 32i+32)`` MSB-first (§1.2).
-* **Per lane.** Lane ``l`` decodes steps ``t = 8l .. 8l+7``. Window 0 starts at stream bit
-  ``b0 = (8l + 257)·b − 16`` (mod ``256b``); the eight windows span ``16 + 7b`` bits, which fit in
+Layout:
+* **Ring words.** A tile payload ``int16[16b]`` read as little-endian u32 is the ring of ``W32 =
+  8b`` words; ring word i holds stream bits ``[32i, 32i+32)`` MSB-first (§1.2).
+* **Per lane.** Lane ``l`` decodes steps ``t = 8l .. 8l+7``. Window 0 starts at stream bit ``b0 =
+  (8l + 257)·b − 16`` (mod ``256b``); the eight windows span ``16 + 7b`` bits, which fit in
   :func:`ring_words_per_lane` consecutive ring words (2 for b ≤ 4, 3 for b ≤ 8).
-  :func:`lane_ring_start` returns ``(first word, bit offset off)``, window j ending at bit
-  ``off + 16 + j·b`` of the concatenated words (first word on top). ``off`` is a Python int when
-  every lane has the same one (b = 4, 8); otherwise it is chosen so that the bits left after the
-  span, ``e = 32·words − span − off``, lie in ``[0, 32]`` (a lane may start one word early).
+  :func:`lane_ring_start` returns ``(first word, bit offset off)``, window j ending at bit ``off +
+  16 + j·b`` of the concatenated words (first word on top). ``off`` is a Python int when every lane
+  has the same one (b = 4, 8); otherwise it is chosen so that the bits left after the span, ``e =
+  32·words − span − off``, lie in ``[0, 32]`` (a lane may start one word early).
 * **Window extraction** (:func:`lane_windows`) follows a trace-time :func:`window_plan`: a few
-  funnel shifts (``shf.r.clamp``; one per canonical 32-bit chunk with the lane's run-time ``e``
-  when ``off`` varies by lane) and then one-instruction cuts at bit 0 / 8 / 16 of some register
-  (``and``, ``prmt`` with zero bytes, ``shr``), a ``bfe`` elsewhere. MCG K4 costs 11 integer
-  instructions per tile, K2 12, K3/K6 17 (:attr:`WindowPlan.instructions`);
-  :func:`run_window_plan` is the same plan in pure Python (the CPU tests prove it equals §1.4
-  for every lane and bitrate).
+  funnel shifts (``shf.r.clamp``; one per canonical 32-bit chunk with the lane's run-time ``e`` when
+  ``off`` varies by lane) and then one-instruction cuts at bit 0 / 8 / 16 of some register (``and``,
+  ``prmt`` with zero bytes, ``shr``), a ``bfe`` elsewhere. MCG K4 costs 11 integer instructions per
+  tile, K2 12, K3/K6 17 (:attr:`WindowPlan.instructions`); :func:`run_window_plan` is the same plan
+  in pure Python (the CPU tests prove it equals §1.4 for every lane and bitrate).
 * **Decoders** (:func:`decode_states_to_half2x4`) turn eight states into four packed registers
-  ``(w0,w1), (w2,w3), (w4,w5), (w6,w7)``, lower index in the low half: exactly the two m16n8k16
-  B fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)``
-  n-block 1. With ``to_bf16`` each half2 is rounded to bf16 (exact for sqg_e4m3).
-* **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` (the int16
-  payload viewed as int32) → ``int16[K, N]`` (fp16 bits). One warp per strip of ``STRIP`` N16
-  tiles of a K16 row; each tile is placed with the §1.5 map ``k = 2r + (0,1,8,9)[j%4]``,
-  ``n = g + 8·(j//4)`` (r = lane % 4, g = lane // 4) into a shared-memory block, which is then
-  written out with coalesced 16-byte stores.
+  ``(w0,w1), (w2,w3), (w4,w5), (w6,w7)``, lower index in the low half: exactly the two m16n8k16 B
+  fragments of the lane (§1.5): ``(w0,w1),(w2,w3)`` feed n-block 0 and ``(w4,w5),(w6,w7)`` n-block
+  1. With ``to_bf16`` each half2 is rounded to bf16 (exact for sqg_e4m3).
+* **Decode kernel** :class:`TrellisDecodeKernel`: payload ``int32[K/16, N/16, 8b]`` → ``int16[K,
+  N]`` (fp16 bits); one warp per strip of ``STRIP`` N16 tiles, each placed by the §1.5 map into
+  shared memory, then written out with coalesced 16-byte stores.
 
-Invariants
-----------
-* Everything that depends on the codebook or bitrate is a Python constant at trace time (the
-  :class:`~b12x.formats.DecodeFormat` and its decoder's fields); no codebook string reaches
-  device code, and the decoder body is the format's own (``fmt.device_decode``).
-* Table-reading codebooks get the table through one 64-bit LUT slot (§2.8): a global address, or
-  (``lut_in_smem``) a 32-bit shared-window address carried in the same slot.
+Invariants: everything that depends on the codebook or bitrate is a trace-time constant (the
+:class:`~b12x.formats.DecodeFormat`; no codebook string reaches device code, the decoder body is
+``fmt.device_decode``); a table arrives in one 64-bit LUT slot (§2.8: global, or ``lut_in_smem``).
 """
 
 from __future__ import annotations

@@ -1,38 +1,32 @@
 """Hopper warpgroup MMA primitives (sm_90a): ``wgmma.mma_async``, its fences, descriptors, and
 the ``stmatrix`` store that writes decoded weights in its operand layout.
 
-Layout
-------
+Layout:
 * **Core matrices.** A ``wgmma`` operand in shared memory without swizzle is a grid of *core
   matrices*: 8 rows x 16 bytes (8 fp16/bf16 along K), each 128 contiguous bytes, row ``i`` at
-  ``16·i``. A K16 slab of an M (or N) x 16 operand is two core matrices per 8 rows: the
-  *leading byte offset* (LBO) steps one core matrix along K, the *stride byte offset* (SBO)
-  one along M/N. Both operands here are K-major (``tnspA = tnspB = 0``) with LBO = 128 and
-  SBO = 256: core matrix ``(group, k_half)`` at ``256·group + 128·k_half``.
-* **Descriptor** (:func:`descriptor`): a 64-bit word, bits 0-13 the start address / 16, 16-29
-  LBO / 16, 32-45 SBO / 16, 62-63 the swizzle mode (0 = none). A shared-window address of an
-  sm_90 CTA is below 228 KB, so start / 16 fits 14 bits and a byte offset added to the address
-  field (:func:`descriptor_at`, offset / 16 in the low bits) never carries into LBO.
-* **Accumulators** of ``m64nNk16`` (f32): per thread ``N/2`` registers; warp ``q`` of the
-  warpgroup holds rows ``16q + g`` and ``16q + g + 8``; register ``8·t + 4·nb + c`` is row
-  ``g + 8·(c // 2)``, column ``16·t + 8·nb + 2r + c % 2`` (``g = lane // 4``, ``r = lane % 4``):
-  N16 tile ``t``, n-block ``nb``, exactly the ``mma.sync.m16n8k16`` C fragment repeated over
-  the tiles, so the per-warp kernels' epilogues read it unchanged.
-* **stmatrix** (:func:`stmatrix_x4`): lane ``l`` gives the address of row ``l % 8`` of matrix
-  ``l // 8`` and holds, in register ``j``, row ``l // 4``, columns ``2(l % 4)..+1`` of matrix
-  ``j``: the ``mma.sync`` B fragment. A decoded N16 x K16 tile (registers ``(n=g, k=2r)``,
-  ``(g, 2r+8)``, ``(g+8, 2r)``, ``(g+8, 2r+8)``) is therefore its four core matrices
-  ``(n-block, k-half)`` in that order, 512 contiguous bytes with lane ``l`` addressing
-  ``16·l``.
+  ``16·i``. A K16 slab of an M (or N) x 16 operand is two core matrices per 8 rows: the *leading
+  byte offset* (LBO) steps one core matrix along K, the *stride byte offset* (SBO) one along M/N.
+  Both operands here are K-major (``tnspA = tnspB = 0``) with LBO = 128 and SBO = 256: core matrix
+  ``(group, k_half)`` at ``256·group + 128·k_half``.
+* **Descriptor** (:func:`descriptor`): a 64-bit word, bits 0-13 the start address / 16, 16-29 LBO /
+  16, 32-45 SBO / 16, 62-63 the swizzle mode (0 = none). A shared-window address of an sm_90 CTA is
+  below 228 KB, so start / 16 fits 14 bits and a byte offset added to the address field
+  (:func:`descriptor_at`, offset / 16 in the low bits) never carries into LBO.
+* **Accumulators** of ``m64nNk16`` (f32): per thread ``N/2`` registers; warp ``q`` of the warpgroup
+  holds rows ``16q + g`` and ``16q + g + 8``; register ``8·t + 4·nb + c`` is row ``g + 8·(c // 2)``,
+  column ``16·t + 8·nb + 2r + c % 2`` (``g = lane // 4``, ``r = lane % 4``): N16 tile ``t``, n-block
+  ``nb``, exactly the ``mma.sync.m16n8k16`` C fragment repeated over the tiles, so the per-warp
+  kernels' epilogues read it unchanged.
+* **stmatrix** (:func:`stmatrix_x4`): lane ``l`` gives the address of row ``l % 8`` of matrix ``l //
+  8`` and holds, in register ``j``, row ``l // 4``, columns ``2(l % 4)..+1`` of matrix ``j``: the
+  ``mma.sync`` B fragment. A decoded N16 x K16 tile (registers ``(n=g, k=2r)``, ``(g, 2r+8)``,
+  ``(g+8, 2r)``, ``(g+8, 2r+8)``) is therefore its four core matrices ``(n-block, k-half)`` in that
+  order, 512 contiguous bytes with lane ``l`` addressing ``16·l``.
 
-Ordering
---------
-Shared memory written by ordinary stores or ``cp.async`` is read by ``wgmma`` through the async
-proxy: the writer runs :func:`fence_proxy_async` before the barrier that publishes it.
-:func:`fence` precedes a warpgroup's batch of MMAs, :func:`commit` closes it and :func:`wait`
-blocks until at most ``pending`` batches are in flight; :func:`wait` also passes the
-accumulators through (an in/out operand), so no instruction reads them before it. Every helper
-is volatile: LLVM keeps them in program order.
+Ordering: shared memory written by ordinary stores or ``cp.async`` is read by ``wgmma`` through
+the async proxy, so the writer runs :func:`fence_proxy_async` before the publishing barrier;
+:func:`fence` / :func:`commit` bracket a batch of MMAs and :func:`wait` (at most ``pending`` in
+flight) passes the accumulators through; every helper is volatile (kept in program order).
 """
 
 from __future__ import annotations

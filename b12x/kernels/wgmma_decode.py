@@ -1,57 +1,53 @@
 """The shared decode on Hopper tensor cores: decode each K16 row once, multiply with ``wgmma``.
 
-The same mainloop as :class:`b12x.kernels.shared_decode.SharedDecodeMainloop` (cp.async slots,
-one barrier per step, every warp decodes its ``n_tiles`` N16 tiles of the next step while the
-current one is multiplied) with a different consumer: instead of each warp issuing
-``mma.sync`` from fragments, each *warpgroup* (4 warps) issues asynchronous ``wgmma`` over the
-whole CTA width, both operands read from shared memory (:mod:`b12x.kernels.wgmma`). The MMA of
-step ``s`` runs on the tensor cores while the same warps decode step ``s + 1`` on the ALUs.
+The same mainloop as :class:`b12x.kernels.shared_decode.SharedDecodeMainloop` (cp.async slots, one
+barrier per step, every warp decodes its ``n_tiles`` N16 tiles of the next step while the current
+one is multiplied) with a different consumer: instead of each warp issuing ``mma.sync`` from
+fragments, each *warpgroup* (4 warps) issues asynchronous ``wgmma`` over the whole CTA width, both
+operands read from shared memory (:mod:`b12x.kernels.wgmma`). The MMA of step ``s`` runs on the
+tensor cores while the same warps decode step ``s + 1`` on the ALUs.
 
-Geometry
---------
-Every warp multiplies (``m_warps == warps``, a multiple of 4): warp ``w`` owns CTA rows
-``16·m_tiles·w ..`` (the shared decode's ``wm = w``, ``wn = 0``), so the per-warp epilogues
-apply unchanged; the CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles, one ``wgmma`` of
-``N = 16·cta_tiles`` (<= 256) per warpgroup, M16 block and K16 row. Warpgroup ``v`` runs
-``m_tiles`` MMAs of 64 rows: its *A tile* ``t = v·m_tiles + mt`` holds rows ``16·m_tiles·w +
-16·mt ..`` of its warps ``w = 4v + q`` (q = 0..3), as the accumulator layout wants (warp q of
-the warpgroup owns rows 16q.. of the MMA).
+Geometry: Every warp multiplies (``m_warps == warps``, a multiple of 4): warp ``w`` owns CTA rows
+``16·m_tiles·w ..`` (the shared decode's ``wm = w``, ``wn = 0``), so the per-warp epilogues apply
+unchanged; the CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles, one ``wgmma`` of ``N =
+16·cta_tiles`` (<= 256) per warpgroup, M16 block and K16 row. Warpgroup ``v`` runs ``m_tiles`` MMAs
+of 64 rows: its *A tile* ``t = v·m_tiles + mt`` holds rows ``16·m_tiles·w + 16·mt ..`` of its warps
+``w = 4v + q`` (q = 0..3), as the accumulator layout wants (warp q of the warpgroup owns rows 16q..
+of the MMA).
 
-**Decode-only helper warps** (the dense GEMM only; ``m_warps < warps``): every warp still
-decodes its ``n_tiles`` N16 tiles, but only warps ``0 .. m_warps - 1`` multiply and own rows;
-warps ``m_warps ..`` run :meth:`WgmmaDecodeMainloop.run` with ``multiply=False`` (the same
-copies, fences and one CTA barrier per step, no accumulators, no MMAs). The kernel splits the
-roles warpgroup-uniformly and moves registers between them with ``setmaxnreg``
-(:func:`~b12x.kernels.shared_layout.helper_registers`: at 16 warps, 184 for a multiplying thread
-and 72 for a helper, from the launch's 128), so a CTA of 128 x 256 decodes with 16 warps instead
-of 8 while keeping its 128 accumulators per multiplying thread. ptxas sizes one instruction's
-operands by the launch's register count (128 at 512 threads; an m64n256 fp32 ``wgmma`` needs
-154), so the helper geometries issue the CTA width as m64n128 ``wgmma`` s
-(:data:`HELPER_MMA_N`); each output element still gets one K16 product per instruction, in K
-order. Measured on an H100 (:mod:`b12x.ops.dense.mainloop`, "Step depth and warp
-specialisation"), twice the decoding warps did not make the step faster, so the dense table does
-not plan it; it is kept as a GPU-tested geometry for the next experiment.
+**Decode-only helper warps** (the dense GEMM only; ``m_warps < warps``): every warp still decodes
+its ``n_tiles`` N16 tiles, but only warps ``0 .. m_warps - 1`` multiply and own rows; warps
+``m_warps ..`` run :meth:`WgmmaDecodeMainloop.run` with ``multiply=False`` (the same copies, fences
+and one CTA barrier per step, no accumulators, no MMAs). The kernel splits the roles
+warpgroup-uniformly and moves registers between them with ``setmaxnreg``
+(:func:`~b12x.kernels.shared_layout.helper_registers`: at 16 warps, 184 for a multiplying thread and
+72 for a helper, from the launch's 128), so a CTA of 128 x 256 decodes with 16 warps instead of 8
+while keeping its 128 accumulators per multiplying thread. ptxas sizes one instruction's operands by
+the launch's register count (128 at 512 threads; an m64n256 fp32 ``wgmma`` needs 154), so the helper
+geometries issue the CTA width as m64n128 ``wgmma`` s (:data:`HELPER_MMA_N`); each output element
+still gets one K16 product per instruction, in K order. Twice the decoding warps did not make the
+step faster (docs/evidence/dense-tensor-core-deep.md), so the dense table does not plan it; it is
+kept as a GPU-tested geometry for the next experiment.
 
-Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts)
------------------------------------------------------------------------------------------
-* **A region** of a K16 row: A tiles of 2048 B (64 rows x 32 B), tile ``t`` at ``2048·t``,
-  each in core matrices (:mod:`b12x.kernels.wgmma`): row ``i`` of the tile, k-half ``h`` at
-  ``256·(i // 8) + 128·h + 16·(i % 8)`` (:meth:`WgmmaDecodeMainloop._a_chunk_offset`).
+Shared memory (the :class:`~b12x.kernels.shared_layout.SharedDecodeLayout` byte counts):
+* **A region** of a K16 row: A tiles of 2048 B (64 rows x 32 B), tile ``t`` at ``2048·t``, each in
+  core matrices (:mod:`b12x.kernels.wgmma`): row ``i`` of the tile, k-half ``h`` at ``256·(i // 8) +
+  128·h + 16·(i % 8)`` (:meth:`WgmmaDecodeMainloop._a_chunk_offset`).
 * **Fragment buffers**: a K16 row's ``cta_tiles`` decoded tiles of 512 B, each its four core
-  matrices in ``(n-block, k-half)`` order (one ``stmatrix.x4`` per lane and tile): the row is
-  one K-major ``N x 16`` operand with LBO 128, SBO 256.
+  matrices in ``(n-block, k-half)`` order (one ``stmatrix.x4`` per lane and tile): the row is one
+  K-major ``N x 16`` operand with LBO 128, SBO 256.
 
-Ordering per step ``s``: ``wgmma.wait_group 0`` (this warpgroup's MMAs of step ``s - 1`` are
-done, so their slot and buffer may be reused), ``cp.async.wait_group``, ``fence.proxy.async``
-(this thread's decoded tiles and landed copies become visible to the MMA's async proxy), the
-CTA barrier, the refill, then the MMAs of step ``s`` (``wgmma.fence`` ... ``commit_group``),
-then the decode of step ``s + 1``. A warpgroup whose rows are all dead skips its MMAs (the
-caller's ``live_rows`` must be uniform over the warpgroup: :meth:`live_row0`).
+Ordering per step ``s``: ``wgmma.wait_group 0`` (this warpgroup's MMAs of step ``s - 1`` are done,
+so their slot and buffer may be reused), ``cp.async.wait_group``, ``fence.proxy.async`` (this
+thread's decoded tiles and landed copies become visible to the MMA's async proxy), the CTA barrier,
+the refill, then the MMAs of step ``s`` (``wgmma.fence`` ... ``commit_group``), then the decode of
+step ``s + 1``. A warpgroup whose rows are all dead skips its MMAs (the caller's ``live_rows`` must
+be uniform over the warpgroup: :meth:`live_row0`).
 
-Summation order: within an output element, K16 rows in order, fp32, and with ``k_split`` > 1
-the shared decode's K-slice fold (the MMAs of a slice's last step are waited for, then folded):
-the same order as the ``mma.sync`` mainloops. A K16 product is summed inside the tensor core;
-on the H200 ``wgmma`` and ``mma.sync`` give bit-identical results (measured by
+Summation order: within an output element, K16 rows in order, fp32, and with ``k_split`` > 1 the
+shared decode's K-slice fold (the MMAs of a slice's last step are waited for, then folded): the same
+order as the ``mma.sync`` mainloops. A K16 product is summed inside the tensor core; on the H200
+``wgmma`` and ``mma.sync`` give bit-identical results (measured by
 ``tests/b12x/test_dense_wgmma_gpu.py``; PTX does not promise it, so that test watches it).
 
 Rows past the end of the K range (the last unrolled iteration, a split's tail) are still

@@ -1,122 +1,26 @@
 """Swap-AB on Hopper tensor cores: weights decoded into ``wgmma``'s register A operand.
 
-The shared decode (:mod:`b12x.kernels.wgmma_decode`) decodes a K16 row into shared memory and
-multiplies it as ``wgmma``'s B operand: two shared-memory passes per weight (the ``stmatrix``
-store and the MMA's read) and a barrier between the decode and the MMA. Here the product is
-computed transposed, ``C^T[N, M] = Wq^T[N, K] · A^T[K, M]``: each warp decodes its weights
-straight into the **A registers** of an ``m64nMk16`` ``wgmma`` (the decoded N16 x K16 tile is
-the ``mma.sync`` A fragment of 16 weight rows: no shared memory, no shuffle), and the CTA's
-token rows are the MMA's **B** operand in shared memory. A weight is decoded once per CTA of up
-to 256 tokens and never leaves its thread's registers.
+The shared decode (:mod:`b12x.kernels.wgmma_decode`) stores a decoded K16 row to shared memory
+and multiplies it as ``wgmma``'s B operand. Here the product is computed transposed,
+``C^T[N, M] = Wq^T[N, K] · A^T[K, M]``: each warp decodes its weights straight into the **A
+registers** of an ``m64nMk16`` ``wgmma`` (the decoded N16 x K16 tile is the ``mma.sync`` A
+fragment of 16 weight rows: no shared memory, no shuffle), and the CTA's token rows are the
+**B** operand in shared memory. A weight is decoded once per CTA of up to 256 tokens.
 
-Geometry
---------
-* ``warps`` (whole warpgroups) each own ``n_tiles`` N16 tiles of the CTA's
-  ``cta_tiles = n_tiles·warps`` (warp ``w``: CTA tiles ``w·n_tiles ..``, its payload run).
-  Warpgroup ``v``'s MMA ``nt`` has the 64 weight rows of tiles ``(4v + q)·n_tiles + nt``,
-  q = 0..3 (warp q of a warpgroup supplies rows ``16q ..`` of the A operand).
-* ``cta_m = 16·m_tiles`` tokens per CTA (``wgmma``'s N, <= 256); a thread holds
-  ``n_tiles·8·m_tiles`` fp32 accumulators (<= 128,
-  :data:`~b12x.kernels.shared_layout.SWAP_MAX_ACCUMULATORS`). Register ``8t + 4nb + c`` of MMA
-  ``nt`` is weight row ``16·tile + g + 8·(c // 2)``, token ``16t + 8nb + 2r + c % 2``
-  (:mod:`b12x.kernels.wgmma`, "Accumulators", with rows and columns swapped).
+Geometry: ``warps`` (whole warpgroups) each own ``n_tiles`` N16 tiles of the CTA's
+``cta_tiles = n_tiles·warps``; warpgroup ``v``'s MMA ``nt`` has the 64 weight rows of tiles
+``(4v + q)·n_tiles + nt``, q = 0..3. ``cta_m = 16·m_tiles`` tokens per CTA (<= 256); a thread
+holds ``n_tiles·8·m_tiles`` fp32 accumulators (<= :data:`~b12x.kernels.shared_layout.
+SWAP_MAX_ACCUMULATORS`). Register ``8t + 4nb + c`` of MMA ``nt`` is weight row ``16·tile + g +
+8·(c // 2)``, token ``16t + 8nb + 2r + c % 2`` (:mod:`b12x.kernels.wgmma`, transposed).
 
 Shared memory (:func:`~b12x.kernels.shared_layout.swap_ab_layout`): ``stages`` cp.async slots of
-``rows`` K16 rows; a row is the CTA's payload run then its token rows as one K-major
-``cta_m x 16`` operand in core matrices (token ``i``, k-half ``h`` at ``256·(i // 8) + 128·h +
-16·(i % 8)``: LBO 128, SBO 256, :func:`~b12x.kernels.wgmma.descriptor`). Tokens past M are
-zero-filled without a read; K16 rows past the range copy zero bytes (their products are exact
-zeros: a zero payload decodes to finite weights, spec §2).
-
-Schedule (one CTA barrier per step of ``rows`` K16 rows; register buffers ``s % 2``):
-
-1. ``wgmma.fence``, the step's MMAs (A: buffer ``s % 2``, B: slot ``s % stages``), commit;
-2. ``wgmma.wait_group 1``: step ``s - 1``'s MMAs have retired, so buffer ``(s + 1) % 2`` and
-   slot ``s - 1`` are free for this warpgroup;
-3. decode step ``s + 1`` (its slot landed before the previous barrier) into buffer
-   ``(s + 1) % 2``: the ALUs decode while the tensor cores run step ``s``;
-4. ``cp.async.wait_group stages - 4`` (step ``s + 2`` has landed), ``fence.proxy.async``,
-   the CTA barrier (every warpgroup is past step 2, every copy of step ``s + 2`` is visible);
-5. refill slot ``s - 1`` with step ``s - 1 + stages``, commit.
-
-Token sharing (``cluster`` 2 or 4)
-----------------------------------
-The CTAs of a cluster along N (``cluster`` consecutive weight-row tiles, the same token tile and
-K range) share one token tile: per K16 row, CTA rank ``q`` copies tokens ``q·share ..`` (``share
-= cta_m / cluster``) with one TMA (``cp.async.bulk.tensor``, 32-byte swizzle, box ``16 x
-share``) multicast into every CTA of the cluster, so L2 serves each token tile once per cluster
-instead of once per CTA. The token tiles leave the cp.async slots
-(:func:`~b12x.kernels.shared_layout.swap_ab_layout`, ``cluster`` > 1) and are read through
-:func:`~b12x.kernels.wgmma.descriptor_swizzle32`. Ordering:
-
-* slot ``t % stages`` has an mbarrier; thread 0 arms it (``arrive.expect_tx`` of the whole
-  tile's ``rows·32·cta_m`` bytes, every rank's copy landing in this CTA), warp 0 issues the
-  CTA's copies; every thread waits on its phase ``(t // stages) & 1`` before step ``t``'s MMAs;
-* the step barrier is a cluster barrier (``barrier.cluster.arrive`` / ``wait``, release /
-  acquire): after it every warp of every CTA of the cluster has retired step ``s - 1``, so its
-  slot may be overwritten in all of them. No ``fence.proxy.async``: tokens are written and read
-  by the async proxy only, and the payload (cp.async) is read by ordinary loads;
-* a K16 row past the split's end is copied from K16 row ``K / 16`` (wholly out of bounds: TMA
-  writes zeros and still counts the bytes), and a step past the loop's last is never issued, so
-  every copy into a CTA is one that CTA waits for before it exits.
-
-What bounds it (H100 80GB, 2026-12-06; :mod:`b12x.ops.dense.mainloop` has the sweep)
--------------------------------------------------------------------------------------
-* **256 tokens per CTA (M > 128): not the token copies' L2 bandwidth alone.** Unshared, the
-  224 CTAs at M = 256 read the 256 x 8192 token tile 224 times (940 MB in 328 us, 2.9 TB/s;
-  ncu: top stall long scoreboard, 0.29 issued per scheduler). Sharing it in CTA pairs halves
-  those reads but saved only 6 % (H100, GEMM alone, ``dense_shared_decode_sweep.py``: M = 256
-  329.8 -> 309.0 us at cluster 2, 311.4 at 4; M = 1024 1229 -> 1101; M = 4096 4753 -> 4408).
-  A first version that synchronised the pair with a cluster barrier per step ran at 618 us:
-  the per-step coupling of the CTAs, not the bytes, is what such a loop pays for. ncu of the
-  shared 2 x 6 loop (309.4 us against 330.8 unshared, ``--clock-control none``): 0.39 issued
-  per scheduler (0.29), memory throughput 41 % (79 %), long scoreboard 0.39 cycles per issue
-  (3.13); the stalls are now spread (fixed-latency wait 0.92, CTA barrier 0.65, dispatch 0.54,
-  wgmma 0.49, math throttle 0.45): latency at 8 warps per SM (170 registers, one CTA per SM),
-  no pipe and no memory level saturated. Four K16 rows per step in 4 slots halve the barriers
-  and ``wgmma`` waits per K16 row and took the shared loop to 266.1 us (unshared, the same
-  slots were slower: 439.5 us, so the deeper step needs the shared tokens' smaller footprint);
-  that is the planned row (whole K4 linear 265.0 us at M = 256, 1.40 x cuBLAS bf16,
-  ``benchmarks/dense_trellis.py``, H100). What is left: 224 CTAs on 132 SMs are 1.70 waves
-  (the second 70 % full), and 266 us is 1.8 x the tensor pipe's time for the MMAs. ncu's
-  L2 sector count did not fall with multicast (1.18 against 1.08 GB read at 2 x 6), which is
-  not explained yet.
-* **The planned 4 x 4 CTA pairs at M = 256: latency at one CTA per SM, and the wave tail.**
-  Static count: the steady loop costs 9.07 SASS instructions per decoded weight at K4 (9.32 /
-  9.78 / 9.96 at K2 / K3 / K6; 10.07 with bf16 compute), warp 0's token copies counted 1/8 per
-  thread (``benchmarks/sass_budget.py --swap-ab --tiles 16x1 --shared-rows 4 --smem-stages 4
-  --cluster 2``; 12.80 if every warp ran them), against 5.83 for the per-warp kernel's 1 x 4
-  tiles. At M = 256 every weight is decoded once, so the loop issues 8192 x 28672 / 32 x 9.07 =
-  66.6 M warp instructions: 64 us if all 528 schedulers of an H100 SXM issued every cycle at
-  1.98 GHz, a quarter of the 266 us the GEMM takes. Its MMAs (120 GFLOP) take 122 us at the
-  dense fp16 peak (989 TFLOPS), 143 us on the busiest SM of the 1.70-wave grid (two CTAs).
-  Profile (H100 80GB, 2026-12-07, ``ncu --clock-control none``, ``benchmarks/swap_ab_profile.py
-  --m 256 --geometry 16x1x8 --slots 4x4 --cluster 2``, bf16 compute): 268.5 us at 1.75 GHz,
-  76.5 M warp instructions issued (the static bf16 count predicts 73.9 M for the loop alone),
-  0.37 issued per scheduler with 63 % of cycles issuing nothing, 2 active and 0.53 eligible
-  warps per scheduler (one 8-warp CTA per SM: 213 registers, 148.5 KB of shared memory;
-  the CPU compile reports 222), SM throughput 47 %, L2 47 %, DRAM 15 %, SM active cycles 79 %
-  of elapsed (224 CTAs, 1.70 waves: the second wave's 92 CTAs leave 40 SMs idle). No pipe
-  and no memory level is full; what is left is the latency of 8 warps per SM and the tail.
-  A persistent stream-K schedule over the 132 SMs would recover the tail (at most the 21 % of
-  idle SM cycles, less the partials' fix-up). Split-K does not round the tail away (4 slices:
-  the busiest SM runs 7 quarter tiles, 1.75 tiles against 2 today, and 117 MB of fp32 partials
-  go through HBM), nor do other weight-row tiles (28672 / 132 is no multiple of 64). The
-  stream-K schedule (:mod:`b12x.kernels.stream_k`, now planned) took the GEMM from 263.1 to
-  234.7 us (H200, 2026-12-07, ``dense_shared_decode_sweep.py --m 256 --geometries
-  16x1x8x8s2,16x1x8x8s2k --slots 4x4``): 11 %, against the tail's 15 % (1.70 / 2 of the pair
-  tiles per pair), less one extra prologue and one fix-up per CTA. What it leaves is the
-  latency of 8 warps per SM.
-* **128 tokens (65..128): decode issue.** 8 warps per SM at 2 N16 tiles each; ncu at M = 64
-  (64 x 256): 0.55 issued per scheduler, no pipe above 45 %. SASS per decoded weight of the
-  steady loop (``benchmarks/sass_budget.py --swap-ab``, MCG K4; fp16 / bf16): 128 x 256
-  6.60 / 7.60, 256 x 128 8.73 / 9.71, against 5.83 / 6.83 for the per-warp kernel (``--tiles
-  1x4``): the copies and their addresses cost 0.8 per weight at 128 tokens and 2.9 at 256
-  (twice the tokens for half the weight rows).
-* Each step's ``fence.proxy.async`` compiles to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S``
-  (checked by compiling without it: 7 MEMBARs become 1); ncu shows no membar stall above 0.1
-  cycles per issue, so it is not what bounds the loop today, but a TMA copy (async proxy, an
-  mbarrier instead of the fence) would remove it together with the copies' address math.
+``rows`` K16 rows; a row is the CTA's payload run then its tokens as one K-major ``cta_m x 16``
+operand in core matrices (token ``i``, k-half ``h`` at ``256·(i // 8) + 128·h + 16·(i % 8)``:
+LBO 128, SBO 256). Tokens past M are zero-filled without a read; K16 rows past the range copy
+zero bytes (exact zero products, spec §2). The step schedule: :meth:`SwapAbMainloop._run_copied`;
+token sharing in CTA clusters (TMA multicast): :meth:`SwapAbMainloop._run_shared`. What bounds
+it: docs/evidence/dense-swap-ab-bounds.md.
 
 Summation order: every output element gets one K16 product per ``wgmma`` in K order, fp32, as
 in every other dense mainloop (whether the tensor core sums a K16 product in the same order for
@@ -202,7 +106,7 @@ class SwapAbMainloop(SharedDecodeMainloop):
         """Token chunk ``c`` (half ``c % 2`` of token ``i = c // 2``: two lanes copy one token's
         32 contiguous bytes) in core-matrix order: ``SBO·(i // 8) + LBO·(c % 2) + 16·(i % 8)``.
         (Copying one k-half of 8 tokens per 8-lane phase instead, so each phase writes a whole
-        core matrix, was slower at every M on the H100: 448 against 328 us at M = 256.)"""
+        core matrix, was slower: docs/evidence/dense-swap-ab.md.)"""
         i = c // 2
         return (i // 8) * wgmma.CORE_SBO + (c % 2) * wgmma.CORE_LBO + (i % 8) * 16
 
@@ -266,9 +170,9 @@ class SwapAbMainloop(SharedDecodeMainloop):
 
     @cute.jit
     def run(self, *, lanes, k_begin, k_end, row_bytes, lut_addr, off, tokens=None):
-        """The mainloop over K16 rows ``[k_begin, k_end)`` (module docstring, "Schedule");
-        returns the accumulators (``n_tiles·8·m_tiles`` fp32, MMA ``nt`` at ``nt·8·m_tiles``).
-        ``tokens``: :meth:`token_copier`'s bundle when ``cluster`` > 1."""
+        """The mainloop over K16 rows ``[k_begin, k_end)`` (schedules: :meth:`_run_copied`,
+        :meth:`_run_shared`); returns the accumulators (``n_tiles·8·m_tiles`` fp32, MMA ``nt``
+        at ``nt·8·m_tiles``). ``tokens``: :meth:`token_copier`'s bundle when ``cluster`` > 1."""
         if cutlass.const_expr(self.cluster == 1):
             acc = self._run_copied(lanes=lanes, k_begin=k_begin, k_end=k_end, row_bytes=row_bytes,
                                    lut_addr=lut_addr, off=off)  # fmt: skip
@@ -279,7 +183,20 @@ class SwapAbMainloop(SharedDecodeMainloop):
 
     @cute.jit
     def _run_copied(self, *, lanes, k_begin, k_end, row_bytes, lut_addr, off):
-        """``cluster`` 1: every CTA copies its own tokens with its payload (cp.async)."""
+        """``cluster`` 1: every CTA copies its own tokens with its payload (cp.async).
+
+        Schedule (one CTA barrier per step of ``rows`` K16 rows; register buffers ``s % 2``):
+
+        1. ``wgmma.fence``, the step's MMAs (A: buffer ``s % 2``, B: slot ``s % stages``), commit;
+        2. ``wgmma.wait_group 1``: step ``s - 1``'s MMAs have retired, so buffer ``(s + 1) % 2`` and
+           slot ``s - 1`` are free for this warpgroup;
+        3. decode step ``s + 1`` (its slot landed before the previous barrier) into buffer ``(s + 1)
+           % 2``: the ALUs decode while the tensor cores run step ``s``;
+        4. ``cp.async.wait_group stages - 4`` (step ``s + 2`` has landed), ``fence.proxy.async``,
+           the CTA barrier (every warpgroup is past step 2, every copy of step ``s + 2`` is
+           visible);
+        5. refill slot ``s - 1`` with step ``s - 1 + stages``, commit.
+        """
         lay = self.layout
         fill, word_rd, b_desc = lanes
         stages = self.stages
@@ -307,7 +224,7 @@ class SwapAbMainloop(SharedDecodeMainloop):
         ptx.cp_async_wait(0)  # no copy may still be writing shared memory at exit
         return acc
 
-    # ---- token sharing (cluster > 1): module docstring, "Token sharing"
+    # ---- token sharing (cluster > 1): _run_shared's docstring
 
     @cute.jit
     def token_copier(self, *, tid, warp, smem, tma, tok_block, k_rows):
@@ -388,7 +305,29 @@ class SwapAbMainloop(SharedDecodeMainloop):
     def _run_shared(self, *, lanes, k_begin, k_end, row_bytes, lut_addr, off, tokens):
         """``cluster`` > 1: payload by cp.async (``stages - 1`` steps ahead, the CTA barrier
         publishes it), tokens by TMA multicast (``stages - 2`` steps ahead, full and empty
-        mbarriers; module docstring, "Token sharing")."""
+        mbarriers).
+
+        Token sharing (``cluster`` 2 or 4): The CTAs of a cluster along N (``cluster`` consecutive
+        weight-row tiles, the same token tile and K range) share one token tile: per K16 row, CTA
+        rank ``q`` copies tokens ``q·share ..`` (``share = cta_m / cluster``) with one TMA
+        (``cp.async.bulk.tensor``, 32-byte swizzle, box ``16 x share``) multicast into every CTA of
+        the cluster, so L2 serves each token tile once per cluster instead of once per CTA. The
+        token tiles leave the cp.async slots (:func:`~b12x.kernels.shared_layout.swap_ab_layout`,
+        ``cluster`` > 1) and are read through :func:`~b12x.kernels.wgmma.descriptor_swizzle32`.
+        Ordering:
+
+        * slot ``t % stages`` has an mbarrier; thread 0 arms it (``arrive.expect_tx`` of the whole
+          tile's ``rows·32·cta_m`` bytes, every rank's copy landing in this CTA), warp 0 issues the
+          CTA's copies; every thread waits on its phase ``(t // stages) & 1`` before step ``t``'s
+          MMAs;
+        * the step barrier is a cluster barrier (``barrier.cluster.arrive`` / ``wait``, release /
+          acquire): after it every warp of every CTA of the cluster has retired step ``s - 1``, so
+          its slot may be overwritten in all of them. No ``fence.proxy.async``: tokens are written
+          and read by the async proxy only, and the payload (cp.async) is read by ordinary loads;
+        * a K16 row past the split's end is copied from K16 row ``K / 16`` (wholly out of bounds:
+          TMA writes zeros and still counts the bytes), and a step past the loop's last is never
+          issued, so every copy into a CTA is one that CTA waits for before it exits.
+        """
         lay = self.layout
         fill, word_rd, b_desc = lanes
         stages = self.stages

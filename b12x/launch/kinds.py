@@ -1,42 +1,28 @@
 """The kernel kinds: one registry from a spec to its builder, its kernels and its cache key.
 
-Layout
-------
-* :class:`KernelKind` (frozen, keyword-only) is one kind of compiled kernel: its ``name`` (the
-  kernel id of its :class:`~b12x.runtime.compile_cache.CompileKey` and of its disk-cache
-  directory), the dotted name of its ``spec`` class, the dotted name of its ``builder``
-  (``spec -> (kernel object, fake argument tuple)``), the dotted names of the ``kernels``
-  (classes) the builder makes, the spec field that names the kind (``selector``) when several
-  kinds share one spec class, and whether it compiles at the first spill-free optimisation level
-  (``spill_free``: the dense kinds, :func:`b12x.launch.toolchain.compile_spill_free`) or with one
-  plain compile (the MoE kinds, as they always have).
-* :data:`KINDS` maps every name to its kind: ``decode``, ``gemm``, ``reduce``, ``rotate_in``,
-  ``rotate_out`` (:class:`~b12x.launch.specs.KernelSpec`, selected by its ``kind``),
-  ``moe_gemm`` (:class:`~b12x.kernels.moe_gemm.MoeGemmSpec`: the grouped and the pair kernel)
-  and ``moe_boundary`` (:class:`~b12x.kernels.moe_boundary.MoeBoundarySpec`: rotate, activate,
-  reduce and the route packer).
-* :func:`kind_of` answers a spec's kind (``TypeError`` / ``ValueError`` naming ``spec``);
-  :func:`sources` the modules hashed into the kind's key; :func:`launch_key` the key of a spec;
-  :func:`compiled` the compiled callable: THE door every launch path resolves a kernel through
-  (:func:`b12x.runtime.compile_cache.compiled_kernel`: the one process cache, the freeze switch,
-  capture detection and the disk cache).
+Layout:
+* :class:`KernelKind` (frozen, keyword-only): ``name`` (the kernel id of its compile key and its
+  disk-cache directory), the dotted names of its ``spec`` class, its ``builder`` (``spec ->
+  (kernel object, fake argument tuple)``) and its ``kernels``, the ``selector`` field when kinds
+  share a spec class, and ``spill_free`` (compile at the first spill-free optimisation level,
+  :func:`b12x.launch.toolchain.compile_spill_free`, or with one plain compile).
+* :data:`KINDS`: ``decode``, ``gemm``, ``reduce``, ``rotate_in``, ``rotate_out`` (on
+  :class:`~b12x.launch.specs.KernelSpec`), ``moe_gemm`` (:class:`~b12x.kernels.moe_gemm.
+  MoeGemmSpec`) and ``moe_boundary`` (:class:`~b12x.kernels.moe_boundary.MoeBoundarySpec`).
+* :func:`kind_of` answers a spec's kind; :func:`sources` the modules hashed into its key;
+  :func:`launch_key` the key of a spec; :func:`compiled` the compiled callable: THE door every
+  launch path resolves a kernel through (:func:`b12x.runtime.compile_cache.compiled_kernel`).
 
-Invariants
-----------
-* The key's sources are derived, never listed: the b12x import closure
-  (:func:`b12x.runtime.compile_cache.source_closure`, every import statement, lazy ones
-  included) of the builder's module, of the kernel modules and of the compile procedure (this
-  module, whose closure holds :mod:`b12x.launch.toolchain`: options are codegen too). An import
-  added to a kernel module therefore joins the key of every kind built from it. Derived once per
-  kind and process, like the launch keys themselves: the loaded code cannot change under a
-  running process.
-* A key's codegen is every field of the spec (the selector included); the kind name is its
-  kernel id. Kernel ids, and so the disk layout ``v1/<kind>/``, are the kind names.
-* Every builder lives in :mod:`b12x.launch` and every kernel class in :mod:`b12x.kernels`
-  (:func:`check_registry`, run at import). Builders, specs and kernels are named, not imported:
-  they resolve with :mod:`importlib` on first use, so importing this module loads neither
-  cutlass nor a kernel module, and a builder replaced on its module (a test's stub) is the one
-  called.
+Invariants:
+* The key's sources are derived, never listed: the b12x import closure (every import, lazy ones
+  included) of the builder's module, the kernel modules and this module (so compile options
+  count as codegen); derived once per kind and process.
+* A key's codegen is every field of the spec; kernel ids (and the disk layout ``v1/<kind>/``)
+  are the kind names.
+* Every builder lives in :mod:`b12x.launch`, every kernel class in :mod:`b12x.kernels`
+  (:func:`check_registry`, at import); they are named, not imported (resolved with
+  :mod:`importlib` on first use), so importing this module loads no cutlass, and a stubbed
+  builder is the one called. The full notes: docs/notes/b12x.md.
 """
 
 from __future__ import annotations

@@ -5,40 +5,27 @@ The dense dispatch table (:mod:`b12x.ops.dense.dispatch`), the split-K table
 from the pieces below; what differs between them is data (fields, rows, boundaries), never the
 way a row is tried or a reason is written.
 
-Layout
-------
-* **Cases** are plain mappings, validated per field by a :class:`Schema` of :class:`Field` s.
-  :meth:`Schema.normalize` returns a fresh dict with every field: a given value goes through the
-  field's ``check(name, value)`` (it normalises or raises ``TypeError`` / ``ValueError`` naming
-  the field), an absent one takes the field's ``default``, and an absent required field (no
-  default) raises ``ValueError``. A field's ``joint`` check runs right after the field, on the
-  case normalised so far (a check across fields, e.g. a codebook legal only with its bits; it
-  may rewrite those entries). An unknown field raises ``ValueError`` worded by the schema's
-  ``unknown`` template (:data:`UNKNOWN_IN_TABLE` or :data:`UNKNOWN_SORTED`); a case that is not
-  a mapping raises ``TypeError``. Generic field checks: :func:`positive_int`, :func:`optional`,
+Layout:
+* **Cases** are plain mappings, validated per field by a :class:`Schema` of :class:`Field` s:
+  :meth:`Schema.normalize` returns a fresh dict (each value through the field's ``check``, which
+  normalises or raises naming the field; absent ones take the ``default``; an absent required
+  field, an unknown field or a non-mapping raises). A field's ``joint`` check runs on the case
+  normalised so far. Generic checks: :func:`positive_int`, :func:`optional`,
   :func:`int_choice`, :func:`str_choice`.
-* A :class:`Condition` is one named gate of a row: ``holds(case)``, and ``describe(case)``
-  saying why it failed.
-* A :class:`Row` is a path: a name, a description, named conditions (their conjunction is the
-  row's ``predicate``; the **first failed condition is the rejection reason**, :meth:`Row.failed`)
-  and the row's answer ``value`` (a constant, or ``value(case)`` when callable).
-* A :class:`DecisionTable` is what ``oracle.dispatch`` checks — ``name``, ``paths`` (rows in
-  priority order), ``boundaries`` and ``explain(case)`` — plus ``decide(case)`` (the chosen row's
-  value), ``normalize_case`` and ``fields``. :meth:`DecisionTable.explain` returns an
-  :class:`Explanation` ``(path, reasons, value)`` (or the table's ``explanation`` subclass): one
-  reason per row considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case no
-  row accepts raises ``ValueError`` ``"case: <refusal> (<every reason>)"`` (fail closed).
-  ``paths`` are the declared rows; a table given ``current_rows`` (a zero-argument callable, e.g.
-  reading a module global ``ROWS``) has ``explain`` consult what it returns at every call, so a
-  test that replaces the global plants a fault the oracle must catch against ``paths``.
+* A :class:`Condition` is one named gate: ``holds(case)`` and ``describe(case)`` (why it failed).
+* A :class:`Row` is a path: name, description, named conditions (the **first failed condition is
+  the rejection reason**, :meth:`Row.failed`) and the answer ``value`` (constant or callable).
+* A :class:`DecisionTable` is what ``oracle.dispatch`` checks (``name``, ``paths``,
+  ``boundaries``, ``explain``) plus ``decide``, ``normalize_case`` and ``fields``.
+  :meth:`DecisionTable.explain` returns an :class:`Explanation` ``(path, reasons, value)``; a
+  case no row accepts raises ``ValueError`` with every reason (fail closed). With
+  ``current_rows``, ``explain`` consults the rows it returns at every call (so a test can plant
+  a fault the oracle must catch against ``paths``). Details: docs/notes/b12x.md.
 * :class:`Boundary` declares both sides of a threshold as data (the fields of
   ``oracle.dispatch.Boundary``: b12x cannot import the oracle).
 
-Invariants
-----------
-* ``explain`` is a pure function of the case: it reads, never mutates, and gives the same answer
-  for equal cases. Every row sees the case normalised once by the table's schema.
-* Nothing here knows a particular table: no field name, threshold or path name.
+Invariants: ``explain`` is a pure function of the case, every row seeing the case normalised
+once; nothing here knows a particular table (no field name, threshold or path name).
 """
 
 from __future__ import annotations

@@ -1,87 +1,32 @@
 """The compile cache: one structural key per kernel specialisation, kept in memory and on disk.
 
-Layout
-------
-* :class:`CompileKey` is a frozen dataclass of plain data: the kernel id, every codegen input as
-  sorted ``(field, value)`` pairs, the target arch (``"sm_90"``), the CuTe DSL version, the ABI
-  version read from the signature lock (:func:`b12x.abi.abi_version`) and a SHA-256 of the kernel
-  module sources. :func:`make_key` builds one; :func:`launch_key` builds (once) the key of a spec
-  dataclass whose fields are every codegen input of its kernel.
-* :class:`CompileCache` maps ``CompileKey -> compiled object`` in memory, backed by an optional
-  :class:`DiskStore`. :data:`CACHE` is THE process cache (backed by the disk store of
-  :func:`cache_root`): every launch path resolves its kernels through :func:`compiled_kernel`
-  (``cute.compile`` itself does not cache). The caller names the kernel id, the source modules
-  and the builder: that caller is :func:`b12x.launch.kinds.compiled`, the kernel-kind registry
-  (kind name = kernel id, sources derived from the builder's imports), so this module never
-  imports a spec, a builder or a kernel. The compiled object is the tvm-ffi callable, which
-  launches on torch's current stream.
-* Resolving a key: memory hit -> the object. Miss -> refused while frozen or capturing (below);
-  else the disk entry is loaded if there is a valid one; else ``build()`` compiles, the result is
-  exported to the disk entry and loaded back from it, so the object this process launches is the
-  one the next process will load. :func:`stats` counts memory hits, compiles and disk loads /
-  writes with their seconds; ``B12X_COMPILE_STATS=FILE`` appends them as one JSON line per
-  process at exit (``benchmarks/oracle_job.py`` reads it).
-* The freeze switch: :func:`freeze`, :func:`unfreeze`, :func:`is_frozen` and the context manager
-  :func:`frozen`. After warm-up the caller freezes; a memory miss while frozen, or while the
-  current (or a given) CUDA stream is capturing a graph, raises :class:`KernelResolutionFrozen`
-  naming the key, before anything is compiled **or loaded from disk**.
-* :func:`dump_dir`: where this process's ``--keep-ptx`` / ``--keep-cubin`` files go
-  (:func:`b12x.launch.toolchain.compile_options` passes it as ``--dump-dir``), never the working
-  directory.
+Layout:
+* :class:`CompileKey` (frozen, plain data): the kernel id, every codegen input as sorted
+  ``(field, value)`` pairs, the target arch, the CuTe DSL version, the ABI version
+  (:func:`b12x.abi.abi_version`) and a SHA-256 of the kernel module sources; :func:`make_key`
+  builds one, :func:`launch_key` the key of a spec dataclass.
+* :class:`CompileCache` maps keys to compiled tvm-ffi callables in memory, backed by an optional
+  :class:`DiskStore`; :data:`CACHE` is THE process cache. Every launch path resolves through
+  :func:`compiled_kernel`, called by :func:`b12x.launch.kinds.compiled` (the kernel-kind
+  registry names the kernel id, sources and builder), so this module imports no spec, builder
+  or kernel.
+* Resolving a key: memory hit; else refused while frozen or capturing; else a valid disk entry
+  is loaded; else ``build()`` compiles, exports to disk and loads back what it wrote.
+  :func:`stats` counts hits, compiles, loads and writes (``B12X_COMPILE_STATS=FILE`` appends them
+  as JSON at exit). :func:`freeze` / :func:`unfreeze` / :func:`frozen` / :func:`is_frozen`: a
+  memory miss while frozen or capturing raises :class:`KernelResolutionFrozen` naming the key,
+  before anything is compiled **or loaded from disk**. :func:`dump_dir` holds ``--keep-ptx``
+  files.
+* The disk cache (``$B12X_CACHE_DIR``, ``off`` to disable; else the XDG cache): one
+  ``v1/<kernel>/<digest>.kobj`` per kernel, the digest over the key, the toolchain and the
+  dependency closure of the sources; atomic ``os.replace`` writes, no locks; an entry whose
+  header or payload hash disagrees is discarded with a :class:`CompileCacheWarning`.
+  ``python -m b12x.runtime.compile_cache [--clear]``. Details: docs/notes/b12x.md.
 
-The disk cache
---------------
-* Where: ``$B12X_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/b12x/kernels``, else
-  ``~/.cache/b12x/kernels``; ``B12X_CACHE_DIR=off`` (or ``0``/``none``/``false``) keeps kernels
-  in memory only. Read when this module is imported.
-* Layout under the root::
-
-      v1/<kernel>/<digest>.kobj    one kernel; "v1" is DISK_FORMAT (entry format + digest recipe)
-      v1/<kernel>/.tmp-*           a write in progress (renamed into place when complete)
-      dumps/<host>-<pid>-*/        PTX/CUBIN dumps of a running process (removed at its exit,
-                                   or by the next process on the host if it died first)
-
-* ``<digest>`` = SHA-256 of canonical JSON of: the whole :class:`CompileKey` (every codegen
-  field, arch, DSL version, ABI version, source hash), the toolchain (:func:`toolchain`: CuTe DSL
-  and tvm-ffi versions, the DSL's CUDA flavour and its own compile-affecting settings such as
-  ``CUTE_DSL_LINEINFO``, the host machine) and :func:`dependency_hash` of the key's source
-  modules (every b12x module they import, transitively; the registry already passes such a
-  closure, and the digest recomputes it, so no caller can leave a helper out). Our key decides
-  identity; the DSL's own cache key is unused.
-* A ``.kobj`` file is ``MAGIC``, an 8-byte little-endian header length, a JSON header (format,
-  the key record, toolchain, dependency hash, symbol, payload SHA-256 and size, compile seconds)
-  and the payload: the ELF object that ``export_to_c`` writes for a tvm-ffi compiled function,
-  holding the host launcher and the cubin. Loading stages the payload to a private file and calls
-  ``cutlass.cute.runtime.load_module(..., enable_tvm_ffi=True)`` (JIT-linked in memory; no GPU is
-  touched until the first launch, which loads the cubin, as after a compile).
-* Concurrency: writers export to a private temporary file and ``os.replace`` it into place, so
-  readers (other pytest-xdist workers, the oracle's shard subprocesses) see a complete entry or
-  none. Two processes that miss the same key at once may both compile; the last rename wins and
-  both entries are valid. There is no lock to wait on or go stale.
-* Never stale, never corrupt: an entry is used only if its header repeats the expected key,
-  toolchain and dependency hash and its payload matches the recorded SHA-256; otherwise (or if the
-  DSL fails to load it) it is discarded with a :class:`CompileCacheWarning` and recompiled.
-* Freeze rule: a disk hit is not a compile, but it IS a kernel this process never warmed up, and
-  its first launch loads a CUDA module. So the disk is consulted only where a compile would be
-  allowed: frozen or capturing, a memory miss raises whatever the disk holds. The freeze switch
-  keeps one meaning whatever state the disk is in.
-* Clearing: ``python -m b12x.runtime.compile_cache --clear`` (without ``--clear`` it shows the
-  root, entry count and size), or ``rm -r`` of the root it prints. Entries of
-  older sources or toolchains are never served; ``--clear`` is how to reclaim their space.
-
-Invariants
-----------
-* Keys are structural: values are ints, strs, bools, floats, None, torch dtypes (by name) and
-  tuples / frozen dataclasses of those. Anything else (an object whose ``repr`` is an address, a
-  tensor, a stream) is a ``TypeError``: two equal keys always mean the same compiled code, and a
-  field that changes codegen always changes the key.
-* Runtime-only values (M, pointers, split sizes passed as kernel arguments) are not key fields.
-* There is one cache and one switch; every launch path reaches :func:`compiled_kernel` through
-  :func:`b12x.launch.kinds.compiled`, so no layer can compile behind the switch.
-* A launch key is built once per ``(spec, arch)`` and memoised: the loaded kernel code cannot
-  change under a running process (an edited source file gives a new key in the next process).
-* The disk is an accelerator, never a dependency: any I/O error on it is a warning, and the
-  kernel is compiled (and kept in memory) as if there were no disk cache.
+Invariants: keys are structural (ints, strs, bools, floats, None, dtypes by name, tuples and
+frozen dataclasses of those; anything else is a ``TypeError``), so equal keys mean the same
+code and a codegen change changes the key; runtime-only values are not key fields; one cache,
+one switch, and no launch path compiles behind it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The disk store of the compile cache: entries shared by processes (the layout, digest,
-concurrency and freshness rules are in :mod:`b12x.runtime.compile_cache`'s docstring, "The disk
-cache").
+concurrency and freshness rules: docs/notes/b12x.md, ``b12x/runtime/compile_cache.py``).
 
 Layout
 ------

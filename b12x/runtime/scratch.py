@@ -1,7 +1,6 @@
 """Named caller-owned buffers: their specs, plan-time allocation, and bind-time checks.
 
-Layout
-------
+Layout:
 * :class:`BufferSpec` — ``(name, shape, dtype, role)`` of one buffer an op needs; ``role`` is
   ``"output"`` (the result the caller reads) or ``"scratch"`` (anything else the op writes).
   A plan carries a tuple of them, exactly the buffers its path uses and nothing more.
@@ -24,8 +23,7 @@ Layout
   :func:`require_buffer` on the anchor's device, kept by identity in a read-only mapping) serve
   every op; a plan class takes ``buffer_names`` / ``buffer(name)`` from :class:`PlannedBuffers`.
 
-Invariants
-----------
+Invariants:
 * Nothing in this module allocates except :func:`allocate_buffers`.
 * A one-element placeholder never satisfies a larger spec: shapes are compared exactly.
 """

@@ -36,8 +36,7 @@ __all__ = ["ARCHES", "MMA", "run", "spec_name"]
 
 ARCHES = ("sm_80", "sm_90", "sm_120")
 MMA = "mma.sync.aligned.m16n8k16"
-#: The default job's compile budget: the representative specializations compile cold in about
-#: 65 s on a 2-core CPU machine (2026-12-04), so 40 s left five of eleven unchecked there.
+#: The default job's compile budget. Chosen by measurement: docs/evidence/oracle-compile-budget.md
 DEFAULT_BUDGET_S = 150.0
 CACHE_NAME = ".compile_cache.json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

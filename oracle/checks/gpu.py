@@ -21,15 +21,8 @@ dtypes at least once; ``--heavy`` (or a filter naming ``heavy``) selects the hea
 line per reason. A failing case is saved and its reason carries the exact replay command;
 :func:`replay_saved` re-judges a saved case.
 
-A pinned tile (``python -m oracle run --tile KxNxT``, ``CheckContext.tile``): :func:`pinned_cases`
-keeps the dense cases whose problem the tile qualifies for — each planned through the contract's
-graph op with ``tile=`` (``plan_dense`` pins it through THE predicate
-``b12x.ops.dense.tiles.qualify``; a ``tile:`` refusal means it does not qualify) — and the runner
-plans each with the same ``tile=`` (results ``….tile_<KxNxT>``). The wave-balanced FC2 tile pins
-nothing on the dense linear (FC2 only): it is judged through the MoE runner on the uniform,
-unpaired MoE cases whose plan on this device takes it (a ``moe_fc2_tile`` decision on the
-``wave_balanced`` row). No qualifying case is a ``fail`` naming the tile, never a pass. A pinned
-run judges the grid in-process and leaves the graph protocol (not tile-pinned) out, one ``skip``.
+A pinned tile (``python -m oracle run --tile KxNxT``): :func:`pinned_cases` keeps the cases the
+tile qualifies for; none is a ``fail`` naming the tile (details: docs/notes/oracle.md).
 """
 
 from __future__ import annotations

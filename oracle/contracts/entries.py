@@ -1,68 +1,23 @@
 """Calls into marked kernel entries and shared bodies: how many the checker binds by name.
 
-Definition
-----------
 A *marked entry* is a package function decorated ``@abi_entry`` or ``@shared_body``
-(:data:`MARKERS`, matched by the decorator's last name, as everywhere in this package). An *entry
-call* is a call expression in the package that is one of:
+(:data:`MARKERS`). An *entry call* is a call that is ``direct`` (its callee resolves,
+:mod:`.resolve`, to a marked entry), ``record`` (it passes a launch record, ``f(*Rec(...).args())``
+or ``f(*rec.args())``) or ``launch`` (an unresolvable call of a *compiled kernel*: the result of
+a compile provider, :data:`COMPILE_SEEDS`, :data:`COMPILE_EXTERNALS` and every function returning
+a provider's result, to a fixed point). It is *resolved* when bound, every argument matched, to
+the entry's signature: a ``direct`` call without unpacking (:func:`~.binding.bind_call`), a
+``record`` call whose record class is bound to a marked entry; a ``launch`` never is.
 
-``direct``
-    the checker resolves its callee (:mod:`.resolve`) to a marked entry;
-``record``
-    it passes a launch record, ``f(*Rec(...).args())`` or ``f(*rec.args())`` with ``rec = Rec(...)``
-    assigned once in the scope, where ``Rec`` is a *launch-record class* (below), whatever ``f`` is;
-``launch``
-    its callee is unresolved but is a *compiled kernel*: ``fn(...)`` where the local ``fn`` was
-    assigned the result of a compile provider, or ``provider(...)(...)``. Compile providers are
-    the package functions named in :data:`COMPILE_SEEDS` (the compile-cache lookups
-    ``compiled_kernel`` / ``get_or_compile``), the imports in :data:`COMPILE_EXTERNALS`
-    (``cute.compile``), and, to a fixed point, every function with a ``return`` of a provider's
-    result (``kinds.compiled``, ``KernelKind.compile``, ``host._kernel`` in b12x). Which kernel
-    such a ``fn`` is cannot be told statically, so a bare launch is counted and never resolved:
-    the metric shows every positional launch into a compiled kernel.
+Launch records: a class with a class attribute ``entry`` (:data:`RECORD_ATTR`; a dotted
+qualname string or a reference) names its kernel entry, which must be marked. Its keyword
+construction is bound to the entry's signature (``unknown-keyword``, ``duplicate-binding``,
+``arity`` except :data:`ENV_SUPPLIED` and defaulted parameters, ``shared-body-default``, the
+pinned slots), and the fields the class writes out must be exactly the entry's launch
+parameters (:func:`launch_parameters`), so a kernel signature that changed under its record is
+caught without a GPU. The rules in full: docs/notes/oracle.md.
 
-An entry call is *resolved* when it is bound, every argument matched, to the entry's signature:
-a ``direct`` call binds without error and without ``*x``/``**y`` unpacking (the existing
-binding, :func:`~.binding.bind_call`); a ``record`` call is resolved when its record class is
-bound to a marked entry, ``*rec.args()`` is the call's only argument, and the record's
-construction binds by keyword to that entry as below. A ``launch`` is never resolved.
-
-Launch-record convention
-------------------------
-A *launch-record class* is a class (a ``class`` statement of the package) with a class attribute
-``entry`` (:data:`RECORD_ATTR`), on the class itself or a package base class, that names its
-kernel entry:
-
-* a string, the dotted qualname in the package: a kernel class,
-  ``entry: ClassVar[str] = "b12x.kernels.moe_gemm.MoeGroupedGemmKernel"``, which stands for its
-  ``__call__``, or a method or function (``"...MoeGroupedGemmKernel.__call__"``,
-  ``"b12x.ops.moe.run.launch_grouped_gemm"``); re-exports are followed; or
-* a reference as written in the module: ``entry = MoeGroupedGemmKernel`` or
-  ``entry = moe_gemm.MoeGroupedGemmKernel.__call__``.
-
-``entry`` annotated without a value (``entry: ClassVar[str]`` on a shared base) or ``entry = None``
-makes no record. The named entry must be marked ``@abi_entry`` (or ``@shared_body``): the record's
-calls are unresolved until it is, and an ``entry`` that names nothing in the package is a
-``launch-record`` violation. Checks, all of them violations that also leave the call unresolved:
-
-* the construction ``Rec(a=..., b=...)`` is bound to the entry's signature (``self`` dropped for
-  a method): every field by keyword (a positional field is a ``launch-record`` violation), each
-  naming a parameter of the entry (``unknown-keyword``), once (``duplicate-binding``); every
-  parameter must be given except those the launch environment supplies (:data:`ENV_SUPPLIED`:
-  ``stream``, the tvm-ffi environment stream) or that have a default (``arity``); a shared-body
-  entry also refuses defaults (``shared-body-default``); the pinned slots (:mod:`.slots`) apply
-  to the entry's parameters through the record;
-* fields the class writes out (annotated class attributes, ``ClassVar`` excluded; bases
-  included) must be exactly the entry's launch parameters (:func:`launch_parameters`), else a
-  ``launch-record`` violation at the class: a kernel signature that changed under its record is
-  caught without a GPU. A record whose fields are made at run time writes none and is only
-  checked at its constructions.
-
-How ``args()`` orders the fields (from the entry's signature, at run time) is the record's own
-business; the checker needs only the class, its ``entry`` and keyword constructions.
-
-Invariants
-----------
+Invariants:
 * Standard library only; works on :mod:`.resolve`'s call sites and :mod:`.index` alone.
 * Every entry call is counted exactly once (``record`` before ``direct`` before ``launch``).
 * An empty denominator reads as 100 % (nothing to bind, nothing unbound).

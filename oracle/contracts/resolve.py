@@ -1,34 +1,21 @@
 """Find every call site in a package and resolve it, statically, to a function of the package.
 
-Layout
-------
-* :func:`iter_call_sites` walks every module of a :class:`~.index.PackageIndex` (module level,
-  class bodies, functions, methods, nested functions) and yields a :class:`CallSite` for every
+Layout:
+* :func:`iter_call_sites` walks every module of a :class:`~.index.PackageIndex` (module level, class
+  bodies, functions, methods, nested functions) and yields a :class:`CallSite` for every
   ``ast.Call`` it sees, resolved or not.
 * A :class:`Scope` carries what is known where a call is written: the module, the enclosing class
-  and the name of ``self``/``cls``, local variables with a known class (``v = ClassName(...)``,
-  ``p: ClassName``), and nested ``def``s.
-* :func:`collect_call_sites` returns the same sites as a list together with, per function
-  qualname, the *producers* of what it returns (see below): :mod:`.entries` derives from them
-  which functions hand out compiled kernels.
-* Resolution rules (everything else is left unresolved and is simply not checked):
-  ``f(...)`` (module function, imported function, nested def); ``ClassName(...)`` and
-  ``cls(...)`` → ``__init__`` (bound); ``obj(...)`` → ``__call__``; ``mod.f(...)`` through
-  ``import``/``from`` imports (relative too); ``self.m(...)``, ``cls.m(...)``,
-  ``super().m(...)``; ``self.attr.m(...)`` through the class's inferred attribute types (the way
-  ``self.driver._moe_body(...)`` is reached); ``v.m(...)`` for typed locals;
-  ``ClassName.m(...)`` (unbound: ``self`` is an explicit argument); and
-  ``functools.partial(f, ...)``, checked as a partial binding against ``f``.
-* Facts kept for the entry-call count (:mod:`.entries`), whether or not the call resolved:
-  ``producers`` of the callee expression (``fn(...)`` where the local ``fn`` was assigned
-  ``g(...)``, or ``g(...)(...)``: the qualname of ``g`` when it is a package function, its
-  dotted name when imported, ``?.attr`` for a method of an unknown object) and ``record``, a
-  launch-record argument ``*Rec(...).args()`` / ``*rec.args()`` with every construction the
-  argument may come from (flow-insensitive: each assignment of ``rec`` in the scope) and its
-  class.
+  and the name of ``self``/``cls``, local variables with a known class (``v = ClassName(...)``, ``p:
+  ClassName``), and nested ``def``s.
+* :func:`collect_call_sites` returns the same sites as a list together with, per function qualname,
+  the *producers* of what it returns (see below): :mod:`.entries` derives from them which functions
+  hand out compiled kernels.
+* Resolution rules (module, imported and nested functions, constructors, ``__call__``, methods
+  through ``self`` / ``cls`` / ``super()`` / typed locals and attributes, ``functools.partial``;
+  anything else unresolved, not checked) and the ``producers`` / ``record`` facts kept for
+  :mod:`.entries`: docs/notes/oracle.md.
 
-Invariants
-----------
+Invariants:
 * ``skip_first`` on a resolved call site is true exactly when Python supplies the first
   parameter implicitly (bound method, classmethod, constructor), never for staticmethods or
   unbound ``Class.method(obj, ...)`` calls.

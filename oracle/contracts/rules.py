@@ -1,35 +1,18 @@
 """The call-site rules of the ABI contract checker, and the violation record they produce.
 
-Layout
-------
+Layout:
 * :class:`Violation` is one finding: rule id, file, line, caller, callee, parameter, argument
   expression (``ast.unparse``) and a message. ``severity`` is ``"error"`` for violations and
   ``"info"`` for things that cannot be verified statically.
 * :func:`check_call_site` applies every call rule to one resolved :class:`~.resolve.CallSite`:
 
-  ``arity`` / ``unknown-keyword`` / ``duplicate-binding``
-      the call does not bind to the callee's signature (what Python would raise at run time);
-  ``shifted-argument``
-      a positional argument that is a bare name equal to one of the callee's parameter names
-      binds to a *different* parameter: the signature grew or shrank under a stale call site
-      (spec §5.3: ``smem_base`` landing in ``weight_num_experts``);
-  ``shared-body-positional`` / ``shared-body-default`` / ``shared-body-unpacking``
-      a call into a ``@shared_body`` passes an argument positionally, relies on a default, or
-      hides its arguments behind ``*x``/``**y``;
-  ``pinned-slot``
-      see :mod:`.slots`;
-  ``shared-body-signature`` (info)
-      (:func:`check_shared_body_definition`) a ``@shared_body`` whose own signature invites
-      stale calls: a parameter other than ``self``/``cls`` that is not keyword-only, or a default
-      (b12x/abi.py). An info, not a violation: the call rules already make every call safe;
-  ``unverifiable`` (info)
-      a call with ``*x``/``**y`` unpacking into an ordinary function.
+  ``arity`` / ``unknown-keyword`` / ``duplicate-binding``, ``shifted-argument`` (a bare-name
+  positional binding to a *different* parameter: spec §5.3), ``shared-body-positional`` /
+  ``-default`` / ``-unpacking``, ``pinned-slot`` (:mod:`.slots`), and the infos
+  ``shared-body-signature`` and ``unverifiable``. Each rule: docs/notes/oracle.md.
+  Launch records are bound by :mod:`.entries` (same rules plus ``launch-record``).
 
-  Launch records (``fn(*Rec(...).args())``) are bound to their kernel entry by :mod:`.entries`,
-  with the same binding rules plus ``launch-record``.
-
-Invariants
-----------
+Invariants:
 * Rules read only the AST and the index; every violation names a file and line of the caller.
 * A partial binding (``functools.partial``) is checked for too many positionals, unknown and
   duplicate keywords, shifts and shared-body positionals, never for missing arguments or

@@ -1,7 +1,6 @@
 """The mutant catalogue: data model, loading and validation, and applying one mutant to a tree.
 
-Layout
-------
+Layout:
 * ``catalogue.toml`` (next to this module) holds ``[[mutant]]`` tables. Fields:
 
   ``id`` (unique, ``[a-z0-9-]``), ``class`` (``R1``..``R16``), ``tier`` (``cpu`` | ``gpu``),
@@ -24,8 +23,7 @@ Layout
 * :func:`apply_mutant` rewrites files under a root; a rewrite that matches zero or several times
   raises :class:`StaleMutant` (the catalogue has rotted: the gate fails).
 
-Invariants
-----------
+Invariants:
 * Applying a mutant only touches the files its edits name, and only under the given root.
 * An edit never matches "approximately": exact text, or exactly one AST node.
 """

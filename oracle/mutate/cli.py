@@ -1,7 +1,6 @@
 """``python -m oracle mutate [--tier cpu|gpu|all] [--json FILE] [--only ID,...]``.
 
-Layout
-------
+Layout:
 * :func:`build_parser` / :func:`main` (``argv -> exit code``). ``--tier`` selects the mutants
   (default ``cpu``); GPU mutants run only where CUDA is present, else they are reported
   "not-applicable" after checking that their rewrite still applies. ``--only`` takes mutant ids;
@@ -19,13 +18,9 @@ JSON report: schema ``oracle.mutate/1`` (:data:`SCHEMA`; fields in ``docs/json_s
 ``--from-json`` refuses (exit 2, one line) a file that is unreadable, not JSON, of another
 schema or missing keys; a file without ``schema`` is the pre-versioning layout, read the same.
 
-``--tier gpu`` without a CUDA device is refused (exit 2) when mutants would run: every GPU
-mutant would be "not-applicable" and the gate would pass without running one (``--list`` and
-``--tier all`` still work; the latter checks that the GPU rewrites apply).
-
-Interruption: Ctrl-C (SIGINT) or SIGTERM stops the run within seconds: every kill command's
-process group is killed, the temporary copies are removed (:func:`oracle.mutate.runner.abort`),
-and the command exits 130.
+``--tier gpu`` without a CUDA device is refused (exit 2) when mutants would run (the gate would
+pass without running one). SIGINT / SIGTERM stop the run within seconds
+(:func:`oracle.mutate.runner.abort`) and exit 130.
 
 Exit code: 0 when no selected mutant survived, went stale, errored or had a failing baseline;
 1 otherwise; 2 for a usage error (unknown id, an ``--only`` id of another tier, bad option,
@@ -100,7 +95,7 @@ def select(mutants: Sequence, tier: str, only: str | None) -> list:
 
     An ``only`` id of another tier is refused, not run: ``--only`` with the default ``--tier
     cpu`` used to run a GPU mutant anyway, which on a CPU machine is "not-applicable", so the
-    gate exited 0 having judged nothing (found 2026-12-07 with a stream-K GPU mutant).
+    gate exited 0 having judged nothing (found with a stream-K GPU mutant).
     """
     if tier not in ("cpu", "gpu", "all"):
         raise ValueError(f"tier: expected cpu, gpu or all, got {tier!r}")

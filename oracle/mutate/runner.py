@@ -1,47 +1,27 @@
 """Running mutants: copy the project, apply one mutant, run its kill command, record the verdict.
 
-Layout
-------
-* :func:`copy_project` copies only :data:`COPIED_PATHS` (reference/, b12x/, oracle/, tests/,
-  fixtures/, pyproject.toml, conftest.py) into a fresh directory; ``__pycache__`` comes along (the
-  sources keep their mtimes, so unchanged modules need no recompiling), and the cached bytecode
-  of every file a mutant edits is deleted.
-* :func:`child_env` / :func:`probe_imports`: kill commands run with the copy as working directory
-  and as the FIRST ``PYTHONPATH`` entry; other entries (a carried CuTe DSL, say) are kept, but any
-  entry that is itself a project checkout (holds ``b12x/__init__.py``, e.g. the original root that
-  a device's ``env.sh`` puts on the path) is dropped, so the copy is what gets imported, ahead of
-  the editable install's path hook too (``probe_imports`` reports the imported files; tests check
-  them, with the original root on ``PYTHONPATH``).
-* :func:`run_mutant` → :class:`MutantResult`: ``not-applicable`` when a required path is missing
-  (with the catalogue's reason) or for a GPU mutant without a GPU (after checking the rewrite still
-  applies), ``stale`` when a rewrite or a kill node id no longer matches, ``killed`` with the first
-  failing test / oracle check as ``killer``, ``survived``, or ``error`` (timeout, crash).
-* :func:`run_baseline` runs the union of the kill commands once on an unmutated copy (in parallel
-  with the mutants): a kill test that already fails there cannot prove anything, and its mutants
-  become ``baseline-failed`` (never counted as killed).
+Layout:
+* :func:`copy_project` copies only :data:`COPIED_PATHS` into a fresh directory (``__pycache__``
+  too; the bytecode of every file a mutant edits is deleted).
+* :func:`child_env` / :func:`probe_imports`: kill commands run in the copy, with the copy FIRST on
+  ``PYTHONPATH`` and every other project checkout dropped, so the copy is what gets imported.
+* :func:`run_mutant` → :class:`MutantResult`: ``not-applicable``, ``stale``, ``killed`` (with the
+  ``killer``), ``survived`` or ``error``. :func:`run_baseline` runs the kill commands once on an
+  unmutated copy: a kill test that already fails there makes its mutants ``baseline-failed``.
 * :func:`run_catalogue` runs mutants in parallel (threads driving subprocesses, up to ``jobs``,
-  default the core count, at most :data:`GPU_JOBS` when GPU mutants run on the one GPU) and
-  returns results in catalogue order. ``isolation="auto"`` forks CPU kill commands from the
-  preloaded server and starts GPU kill commands as fresh processes (CUDA must not be initialised
-  in a forked child's parent). :func:`summarize` gives counts and the kill rate per tier
-  (killed / (killed + survived)); :func:`gate_passed` is the verdict.
+  at most :data:`GPU_JOBS` on the GPU); ``isolation="auto"`` forks CPU kill commands from the
+  preloaded server and starts GPU ones fresh. :func:`summarize` gives the kill rate per tier,
+  :func:`gate_passed` the verdict.
 
-Interruption
-------------
-Every kill-command process (a fresh subprocess, or the fork server whose forked children share
-its process group) starts in its own session and is registered while it lives; every temporary
-copy is registered while it exists. :func:`abort` (called by :func:`run_catalogue` when it is
-interrupted, e.g. Ctrl-C / SIGINT in the CLI) kills every registered process group, refuses to
-start new processes or copies (:class:`Cancelled`), waits briefly for the runner threads to
-unwind and removes every registered copy, so ``python -m oracle mutate`` stops within seconds
-instead of waiting out ``--timeout``, and leaves nothing behind.
+Interruption: every kill-command process group and temporary copy is registered while it lives;
+:func:`abort` (on SIGINT) kills the groups, refuses new ones (:class:`Cancelled`) and removes the
+copies, so ``python -m oracle mutate`` stops within seconds and leaves nothing behind. The full
+notes: docs/notes/oracle.md.
 
-Invariants
-----------
+Invariants:
 * Nothing is written outside the temporary directories, which are removed afterwards.
-* Pytest runs with ``-x -q -p no:cacheprovider --assert=plain`` (a verdict needs pass/fail,
-  not rewritten assertion messages) and the repository's own ``addopts``; the
-  ``PYTEST_*`` variables of an enclosing pytest (xdist worker ids) are not inherited.
+* Pytest runs with ``-x -q -p no:cacheprovider --assert=plain`` and the repository's own
+  ``addopts``; the ``PYTEST_*`` variables of an enclosing pytest are not inherited.
 """
 
 from __future__ import annotations

@@ -12,12 +12,10 @@ Where the judge runs: on the case's device, except for cases of at least
 :data:`HOST_JUDGE_EXPERTS` experts, judged on the host from the host inputs the run's were moved
 from (the kernel still runs on the GPU; its output and observed stages are copied over). The
 reference's per-expert loop issues hundreds of small kernels per expert; with the default job's
-shard processes time-slicing one GPU, an E=256 case took 12–25 s to judge on the H200 (warm job,
-2026-12-03); judged on the host, the warm job went from 106.6 s to 86.7 s. The judge is
-device-agnostic (the CPU tier runs it), so this moves only where it computes. The judge runs
-its envelope once per batch of experts with equal route counts (``oracle.moe_judge``; 2.5 s to
-0.84 s on one core for an E=256, M=129 MCG case); the per-expert reference forwards and decodes
-remain.
+shard processes time-slicing one GPU, a many-expert case judges faster on the host
+(docs/evidence/oracle-sharding.md). The judge is device-agnostic (the CPU tier runs it), so this
+moves only where it computes. The judge runs its envelope once per batch of experts with equal
+route counts (``oracle.moe_judge``); the per-expert reference forwards and decodes remain.
 """
 
 from __future__ import annotations

@@ -3,27 +3,26 @@
 A 16-bit state (codeword) is decoded in three stages, each a small function here:
 
 1. **Graph** (:func:`xor_graph_rank`). The codeword ``cw = (h << b) | beta`` splits into the
-   retained history ``h`` (top ``w = 16 - b`` bits) and the branch symbol ``beta`` (low ``b``
-   bits). ``h`` goes through a bijective xorshift pair on ``w`` bits and an affine u32 map
-   ``p = 0x3FA7D929 * m + 0xC928FD8E``; the rank is
-   ``((bitrev_b(beta) ^ (p >> (32 - b))) << w) | (p & (2^w - 1))``. The map is a bijection on
-   0..65535 for every ``b``, and the ``2^b`` successors of one history share the phase (low
-   ``w`` bits) and occupy all ``2^b`` strata (top ``b`` bits). The same graph serves
-   ``sqg_fp16`` at b = 5, 6 (see :mod:`reference.codebooks.sqg_fp16`).
-2. **Staircase** (:func:`staircase_byte`). The sign is ``rank < 0x8000`` (negative), the
-   magnitude index is ``m = (rank & 0x7FFF) ^ (0x7FFF if negative)``, and the E4M3FN code
-   magnitude is the number of the 77 cut points of :data:`CHEB_TRANSITIONS` that are ``<= m``.
-   Negative codes carry bit 0x80, except zero (no negative zero). 0x7F/0xFF never occur.
-3. **T12** (:func:`t12_table`). The served table keeps one byte per 16 consecutive ranks: the
-   modal staircase byte of ranks ``16i .. 16i+15``. A tie between two equally frequent bytes
-   goes to the smaller **byte code** (unsigned 0..255), not the smaller E4M3 value: for two
-   negative bytes that is the smaller magnitude. Only this reading hashes to the §2.9
-   fingerprint ``cca11fe5…``; ordering ties by E4M3 value changes exactly one entry
-   (T12[1903]: 0xA0 by code, 0xA1 by value) and the hash (the tests check both facts).
+   retained history ``h`` (top ``w = 16 - b`` bits) and the branch symbol ``beta`` (low ``b`` bits).
+   ``h`` goes through a bijective xorshift pair on ``w`` bits and an affine u32 map ``p = 0x3FA7D929
+   * m + 0xC928FD8E``; the rank is ``((bitrev_b(beta) ^ (p >> (32 - b))) << w) | (p & (2^w - 1))``.
+   The map is a bijection on 0..65535 for every ``b``, and the ``2^b`` successors of one history
+   share the phase (low ``w`` bits) and occupy all ``2^b`` strata (top ``b`` bits). The same graph
+   serves ``sqg_fp16`` at b = 5, 6 (see :mod:`reference.codebooks.sqg_fp16`).
+2. **Staircase** (:func:`staircase_byte`). The sign is ``rank < 0x8000`` (negative), the magnitude
+   index is ``m = (rank & 0x7FFF) ^ (0x7FFF if negative)``, and the E4M3FN code magnitude is the
+   number of the 77 cut points of :data:`CHEB_TRANSITIONS` that are ``<= m``. Negative codes carry
+   bit 0x80, except zero (no negative zero). 0x7F/0xFF never occur.
+3. **T12** (:func:`t12_table`). The served table keeps one byte per 16 consecutive ranks: the modal
+   staircase byte of ranks ``16i .. 16i+15``. A tie between two equally frequent bytes goes to the
+   smaller **byte code** (unsigned 0..255), not the smaller E4M3 value: for two negative bytes that
+   is the smaller magnitude. Only this reading hashes to the §2.9 fingerprint ``cca11fe5…``;
+   ordering ties by E4M3 value changes exactly one entry (T12[1903]: 0xA0 by code, 0xA1 by value)
+   and the hash (the tests check both facts).
 
-:func:`direct_table` folds the graph and T12 into one 3 x 65536 byte table,
-``direct[((b - 2) << 16) | state] = T12[rank_b(state) >> 4]``. :func:`state_bytes` is one rate
-slice of it and :func:`values` widens it exactly to fp16 via :func:`e4m3fn_to_float`.
+:func:`direct_table` folds the graph and T12 into one 3 x 65536 byte table, ``direct[((b - 2) << 16)
+| state] = T12[rank_b(state) >> 4]``. :func:`state_bytes` is one rate slice of it and :func:`values`
+widens it exactly to fp16 via :func:`e4m3fn_to_float`.
 
 Invariants: every table is built once (``functools.cache``) and handed out as a fresh clone, so
 callers may mutate what they get without corrupting the cache. All integer arithmetic is int64
@@ -158,7 +157,7 @@ def e4m3fn_to_float(codes: torch.Tensor) -> torch.Tensor:
     return value.to(torch.float32)  # exact: at most 4 significant bits, exponents -9..8
 
 
-#: Name used in docs/architecture.md; same function.
+#: Name used in reference/README.md; same function.
 e4m3_to_float = e4m3fn_to_float
 
 

@@ -1,11 +1,10 @@
 """The dense dispatch table (R2): both sides of every boundary, reachability, explain reasons.
 
 Every expected path below is written from spec §5.5 (PR #136 gate) and R2's boundaries,
-not read back from the table. The decode_matmul threshold (M >= 129) is the H200
-crossover measured on 2026-12-03: the generic GEMM's shared-decode mainloop beats decode +
-cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us; 128: 300 vs 407) and loses from two
-(M = 256: 588 vs 402). M = 128 stays fused, M = 129 decodes first; the K6 row (M <= 128) and
-decode_matmul no longer overlap.
+not read back from the table. The decode_matmul threshold (M >= 129) is the measured
+crossover (docs/evidence/dense-decode-matmul-threshold.md): the generic GEMM's shared-decode
+mainloop beats decode + cuBLAS for one 128-row M tile and loses from two. M = 128 stays fused, M =
+129 decodes first; the K6 row (M <= 128) and decode_matmul no longer overlap.
 """
 
 from __future__ import annotations
@@ -109,8 +108,9 @@ def test_k6_reaches_m_1_and_m_from_129_takes_decode_matmul():
 @pytest.mark.parametrize("m", [1, 16, 32, 48, 63, 64, 65, 128, 129, 256, 257, 1024, 4096])
 def test_decode_matmul_threshold_is_the_measured_crossover(cap, m):
     """Off the K6 gate (K4), M >= 129 decodes first on every sm_80+ part but sm_90 (two
-    shared-decode M tiles lose to decode + cuBLAS, H200 2026-12-03), where the swap-AB mainloop
-    keeps the fused GEMM up to one 256-token tile (H100 2026-12-06); below, the fused GEMM."""
+    shared-decode M tiles lose to decode + cuBLAS), where the swap-AB mainloop keeps the fused
+    GEMM up to one 256-token tile (docs/evidence/dense-decode-matmul-threshold.md); below, the
+    fused GEMM."""
     got = D.explain({**BASE, "capability": cap, "bits": 4, "m": m}).path
     threshold = 257 if cap == (9, 0) else 129
     assert got == ("decode_matmul" if m >= threshold else "generic")

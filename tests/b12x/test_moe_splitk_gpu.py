@@ -177,7 +177,7 @@ def _experts(e, layout, seed):
 def _routes(e, m, top_k, seed, x_dtype):
     g = torch.Generator().manual_seed(seed)
     # 0.05 keeps every fp16 intermediate finite at H = 2048, I = 1024 (0.5 overflowed FC2 in
-    # fp16 on the H200, 2026-12-02: inf - inf in the output H128 made NaN, and NaN != NaN)
+    # fp16 on the H200: inf - inf in the output H128 made NaN, and NaN != NaN)
     x = (0.05 * torch.randn(m, H, generator=g)).to(x_dtype)
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
     w = torch.rand(m, top_k, generator=g)

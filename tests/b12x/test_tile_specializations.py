@@ -90,7 +90,7 @@ def test_wave_balanced_fc2_tile_maps_to_the_grouped_gemm_the_fc2_plan_builds():
 )
 def test_a_decoder_capped_below_four_tiles_never_takes_the_wave_fc2_tile(m_tiles, intermediate):
     """D3L (sqg_fp16, wide_tile_cap 2) spilled 400-700 B in the wave tile at m_tiles 4 and at
-    k_split 4 on every arch (``oracle run --tile 32x512x256`` on the H200, 2026-12-03): its FC2
+    k_split 4 on every arch (``oracle run --tile 32x512x256`` on the H200): its FC2
     keeps the default geometry where MCG, same problem, takes the tile."""
     from b12x.formats import resolve_format
     from b12x.ops.moe.dispatch import FC2_TILE

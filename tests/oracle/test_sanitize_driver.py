@@ -1,7 +1,7 @@
 """CPU: ``scripts/sanitize_driver.py`` never passes an empty selection as a clean run.
 
 The sanitizer session runs the driver under memcheck and racecheck and reports "0 errors"; a
-``--only`` that matches no case used to run nothing and exit 0 (found on the H100 on 2026-12-06:
+``--only`` that matches no case used to run nothing and exit 0 (found on the H100:
 ``--only dense_swap_cluster,dense_swap_ab`` matched nothing, "driver: 0 ok"). The driver now
 exits 2 before touching a device. Planted: the check removed, the selection falls through to
 the CUDA check, which on this machine prints "skip all" instead of naming the selection.

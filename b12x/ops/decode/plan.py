@@ -1,7 +1,6 @@
 """plan / bind / run of the trellis decode: payload ``int16[K/16, N/16, 16·b]`` → fp16 ``[K, N]``.
 
-Layout
-------
+Layout:
 * :func:`plan_decode` (host only, keyword-only ``k``, ``n``, ``bits``, ``codebook``) validates
   the problem and returns a frozen :class:`DecodePlan`: the problem, the one kernel
   specialisation run launches (``KernelSpec("decode", codebook, bits)``) and its one buffer,
@@ -24,8 +23,7 @@ Layout
   :class:`b12x.ops.dense.plan.DenseOp`): ``plan(problem)`` / ``bind(plan, buffers)`` /
   ``run(bound, inputs)`` (input ``trellis``) / ``freeze()`` / ``compile_unwarmed(plan)``.
 
-Invariants
-----------
+Invariants:
 * K and N are positive multiples of 16 (whole tiles); (codebook, bits) is legal for the kernels
   (:mod:`b12x.formats`). Every check raises ``TypeError``/``ValueError`` naming the argument.
 * The plan decides everything; ``run`` reads it (R15).

@@ -1,7 +1,6 @@
 """Torch custom ops of b12x: ``torch.ops.b12x.trellis_dense_linear`` (``torch.library``).
 
-Layout
-------
+Layout:
 * ``b12x::trellis_dense_linear(Tensor x, Tensor trellis, Tensor suh, Tensor svh, str codebook,
   Tensor? bias=None, int[]? tile=None, int split_k=0, ScalarType? compute_dtype=None) -> Tensor``
   — the dense trellis linear ``[M, K] -> [M, N]`` in ``x.dtype``. ``tile`` is the serialised
@@ -24,8 +23,7 @@ Layout
   validates first, so a value of the wrong schema type raises ``TypeError``/``ValueError``
   naming the argument instead of torch's schema error.
 
-Invariants
-----------
+Invariants:
 * The op is functional (mutates nothing) and has no autograd formula (inference only).
 * Registration happens once, at import of this module.
 """

@@ -1,100 +1,32 @@
 """The declarative dispatch table of the dense trellis linear (docs/architecture.md; R2).
 
-Layout
-------
-* A *case* is a plain mapping: ``capability`` ``(major, minor)``, ``m``, ``bits``, ``codebook``,
-  ``pair_kind`` (``None`` = unpaired), ``compute_dtype`` (``"float16"``/``"bfloat16"``; a
-  ``torch.dtype`` is accepted too), ``external_rotation`` (an external H128 callback is given) and
-  ``explicit_tile`` (a pinned tile spec, or ``None``). Missing optional fields take those defaults.
-  :data:`SCHEMA` validates every field (:func:`normalize_case`).
-* :data:`ROWS` are the paths, in priority order; each row is a :class:`~b12x.ops.tables.Row`
-  with a name, a docstring-like ``description`` and a list of named
-  :class:`~b12x.ops.tables.Condition` s. A row's predicate is the conjunction of its conditions,
-  and the first failed condition is the row's rejection reason. The machinery (fields,
-  conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the table's data.
-  1. ``k6_mcg_small_m`` — the K6/MCG small-M cooperative row (spec §5.5, PR #136 gate):
-     capability (12, 0) only, M ≤ 128, K6, MCG, unpaired, fp16 compute, no external H128 and no
-     explicit tile (an explicit launch configuration bypasses the shortcut, c8d5f33b).
-  2. ``decode_matmul`` — decode Wq once into a caller buffer, then one dense (cuBLAS) GEMM:
-     M ≥ :data:`DECODE_MATMUL_MIN_M` (129; on sm_90 M ≥ :data:`HOPPER_DECODE_MATMUL_MIN_M`,
-     257, for a decoder that runs the tensor-core mainloops: D3L, which spills in them, keeps
-     129, :func:`decode_matmul_min_m`), sm_80+, unpaired, no explicit tile. (Its M range and
-     the K6 row's, M ≤ 128, are disjoint.)
-  3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
-  Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
-  every row's reason (fail closed).
-* :func:`explain` returns an :class:`~b12x.ops.tables.Explanation` ``(path, reasons)`` (its
-  ``value`` is None: the path is the answer): one reason per row considered,
-  ``"<row>: <failed condition>"`` for each rejected row and ``"<row>: selected"``.
-* :data:`BOUNDARIES` declares both sides of every boundary as data for the oracle (M 128/129,
-  K6 vs K5, mcg vs sqg_fp16, fp16 vs bf16, external H128, capability (12,0) vs (12,1)/(9,0)/(8,0),
-  explicit pin, M 128/129 for decode_matmul off the K6 row, on sm_90 256/257, and 128/129 for
-  sqg_fp16 there). :data:`TABLE`
-  (a :class:`~b12x.ops.tables.DecisionTable`) bundles ``name``, ``paths``, ``boundaries`` and
-  ``explain`` in the shape :mod:`oracle.dispatch` checks (its ``Boundary`` has the same fields);
-  it reads :data:`ROWS` at every call.
+Layout: a *case* is a plain mapping: ``capability`` ``(major, minor)``, ``m``, ``bits``,
+``codebook``, ``pair_kind`` (``None`` = unpaired), ``compute_dtype`` (``"float16"`` /
+``"bfloat16"``; a ``torch.dtype`` too), ``external_rotation`` (an external H128 callback) and
+``explicit_tile`` (a pinned tile spec, or ``None``); missing optional fields take defaults and
+:data:`SCHEMA` validates every field (:func:`normalize_case`). :data:`ROWS` are the paths in
+priority order, each a :class:`~b12x.ops.tables.Row` whose predicate is the conjunction of its
+named conditions (the first failed one is its rejection reason; machinery in
+:mod:`b12x.ops.tables`, the data here):
 
-Evidence for the decode_matmul threshold
-----------------------------------------
-sm_90, H100 80GB, 2026-12-06 (``benchmarks/dense_shared_decode_sweep.py --geometries
-0x1x8x8s,0x2x8x8s``, 8192 x 28672 MCG K4 bf16, GEMM alone against the whole linear of decode +
-cuBLAS, us): the swap-AB mainloop (one 256-token tile decodes the weight once) takes M = 128 in
-161.0 (tensor_core row 192.9) and M = 256 in 327.8 (decode + cuBLAS 415.4), but M = 1024 in
-1385.7 (four token tiles decode the weight four times; decode + cuBLAS 875.9) and M = 4096 in
-5111.1 (3219.6). Two tiles at M = 512 would cost about twice M = 256's 328 us, above decode +
-cuBLAS (209 us decode + about 330 us cuBLAS), so on sm_90 decode_matmul starts at M = 257.
-Caveat: a Hopper layer whose N is not a multiple of 256 has no swap-AB row
-(:mod:`b12x.ops.dense.mainloop`) and runs the slower mma.sync shared decode at 129..256.
+1. ``k6_mcg_small_m`` — the K6/MCG small-M cooperative row (spec §5.5, PR #136 gate):
+   capability (12, 0), M ≤ 128, K6, MCG, unpaired, fp16, no external H128, no explicit tile.
+2. ``decode_matmul`` — decode Wq once into a caller buffer, then one cuBLAS GEMM: M ≥
+   :func:`decode_matmul_min_m` (:data:`DECODE_MATMUL_MIN_M`; on sm_90
+   :data:`HOPPER_DECODE_MATMUL_MIN_M` unless the decoder spills in the tensor-core mainloops),
+   sm_80+, unpaired, no explicit tile (disjoint from the K6 row's M range).
+3. ``generic`` — rotation, trellis GEMM with split-K, rotation: any sm_80+ part, unpaired.
 
-H200 run 2026-12-03 (``benchmarks/dense_shared_decode_sweep.py``, table in
-:mod:`b12x.ops.dense.mainloop`): the generic GEMM's **shared-decode** mainloop beats decode +
-cuBLAS for one 128-row M tile (M = 64: 207 vs 316 us whole linear; M = 128: 300 vs 407) and
-loses from two (M = 256: 588 vs 402), so the threshold moved from 64 to 129, where the second M
-tile starts. The evidence for the old threshold (64, the per-warp decode only) follows.
+Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``ValueError`` with
+every row's reason (fail closed). :func:`explain` returns an Explanation ``(path, reasons)``,
+``"<row>: <failed condition>"`` per rejected row and ``"<row>: selected"``. :data:`BOUNDARIES`
+declares both sides of every boundary as data for the oracle; :data:`TABLE` bundles name, paths,
+boundaries and ``explain`` in the shape :mod:`oracle.dispatch` checks, reading :data:`ROWS` at
+every call. The thresholds: docs/evidence/dense-decode-matmul-threshold.md; what bounds the
+decode_matmul row: docs/evidence/dense-decode-matmul-bounds.md.
 
-H200 run 2026-12-02, ``benchmarks/dense_trellis.py``, K × N = 8192 × 28672, MCG: the fused trellis
-GEMM is about 1.0× the cuBLAS time at M ≤ 16 and wins there; decode-then-cuBLAS is 2.0–2.8×
-faster than the fused GEMM at M = 64..256, 1.3–1.4× at M = 1024 and 1.1× at M = 4096. The
-crossover therefore lies in 16 < M ≤ 64; :data:`DECODE_MATMUL_MIN_M` = 64 is the smallest
-measured M at which decode+cuBLAS wins (the benchmark's default M list now includes 32 and 48 to
-narrow it down). The previous threshold (M > 1024, exllamav3's large-M route) left a 2–2.8×
-slowdown on the table for 64 ≤ M ≤ 1024.
-
-What bounds decode_matmul (the issue table's M = 1024 and 4096 rows)
----------------------------------------------------------------------
-Over the cuBLAS anchor (bf16 ``x @ W^T`` on an already dequantised weight) the row adds three
-HBM passes, counted in bytes (8192 x 28672, K4, bf16 x, fp16 compute): the decode reads the
-117.4 MB payload and writes the 469.8 MB weight (587.2 MB); the input rotation reads and writes
-``x`` (2·M·K·2 B: 33.6 MB at M = 1024, 134.2 MB at 4096); the output rotation reads and writes
-``y`` (2·M·N·2 B: 117.4 MB, 469.8 MB). At the 3.01 TB/s HBM copy rate measured with the table
-(H100 80GB, 2026-12-06, ``benchmarks/dense_trellis.py``) that is 245 us at M = 1024 and 396 us
-at M = 4096, against measured overheads of 350 us (960.9 - 610.8) and 463 us (3098.3 -
-2635.6): the extra passes explain 70 % and 86 % of the gap. The launches measured (H100 80GB,
-2026-12-07, ``python benchmarks/profile_launches.py --m 1024,4096 --bits 4 --only dense
---anchor``, device time under the profiler, us): decode 210.1 / 209.5 (2.80 TB/s of the 587.2
-MB), input rotation 12.4 / 46.8, output rotation 36.1 / 153.5, and the GEMM 621.8 / 2498.6
-against the anchor's 594.2 / 2364.6: the rest of the gap is cuBLAS's kernel for this GEMM (fp16,
-the decoded weight ``[K, N]``: ``nvjet_sm90_hsh_*_NNT``) running 5 % slower than the anchor's
-(bf16, ``W[N, K]^T``: ``nvjet_sm90_tst_*_TNT``) (at M = 4096: 210 + 200 + 134 of the 544 us
-over the anchor). Whether the dtype or the layout costs it is open: two unpaired probes on an
-H100 80GB, 2026-12-07, disagree (at M = 1024, us, fp16 with the weight ``[K, N]`` / with
-``W[N, K]^T``, then bf16 the same: an ad-hoc ``torch.mm`` loop 620.9 / 618.5 / 596.3 / 598.5, the
-graphed ``benchmarks/cublas_gemm_forms.py`` 623.3 / 674.0 / 600.6 / 680.2), and under this load
-the SM clock drifts by more than the 5 % in question (:mod:`bench_timing`'s
-``paired_median_us``), so that benchmark now times each form in alternation with the anchor's;
-no dtype or layout change was made. Overlapping the decode with the GEMM does not pay either
-(``python benchmarks/decode_gemm_overlap.py``, same day, each variant timed in alternation with
-the sequence): the weight in 2 / 4 / 7 column chunks, decoded on a second stream while cuBLAS
-multiplies the previous chunk, took 1.066 / 1.072 / 1.014 of the sequence at M = 1024 and 1.005
-/ 1.002 / 1.004 at M = 4096: cuBLAS's kernels leave the decode no room. The fused alternative
-on sm_90 (the swap-AB mainloop) decodes the weight once per 256-token tile, four times at M =
-1024, and was slower there (1385.7 against 875.9 us, :mod:`b12x.ops.dense.mainloop`).
-
-Invariants
-----------
-* ``explain`` is a pure function of the case: it reads, never mutates, and gives the same answer
-  for equal cases.
-* Every gate constant lives in one :class:`Condition` of one row.
+Invariants: ``explain`` is a pure function of the case (reads, never mutates); every gate
+constant lives in one :class:`Condition` of one row.
 """
 
 from __future__ import annotations
@@ -135,11 +67,13 @@ __all__ = [
 
 K6_CAPABILITIES = frozenset({(12, 0)})  # the SM120 gate of PR #136 (c5425904); SM121 falls through
 K6_MAX_M = 128
-#: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM (module docstring); the one
-#: threshold of the decode_matmul row (the oracle's sharding imports it from here).
+#: Smallest M for which decode-then-cuBLAS beats the fused trellis GEMM; the one threshold of
+#: the decode_matmul row (the oracle's sharding imports it from here).
+#: Chosen by measurement: docs/evidence/dense-decode-matmul-threshold.md
 DECODE_MATMUL_MIN_M = 129
 #: On sm_90 the generic GEMM's swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`) beats decode +
-#: cuBLAS up to one 256-token tile, so decode_matmul starts after it (module docstring).
+#: cuBLAS up to one 256-token tile, so decode_matmul starts after it.
+#: Chosen by measurement: docs/evidence/dense-decode-matmul-threshold.md
 HOPPER_DECODE_MATMUL_MIN_M = 257
 
 

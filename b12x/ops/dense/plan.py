@@ -1,66 +1,32 @@
 """plan / bind / run of the dense trellis linear (spec §3.2–3.3, §5.5; R4, R5, R15).
 
-Layout
-------
-* Validation, one function per kind of argument, shared by every door (this module, the custom
-  op ``b12x::trellis_dense_linear`` of :mod:`b12x.ops.dense.custom_op` and its fake implementation):
-  :func:`check_dense_problem` (the scalar problem: dims, codebook/bits, dtypes, external rotation,
-  tile, split-K; metadata only), :func:`check_dense_inputs` (the tensors against K, N, bits,
-  dtype and device), :func:`payload_geometry` (K, N, bits read off a payload) and
-  :func:`dense_problem_from_tensors` (the op's tensors → the plan's keywords, through the two
-  validators above).
-* :func:`plan_dense` (host only, may allocate nothing on the device) validates the problem, asks
-  the dispatch table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile
-  through the ONE tile predicate (:mod:`b12x.ops.dense.tiles`), asks the mainloop table
-  (:mod:`b12x.ops.dense.mainloop`: per-warp decode, or the shared decode's geometry, which then
-  replaces the tile's warps and N16 tiles), asks the split-K table
-  (:mod:`b12x.ops.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
-  launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``) and lists the buffers of
-  that path as :class:`~b12x.runtime.scratch.BufferSpec` s. It returns a frozen :class:`DensePlan`.
+Layout:
+* Validation, one function per kind of argument, shared by every door (this module, the custom op
+  of :mod:`b12x.ops.dense.custom_op` and its fake): :func:`check_dense_problem` (the scalar
+  problem, metadata only), :func:`check_dense_inputs` (the tensors), :func:`payload_geometry` (K,
+  N, bits of a payload), :func:`dense_problem_from_tensors` (the op's tensors → plan keywords).
+* :func:`plan_dense` (host only, no device allocation) validates the problem, asks the dispatch
+  table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile through THE
+  tile predicate (:mod:`b12x.ops.dense.tiles`), asks the mainloop table
+  (:mod:`b12x.ops.dense.mainloop`) and the split-K table (:mod:`b12x.ops.dense.split_k`), fixes
+  split-K exactly as the launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``)
+  and lists the path's buffers as :class:`~b12x.runtime.scratch.BufferSpec` s: a frozen
+  :class:`DensePlan`.
 * :func:`allocate_dense_buffers` is the plan-time allocator (outside capture only).
-* :func:`bind_dense` takes the caller's buffers by name and only checks them (exact shape, dtype,
-  device, contiguity, 16-byte alignment); it keeps them by identity (no copy, no view that would
-  change ``data_ptr``). A missing or placeholder buffer raises naming it, e.g. "scratch `c_tmp`
-  is not initialized for CUDA graph capture" while capturing.
-* :func:`run_dense` validates the inputs against the plan, then launches the kernels of
-  :mod:`b12x.launch.host` into the bound buffers. It never allocates: every intermediate is a
-  bound buffer, a row-prefix view of one (live ``M`` may be below the planned ``M``), or an
-  in-place op (``copy_``, ``add_``).
+* :func:`bind_dense` only checks the caller's buffers (exact shape, dtype, device, contiguity,
+  16-byte alignment) and keeps them by identity; a missing or placeholder buffer raises naming
+  it ("scratch `c_tmp` is not initialized for CUDA graph capture" while capturing).
+* :func:`run_dense` validates the inputs against the plan, then launches :mod:`b12x.launch.host`
+  kernels into the bound buffers; it never allocates (bound buffers, views, in-place ops).
 
-Buffers per path (exact shapes; M, K, N from the plan)
-------------------------------------------------------
-=================  =================  ==========================================================
-name               shape / dtype      when
-=================  =================  ==========================================================
-``output``         [M,N] x.dtype      always (the result)
-``input_f16``      [M,K] fp16         x is bf16 and the H128 is external (fp16 copy of x)
-``rotated_f16``    [M,K] fp16         fp16 compute or an external H128 (input-rotation result;
-                                      the K6 kernel's ``A_had``)
-``output_f16``     [M,N] fp16         x (= output) is bf16 (the fp16 result: the K6 GEMM's
-                                      output, the bias add's and the external H128's staging)
-``workspace``      [max(4·SMs+2, N/16)] int32, zeroed   K6 path only (the lock workspace)
-``gemm_output``    [M,N] compute      generic and decode_matmul
-``c_tmp``          [S,M,N] fp32       generic with S > 1 split-K slices
-``rotated_compute`` [M,K] bf16        generic/decode_matmul with bf16 compute (the GEMM's A)
-``gemm_output_f16`` [M,N] fp16        bf16 compute with an external H128 (its fp16 input)
-``weight_f16``     [K,N] fp16         decode_matmul with fp16 compute (decoded Wq)
-``weight_compute`` [K,N] bf16         decode_matmul with bf16 compute (decoded Wq, each weight
-                                      rounded from fp16 by the decode kernel)
-=================  =================  ==========================================================
+Buffers per path: ``output`` always; ``gemm_output`` (generic, decode_matmul), ``c_tmp`` (split
+slices), fp16 / bf16 staging copies by compute dtype and external H128, ``weight_f16`` /
+``weight_compute`` (decode_matmul), ``workspace`` (K6 only; the K6 path uses no generic scratch,
+so a consumer with a one-element generic scratch can capture it). The exact table and the K6
+path's composition: docs/notes/b12x.md.
 
-The K6 path uses no generic scratch (no ``gemm_output``, ``c_tmp``, ``rotated_compute``,
-``gemm_output_f16``), so a consumer that provisions a one-element generic scratch can capture it.
-Until a fused cooperative K6 kernel lands in :mod:`b12x.kernels`, the K6 path is composed from the
-same launches with split-K off: input rotation into ``rotated_f16``, the GEMM straight into the
-fp16 output buffer (``output_f16`` for bf16 x), and the output rotation from there into the
-output (in place for fp16 x: each lane reads its words before it writes them). The workspace is
-validated and reserved for that kernel's locks.
-
-Invariants
-----------
-* Paths, tiles and split-K are decided once, in the plan; ``run`` reads them and never re-decides
-  (plan fields equal launch fields, R15).
-* Every run-time check happens before the first launch.
+Invariants: paths, tiles and split-K are decided once, in the plan; ``run`` reads them and never
+re-decides (plan fields equal launch fields, R15); every run-time check precedes the first launch.
 """
 
 from __future__ import annotations

@@ -1,70 +1,31 @@
 """Split-K of the dense trellis GEMM as a declarative table (docs/architecture.md; R2, R15).
 
-The rule the host launcher once computed inline (``choose_split_k``) is data here, in
-the same protocol as :data:`b12x.ops.dense.dispatch.TABLE` (``name``, ``paths``, ``boundaries``,
-``explain``), so the oracle can check both sides of every threshold. The machinery (fields,
-conditions, rows, the table) is :mod:`b12x.ops.tables`; this module holds the rule's data.
+The rule the host launcher once computed inline (``choose_split_k``) is data here, in the protocol
+of :data:`b12x.ops.dense.dispatch.TABLE`, so the oracle can check both sides of every threshold;
+the machinery is :mod:`b12x.ops.tables`, this module holds the rule's data.
 
-Layout
-------
-* A *case* is a plain mapping: ``path`` (the dense dispatch row the plan took), ``requested``
-  (an explicit ``split_k`` or ``None``), ``planned`` (the split the mainloop table's shared
-  geometry was measured at, or ``None``), the GEMM dims ``m``, ``k``, ``n``, the kernel geometry
-  ``m_tiles`` (M16 blocks of one CTA: per warp in the per-warp decode, ``m_tiles·m_warps`` in
-  the shared decode), ``n_tiles`` (N16 tiles per warp), ``warps`` (per CTA) and
-  the device's ``sm_count``. Missing fields take :data:`DEFAULT_CASE`'s values (the defaults
-  of :data:`SCHEMA`, which validates every field).
-* Derived quantities (each one function, used by the rows):
+Layout:
+* A *case*: ``path`` (the dense dispatch row), ``requested`` (an explicit ``split_k`` or None),
+  ``planned`` (the mainloop table's split, or None), ``m``, ``k``, ``n``, the kernel geometry
+  ``m_tiles`` (M16 blocks per CTA), ``n_tiles``, ``warps`` and the device's ``sm_count``;
+  :data:`SCHEMA` validates every field, :data:`DEFAULT_CASE` fills the missing ones.
+* Derived: ``ctas`` (CTAs of one K slice), ``depth`` (CTAs per SM aimed for:
+  :data:`SMALL_M_DEPTH` at M ≤ 8, :data:`MID_M_DEPTH` at M ≤ 16, else :data:`DEPTH`),
+  ``wanted = max(1, ceil(depth · sm_count / ctas))``, ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT``.
+* :data:`ROWS` in priority order: ``off_generic_path`` (1), ``explicit`` (the request),
+  ``mainloop`` (``planned``, capped at ``k_cap``), ``short_k`` (1), ``deep_grid`` (1),
+  ``max_splits`` (:data:`MAX_SPLITS`), ``k_capped`` (``k_cap``), ``fill_small_m`` /
+  ``fill_mid_m`` / ``fill`` (``wanted``): rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``.
+  The depths were chosen by measurement: docs/evidence/dense-split-k-depth.md.
+* :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``, ``value`` the
+  *requested* split; the plan then applies the launcher's arithmetic (a consequence, not a
+  decision). :data:`BOUNDARIES` put both sides of every threshold as literal data;
+  :data:`TABLE` bundles it all for :mod:`oracle.dispatch`. Each row's conditions in full:
+  docs/notes/b12x.md.
 
-  - ``ctas = (N / (16·n_tiles·warps)) · ceil(M / (16·m_tiles))`` — CTAs of one K slice;
-  - ``depth`` — CTAs per SM the grid should reach: :data:`SMALL_M_DEPTH` (12) for
-    ``M ≤ GEMV_M_MAX`` (8), :data:`MID_M_DEPTH` (6) for ``GEMV_M_MAX < M ≤ SMALL_M_MAX`` (16),
-    else :data:`DEPTH` (4);
-  - ``wanted = max(1, ceil(depth · sm_count / ctas))`` — slices that reach that depth;
-  - ``k_cap = (K/16) // MIN_ROWS_PER_SPLIT`` — slices that keep ≥ 16 K16 rows each.
-* :data:`ROWS` in priority order; each :class:`~b12x.ops.tables.Row` is a named list of
-  :class:`~b12x.ops.tables.Condition` s plus the split count it yields (its ``value``):
-
-  1. ``off_generic_path`` — K6 and decode_matmul never split K: 1.
-  2. ``explicit`` — a requested ``split_k``: that request.
-  2b. ``mainloop`` — the shared-decode geometry's measured split (``planned``, from
-     :mod:`b12x.ops.dense.mainloop`), capped at ``k_cap`` (at least 1).
-  3. ``short_k`` — ``k_cap < 2`` (K < 512): nothing to split, 1.
-  4. ``deep_grid`` — ``wanted == 1``: one slice already fills the device, 1.
-  5. ``max_splits`` — ``wanted > 64`` and ``k_cap ≥ 64``: :data:`MAX_SPLITS` (64).
-  6. ``k_capped`` — ``wanted > k_cap``: ``k_cap``.
-  7. ``fill_small_m`` — ``M ≤ 8``: ``wanted`` (depth 12).
-  7b. ``fill_mid_m`` — ``8 < M ≤ 16``: ``wanted`` (depth 6).
-  8. ``fill`` — ``M > 16``: ``wanted`` (depth 4).
-
-  Rows 3–8 equal ``max(1, min(wanted, k_cap, 64))``, the rule measured on the H200 and, for
-  the two small-M depths, on the H100 (2026-12-06, ``benchmarks/dense_trellis.py --m
-  1,2,4,8,12,16 --bits 4 --split-sweep 6,8,9,12,15``, whole K4 linear on 8192 x 28672, us):
-  15 slices (depth 12) lead or tie up to M = 8 (M = 1: 83.3 against 86.7 at 8; M = 8: 89.0
-  against 89.4), but their fp32 partials (``S·M·N·4`` B, written then read by the reduce) grow
-  with M, and 8 slices (depth 6; 14.7 MB at M = 16 instead of 27.5) lead from M = 12 (92.1
-  against 93.7 at 15 and 96.9 at 12) and at M = 16 (101.8 against 108.2 at 15; 6 slices
-  underfill the device, 112.3). Summing the slices of a tile in one thread-block cluster over
-  distributed shared memory (no partials, no reduce launch; commit 5443ddb, withdrawn) was
-  bit-identical but slower at the same slice count, GEMM + sum on the H100, us, K4 / K6: M = 1
-  95.2 / 109.9 against partials 82.0 / 98.5 at 8 slices; M = 16 104.8 / 125.5 against 96.6 /
-  116.0.
-* :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``: the row, one
-  reason per row considered, and the *requested* split count (``value``, also ``split_k``).
-  The plan then applies the launcher's arithmetic (``rows = ceil(K16/split)``,
-  ``splits = ceil(K16/rows)``), which is a consequence of the request, not a decision.
-* :data:`BOUNDARIES` put both sides of every threshold as data (literal sides, so moving a
-  constant fails there): path generic vs not, explicit request, K 384/512 (short K), M 8/9
-  and 16/17 (depth), ``sm_count`` 56/57 (deep grid), K 3584/3840 (K cap), ``sm_count`` 85/86 and K
-  16128/16384 (the 64 cap). :data:`TABLE` bundles it all for :mod:`oracle.dispatch`.
-
-Invariants
-----------
-* ``explain`` is a pure function of the case; every case field is validated (TypeError /
-  ValueError naming it) before any row is evaluated.
-* Every constant of the rule lives here; :func:`b12x.ops.dense.plan.plan_dense` asks this table
-  (and :func:`split_k` is its keyword form for callers that launch ``trellis_matmul``
-  themselves: the launcher takes the split it is given, it decides nothing).
+Invariants: ``explain`` is a pure function of the case, every field validated before any row
+runs; every constant of the rule lives here (:func:`split_k` is the keyword form for callers of
+``trellis_matmul``: the launcher takes the split it is given and decides nothing).
 """
 
 from __future__ import annotations
@@ -98,6 +59,7 @@ __all__ = [
 
 SMALL_M_MAX = 16  # M <= 16: one M16 block, the grid is thin -> deeper
 GEMV_M_MAX = 8  # M <= 8: the fp32 partials are few bytes -> deepest
+#: Chosen by measurement (with MID_M_DEPTH): docs/evidence/dense-split-k-depth.md
 SMALL_M_DEPTH = 12  # CTAs per SM aimed for at M <= 8
 MID_M_DEPTH = 6  # CTAs per SM aimed for at 8 < M <= 16: half the partials' bytes
 DEPTH = 4  # CTAs per SM aimed for above

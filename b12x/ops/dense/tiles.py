@@ -1,60 +1,27 @@
 """The tile registry: ONE list of tile configurations and ONE qualification predicate (spec §5.4).
 
-Layout
-------
-* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` is a registry entry (three positive ints; a
-  zero, negative, ``bool`` or non-int component raises at construction, so no tile reaches the
-  predicate's divisions malformed). :data:`ENTRIES` holds the
-  small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the large-batch / dense default
-  ``(64,256,256)`` and the wave-balanced FC2 tile :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
-* :class:`TileProblem` is what a tile is qualified for: the phase (``"dense"``, ``"fc1"``,
-  ``"fc2"``), GEMM dims M, K, N, trellis bits, the K/32 scale group, ``cta_m_blocks`` and, for
-  FC2, the FC1 launch it follows (``fc1_threads``, ``fc1_mn_tiles``) that the wave rule reads.
-* :func:`footprint` is the §5.4 shared-memory model (4 stages, ``wb = max(4, bits)``).
-* :func:`qualify` is the ONLY predicate: registry membership, phase restriction, divisibility,
-  floors, thread count and shared memory against ``device.max_shared_mem - 512``. Both
-  :func:`auto_select` and :func:`pin` go through it; no floor constant appears anywhere else.
-* :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema as a plain
-  ``[tile_k, tile_n, cta_threads]`` int list (``force_tile_config``); :func:`pin` validates it.
-* :func:`check_device` validates the device facts (a :class:`DeviceLimits` or any object with
-  the same fields, e.g. ``oracle.tiles.SimulatedDevice``) that :func:`qualify`,
-  :func:`auto_select`, :func:`pin` and :func:`key` read; each of them calls it up front.
-* :data:`REGISTRY` bundles these as the object :mod:`oracle.tiles` checks (``name``, ``entries``,
-  ``qualify``, ``auto_select``, ``pin``, ``serialize``, ``deserialize``, ``key``, ``problems``).
-* :func:`kernel_geometry` maps a tile onto the dense GEMM kernel's launch shape:
-  ``warps = cta_threads / 32`` and ``n_tiles = tile_n / (16 · warps)`` N16 tiles per warp.
-* :func:`specializations` (``REGISTRY.specializations(tile)``, the hook ``python -m oracle run
-  --tile`` compiles) lists every kernel specialisation a launch pinned to ``tile`` compiles. A
-  dense tile: the ``gemm`` :class:`~b12x.launch.specs.KernelSpec` of ``plan_dense(..., tile=)`` +
-  ``host.trellis_matmul`` for every legal (codebook, bits) of :mod:`b12x.formats`, both compute
-  dtypes, every ``m_tiles`` of ``host.choose_tiles``, with and without split-K partials (a pinned
-  tile always takes the generic path, whose split the split-K table may raise at any M), plus
-  the split-K ``reduce``. The wave-balanced FC2 tile: the unpaired
-  :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` s ``b12x.ops.moe.plan.plan_fc2_tile`` produces
-  (geometry :func:`kernel_geometry`, :data:`WAVE_BALANCED_FC2_DEPTH` register stages, every
-  (m_tiles, k_split) :func:`wave_fc2_fits` admits). Imports are lazy (importing this module stays
-  light), and nothing here imports :mod:`b12x.ops.moe` (it imports this module): the FC2 facts
-  the MoE tables read live here.
+Layout:
+* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` (positive ints, checked at construction);
+  :data:`ENTRIES`: the small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the
+  large-batch / dense default ``(64,256,256)`` and the FC2-only wave-balanced tile
+  :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
+* :class:`TileProblem`: phase (``"dense"``, ``"fc1"``, ``"fc2"``), M, K, N, bits, the K/32 scale
+  group, ``cta_m_blocks`` and, for FC2, the FC1 launch it follows (the wave rule reads it).
+* :func:`footprint` is the §5.4 shared-memory model; :func:`qualify` is the ONLY predicate
+  (membership, phase, divisibility, floors, threads, shared memory against
+  ``device.max_shared_mem - 512``); :func:`auto_select` and :func:`pin` both go through it.
+* :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema;
+  :func:`check_device` validates the device facts every entry point reads; :data:`REGISTRY`
+  bundles it all for :mod:`oracle.tiles`; :func:`kernel_geometry` maps a tile to ``warps`` and
+  ``n_tiles``; :func:`specializations` lists every kernel specialisation a pinned launch
+  compiles (``python -m oracle run --tile``). Imports are lazy; nothing here imports
+  :mod:`b12x.ops.moe` (it imports this module), so the FC2 facts the MoE tables read live here.
 
-The wave-balanced FC2 tile: PR #146 semantics, not PR #137
-----------------------------------------------------------
-The 512×32×256 tile waives the ``tile_k >= 64`` floor **for FC2 only** (b12x master e68f812,
-``allow_qualified_fc2_tile``), with no scale-group condition beyond ``tile_k % group == 0``. A pin
-on FC1 or on the dense linear is rejected, as are other sub-64 K tiles. PR #137 waived it for any
-phase when the scale group is 32; we follow the merged contract (spec §7 item 6), and since the
-same :func:`qualify` serves auto-selection and pins, the 9bbae67 disagreement cannot recur.
-
-Selection model (documented simplifications)
---------------------------------------------
-* Dense: ``(64,256,256)`` when it qualifies (N % 256 == 0), else ``(64,128,128)`` (§5.4 "dense
-  trellis"); if neither qualifies, the best-occupancy qualifying entry.
-* FC1 / FC2: the small-batch table when ``cta_m_blocks == 1``, else the large-batch table; the
-  pick maximises CTAs/SM, estimated from shared memory only (no measured register table here),
-  capped at 4 (``cta_m_blocks == 1``) or 2; ties go to table order.
-* FC2 wave rule, checked first: hidden (N) % 512 == 0; the 256-wide default ``(64,256,256)``
-  qualifies; FC1 runs 256 threads; FC2's 256-wide mn-tile count exceeds FC1's and the SM count
-  (a second wave) while half of it fits in one wave; FC1's tiles fit in one wave. Then the
-  wave-balanced tile is chosen if :func:`qualify` accepts it.
+The wave-balanced FC2 tile follows PR #146 (the merged contract, spec §7 item 6), not PR #137: it
+waives the ``tile_k >= 64`` floor for FC2 only. Selection: dense takes ``(64,256,256)`` when it
+qualifies, else ``(64,128,128)``, else the best-occupancy entry; FC1 / FC2 the small- or
+large-batch table by ``cta_m_blocks``, maximising CTAs/SM from shared memory; the FC2 wave rule is
+checked first. The full rules: docs/notes/b12x.md.
 """
 
 from __future__ import annotations
@@ -360,9 +327,8 @@ WIDE_TILE_CAP = 4
 #: The least tile hint (:attr:`b12x.formats.DecodeFormat.wide_tile_cap`) a decoder needs for the
 #: sm_90 tensor-core mainloops of the dense GEMM (``b12x.ops.dense.mainloop``: ``TENSOR_DEEP``,
 #: ``SWAP_WIDE``, ``SWAP_TALL``), which run one 8-warp CTA per SM at 250-255 registers with 128 fp32
-#: accumulators per thread. D3L (sqg_fp16, cap 2) spills in every one of them at K5 and K6, at
-#: every ptxas level tried (CPU compile, sm_90a, 2026-12-07, bf16 / fp16 compute: 460-468 / 340 B
-#: deep, 48-72 / 88-136 B swap-wide, 1136-1152 / 1104-1112 B swap-tall); every other decoder
+#: accumulators per thread. D3L (sqg_fp16, cap 2) spills in every one of them at K5 and K6
+#: (docs/evidence/dense-tensor-core-decoder-spills.md); every other decoder
 #: compiles spill-free in all three at every legal rate
 #: (``tests/b12x/test_dense_mainloop_table.py::test_every_tensor_core_decoder_compiles_spill_free``,
 #: ``-m slow``).

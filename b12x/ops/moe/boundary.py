@@ -1,8 +1,7 @@
 """The MoE's boundaries around the grouped GEMMs (spec §3.1, §3.4): the CuTe DSL launches and
 the allocation-free torch path that defines their rounding points.
 
-Layout
-------
+Layout:
 * Kernel launches (keyword-only; :mod:`b12x.kernels.moe_boundary`, one launch per stage, its
   arguments bound by name in a launch record of :mod:`b12x.launch.records`):
   :func:`rotate_inputs` (the gate and, for ``proj``, the up rotation in one launch),
@@ -24,13 +23,10 @@ Layout
   the xor-shuffles with lane offsets 1..16), the lower element keeping ``lo + hi`` and the upper
   ``lo − hi``, then ``× 0.088388347648`` in fp32 (§3.1). It ping-pongs between two caller
   buffers and returns the one holding the result.
-* :func:`gather_rows_` — per-slot rows of a per-expert table (``[E, F]``: ``index_select`` by the
-  slot's expert; ``[1, F]``: the broadcast row copied to every slot).
+* :func:`gather_rows_` — per-slot rows of a per-expert table (``[E, F]`` or broadcast ``[1, F]``).
 
-Invariants
-----------
-* Everything writes into caller buffers (``out=``, in-place ops, views): no allocation, no host
-  synchronisation, so the MoE ``run`` that calls these is CUDA-graph capturable.
+Invariants: everything writes into caller buffers (no allocation, no host synchronisation), so
+the MoE ``run`` that calls these is CUDA-graph capturable.
 """
 
 from __future__ import annotations

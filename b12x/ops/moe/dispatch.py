@@ -1,79 +1,32 @@
 """The fused MoE's host decisions as declarative tables (docs/architecture.md; R2, R12, R15).
 
 Every launch geometry :func:`b12x.ops.moe.plan.plan_moe` and
-:func:`b12x.ops.moe.gemm_op.plan_moe_gemm` choose comes from one of the six tables below (five
-here, ``moe_mainloop`` in :mod:`b12x.ops.moe.mainloop`); the planners build a case, take the
-chosen row's ``value`` and nothing else re-decides it (:attr:`b12x.ops.moe.plan.MoePlan.decisions`
-records every case, path and value). The style is :mod:`b12x.ops.dense.dispatch`'s, and so is
-the machinery: :mod:`b12x.ops.tables` (fields, conditions, rows,
-:class:`~b12x.ops.tables.DecisionTable`); this module holds the tables' data.
+:func:`b12x.ops.moe.gemm_op.plan_moe_gemm` choose comes from one of six tables (five here,
+``moe_mainloop`` in :mod:`b12x.ops.moe.mainloop`); the planners build a case, take the chosen
+row's ``value`` and nothing else re-decides it (``MoePlan.decisions`` records each). The
+machinery is :mod:`b12x.ops.tables`, as for :mod:`b12x.ops.dense.dispatch`; this module holds data.
 
-Layout
-------
-* A **case** is a plain mapping of the table's fields (``fields``); an unknown field or a missing
-  required one raises ``ValueError``, a wrong type ``TypeError``, an out-of-range value
-  ``ValueError``, each naming the field. Optional fields take the documented default.
-  ``compute_dtype`` accepts ``"float16"``/``"bfloat16"`` or the ``torch.dtype``.
-* A :class:`~b12x.ops.tables.Row` is a path: a name, a description, named
-  :class:`~b12x.ops.tables.Condition` s (their conjunction is the row's ``predicate``; the first
-  failed condition is the rejection reason) and the row's answer ``value`` (a constant, or
-  ``value(case)`` where noted). Rows are in priority order.
-* :meth:`~b12x.ops.tables.DecisionTable.explain` returns an
-  :class:`~b12x.ops.tables.Explanation` ``(path, reasons, value)``: one reason per row
-  considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case no row accepts
-  raises ``ValueError`` with every reason (fail closed).
-* ``boundaries``: both sides of EVERY threshold as :class:`Boundary` records (the fields of
-  ``oracle.dispatch.Boundary``) with **literal** values, so moving a threshold fails the table's
-  own boundary check instead of moving along with it.
+Layout: a **case** is a plain mapping of the table's fields, each validated (``ValueError`` /
+``TypeError`` naming it; optional fields take defaults; ``compute_dtype`` accepts the name or the
+``torch.dtype``). A row is a named conjunction of named conditions (the first failed one is the
+rejection reason) and a ``value``; rows are in priority order; ``explain`` returns
+``(path, reasons, value)`` and a case no row accepts raises with every reason (fail closed).
+``boundaries`` hold both sides of EVERY threshold with **literal** values. The tables
+(:data:`TABLES`, in the order a plan consults them):
 
-The tables (:data:`TABLES`, in the order a plan consults them)
---------------------------------------------------------------
-0. ``moe_mainloop`` — per-warp or shared decode for the whole step (its module's docstring); on
-   the shared decode the route block is its geometry's and ROUTE_BLOCK is not consulted.
-1. :data:`ROUTE_BLOCK` ``moe_route_block`` — M16 tiles per route block (``m_tiles``; block size
-   ``16·m_tiles``) by routes per expert ``m·top_k/E`` (compared in integers): ``pinned_m_tiles``
-   (``m_tiles`` given: 1, 2 or 4) → the pin; ``m_tiles_1`` while ``m·top_k ≤ 24·E``;
-   ``m_tiles_2`` while ``m·top_k ≤ 48·E``; ``m_tiles_4``. Fields ``m, top_k, num_experts``,
-   ``m_tiles`` (None).
-2. :data:`K_SPLIT` ``moe_k_split`` — the intra-CTA K split by K alone (never M, m_tiles or
-   routing: it fixes each output's fp32 summation order, so the MoE stays batch invariant):
-   ``k_split_8`` (``K % 1024 == 0`` and ``K/8 ≥ 512``), ``k_split_4`` (``K % 512 == 0`` and
-   ``K/4 ≥ 384``), ``k_split_2`` (``K % 256 == 0`` and ``K/2 ≥ 512``), ``k_split_1``. Whole
-   8-row units (128 K) per group, never a slice below :data:`MIN_K_SLICE` = 512 (32 K16 rows per
-   warp), :data:`MIN_K_SLICE_FOUR_GROUPS` = 384 with four groups. Field ``k``.
-3. :data:`GEMM_GEOMETRY` ``moe_gemm_geometry`` — ``(n_tiles, warps, depth)`` of an unpaired
-   grouped GEMM (``warps`` per K group; a CTA has ``32·warps·k_split`` threads):
-   ``single_block_split`` (m_tiles 1, ``k_split`` > 1) → (2, :data:`SPLIT_GROUP_WARPS` = 2,
-   8); ``single_block`` (m_tiles 1) → (2, 4, 8); wider blocks
-   share :data:`WIDE_CTA_WARPS` = 4 warps over the groups (``W = max(1, 4 // k_split)``,
-   128-thread CTAs: the wide accumulators need ~220 registers; at ``k_split`` 8, one warp per
-   group, 256 threads and one CTA per SM) at depth 2: ``wide_capped_tiles`` (m_tiles 4 and a
-   decoder tile hint below 4, the D3L decoder's 2: 4 × 4 spills) → (cap, W, 2),
-   ``wide_four_tiles`` (``N % (64·W) == 0``)
-   → (4, W, 2), ``wide_two_tiles`` → (2, W, 2). Fields ``m_tiles, n, k_split``,
-   ``wide_tile_cap`` (the format's tile hint :attr:`b12x.formats.DecodeFormat.wide_tile_cap`,
-   default 4), ``compute_dtype``.
-4. :data:`PAIR_GEOMETRY` ``moe_pair_geometry`` — ``(n_tiles, warps, depth, rate_axis)`` of a QSRT
-   pair launch by phase: FC1 = N axis (one 256-column pair per CTA): ``n_axis_single`` (m_tiles
-   1) → (2, 8, 8, n), ``n_axis_wide`` → (4, 4, 2, n); FC2 = K axis: ``k_axis_single`` (m_tiles 1)
-   → (2, 4, 8, k), ``k_axis_2_four_tiles`` (m_tiles 2, ``N % 256 == 0``) → (4, 4, 2, k),
-   ``k_axis_2_two_tiles`` (m_tiles 2) → (2, 4, 2, k), ``k_axis_4`` → (2, 4, 1, k) (4 × 4 at depth
-   2 spills, and P44's two record planes at 2 × 2 depth 2). Fields ``phase, m_tiles, n``,
-   ``compute_dtype``.
-5. :data:`FC2_TILE` ``moe_fc2_tile`` — whether an FC2 launch takes the wave-balanced tile; its
-   own module, :mod:`b12x.ops.moe.fc2_tile` (rows, threshold and measurements there).
+0. ``moe_mainloop`` — per-warp or shared decode for the whole step (its own module).
+1. :data:`ROUTE_BLOCK` — M16 tiles per route block by routes per expert ``m·top_k/E``, or a pin.
+2. :data:`K_SPLIT` — the intra-CTA K split by K alone (never M or routing: batch invariance),
+   whole 128-K units per group, no slice below :data:`MIN_K_SLICE`.
+3. :data:`GEMM_GEOMETRY` — ``(n_tiles, warps, depth)`` of an unpaired grouped GEMM.
+4. :data:`PAIR_GEOMETRY` — ``(n_tiles, warps, depth, rate_axis)`` of a QSRT pair launch by phase.
+5. :data:`FC2_TILE` — the wave-balanced FC2 tile (:mod:`b12x.ops.moe.fc2_tile`).
 
-How the compute dtype enters
-----------------------------
-It does not enter any decision: the geometry tables take ``compute_dtype`` only to say so (a
-boundary per table pins both sides to the same path); it reaches the kernel as
-``MoeGemmSpec.bf16`` (operand and epilogue type), never as a geometry.
+The compute dtype enters no decision (a boundary per table pins it); it reaches the kernel as
+``MoeGemmSpec.bf16``. Each row's thresholds and values: docs/notes/b12x.md.
 
-Invariants
-----------
-* ``explain`` is a pure function of the case (reads, never mutates; equal cases, equal answers).
-* Every threshold constant lives in one :class:`Condition` of one row; conditions read the
-  module constants at call time.
+Invariants: ``explain`` is a pure function of the case; every threshold constant lives in one
+:class:`Condition` of one row, read at call time.
 """
 
 from __future__ import annotations
@@ -142,22 +95,8 @@ WIDE_CTA_WARPS = 4
 PAIR_CHANNELS = 256
 #: Warps per K group of a single-block launch whose K splits (``single_block_split``): the same
 #: per-warp work and K order as 4-warp groups (bit-identical), twice the CTAs at half the size
-#: (512 threads at k_split 8, where 4 warps would be 1024). Measured (2026-12-05, H100 80GB
-#: HBM3, ``benchmarks/moe_geometry_sweep.py --m 1,8,64``, GLM-like MoE, MCG K4, graphed, us)
-#: against (2, 4, 8): FC2 (K = 1536, N = 5120) at k_split 2, M = 1: 42.2 / 48.6, 8: 148.2 /
-#: 150.2, 64: 329.3 / 335.0; at k_split 4: 38.3 / 39.1 (M = 1); FC1 (K = 5120, N = 3072) at
-#: k_split 8: 58.8 / 281.4 / 655.3 at M = 1 / 8 / 64 (k_split 4 with 4 warps: 70.0 / 289.7 /
-#: 645.8). The one loss seen: FC1 at k_split 4 ran 72.7 / 70.0 at M = 1 (GLM-like FC1 now takes
-#: eight groups; four-group FC1s are K = 2048 .. 3584, 4608).
-#:
-#: The K_SPLIT and geometry rows of 2026-12-05 (FC1 K = 5120 in eight groups, FC2 K = 1536 in
-#: four, a split single block at two warps per group), whole GLM-like step, H200,
-#: ``moe_trellis.py --m 1,8,64,256,512,1024,4096 --no-tiers --no-pair``, graphed, same run, us,
-#: against the rows before (FC1 four groups, FC2 two): M = 1: 94.1 / 113.8, 8: 436.6 / 435.6,
-#: 64: 1001.8 / 988.0, 256: 1653.8 / 1657.2, 512 (wide blocks; FC1 one warp per group, 256
-#: threads, one CTA per SM): 1946.5 / 1876.0, 1024 and 4096 (shared decode, eight and four
-#: slices folded): 2421.8 / 2326.4, 6567.3 / 6361.2. Taken for M = 1 (2.22x -> 2.68x of bf16);
-#: prefill pays 3-4 % (the folds and the 256-thread wide CTA), recorded in the session note.
+#: (512 threads at k_split 8, where 4 warps would be 1024).
+#: Chosen by measurement: docs/evidence/moe-k-split-groups.md
 SPLIT_GROUP_WARPS = 2
 PHASES = ("fc1", "fc2")
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")

@@ -43,27 +43,8 @@ from b12x.ops.tables import (
 
 __all__ = ["FC2_TILE", "WAVE_FC2_MIN_ROUTES"]
 
-#: Fewest routes (``M·top_k``) at which an FC2 takes the wave-balanced tile. Measured on the H200
-#: (2026-12-03, ``benchmarks/moe_geometry_sweep.py``: GLM-like FC2, K = 1536, N = 5120, 128
-#: experts, top-8, MCG K4, graphed, us per launch including the op's route packing), the table's
-#: default geometry (2, 4, 8) against the wave tile (4, 8, 2): M = 1: 99.5 vs 100.8, 2: 117.2 vs
-#: 142.4, 4: 150.3 vs 179.2, 8: 214.2 vs 233.1, 16: 303.4 vs 345.9, 32: 296.4 vs 356.1, 64: 340.7
-#: vs 400.1, 128: 351.3 vs 410.6. Up to 1024 routes the default is as fast or faster. Beyond
-#: them (2026-12-03, sixth session, same tool, graphed, device packer; wave / default, us):
-#: GLM one block M = 160: 693.9 / 641.9, 256: 989.0 / 913.6, 384: 1362.3 / 1267.9 (the default
-#: faster); Qwen3-30B-A3B-like FC2 (K = 768, N = 2048, 128 experts, top-8, no K split) one block
-#: M = 256: 533.0 / 538.5 (the wave tile 1 % faster), wide blocks M = 512, 1024, 4096 against
-#: the wide default (4, 4, 2): 940.5 / 933.6, 1828.1 / 1775.4, 6827.8 / 6633.1 (the default
-#: 0.7-2.9 % faster). Mixed evidence, so the threshold stays; the GLM shape is the case for
-#: retiring the tile there.
-#:
-#: Tried and not taken: four N16 tiles per warp, (4, 4, 8), for every single-block FC2 past 64
-#: routes. Against the default (2, 4, 8), us: GLM (K = 1536, k_split 2, N = 5120) M = 8: 146.8 /
-#: 151.9, 64: 322.3 / 336.0, 256: 884.2 / 909.7, 384: 1217.8 / 1267.9 (2-5 % faster; M = 1, 4
-#: slower); H = 2048, I = 1536 (k_split 2) M = 8: 86.0 / 74.2, 64: 147.6 / 151.3; Qwen3-30B-A3B-like
-#: (k_split 1) M = 8: 58.8 / 49.6, 64: 107.0 / 80.9; Qwen2-57B-A14B-like (H = 3584, I = 2560, 64
-#: experts, k_split 4) M = 8: 187.6 / 144.7, 64: 265.8 / 211.8 (16-32 % slower). It wins only on
-#: the widest N measured, so no rule was drawn from one shape.
+#: Fewest routes (``M·top_k``) at which an FC2 takes the wave-balanced tile.
+#: Chosen by measurement: docs/evidence/moe-fc2-wave-balanced-tile.md
 WAVE_FC2_MIN_ROUTES = 1025
 
 _cond = Condition

@@ -1,74 +1,31 @@
 """``moe_gemm``: ONE grouped trellis GEMM of the MoE (FC1 or FC2) as its own plan / bind / run op.
 
-It is exactly the launch :func:`b12x.ops.moe.run.run_moe` makes for one phase of a uniform stack (or
-of a QSRT-paired phase), with the caller's activations in place of the rotated ones, so the
-oracle can drive it with one-hot rows and check that decode inside the grouped GEMM reproduces
-the weights bit for bit. Nothing here is a new kernel or a copy of launch code: route packing is
-:func:`b12x.ops.moe.boundary.pack` (the one-launch device packer within its bounds, as in
-``run_moe``; the torch packer :func:`b12x.ops.moe.routing.pack_routes_into` past them and on
-the emulated tier's CPU plans), the launch is the shared body
-:func:`b12x.ops.moe.run.launch_grouped_gemm` (unpaired) or
-:func:`b12x.ops.moe.pairs.launch_paired_gemm`
-(paired), and every geometry comes from the tables of :mod:`b12x.ops.moe.dispatch` through the same
-planner helpers as :func:`b12x.ops.moe.plan.plan_moe` (:func:`b12x.ops.moe.plan.plan_gemm_spec`,
-:func:`b12x.ops.moe.plan.plan_fc2_tile`).
+It is exactly the launch :func:`b12x.ops.moe.run.run_moe` makes for one phase of a uniform or
+QSRT-paired stack, with the caller's activations in place of the rotated ones, so the oracle can
+drive it with one-hot rows and check that the grouped GEMM's decode reproduces the weights bit for
+bit. No new kernel or launch code: packing is :func:`b12x.ops.moe.boundary.pack`, the launch
+:func:`b12x.ops.moe.run.launch_grouped_gemm` or :func:`b12x.ops.moe.pairs.launch_paired_gemm`,
+every geometry from :mod:`b12x.ops.moe.dispatch` through ``plan_gemm_spec`` / ``plan_fc2_tile``.
 
-Layout
-------
-* **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` tokens (the capacity), ``top_k``,
-  the GEMM dims ``k`` (reduction) and ``n`` (output columns), ``codebook``, ``bits``,
-  ``num_experts`` (E), ``compute_dtype``, ``phase`` (``"fc1"``: pairs on the N axis, ``"fc2"``:
-  pairs on the K axis), ``pair`` (None, a kind ``P22 / P33 / P24 / P43 / P44``, or
-  ``"dynamic"``; then ``bits`` is the base 3), ``m_tiles`` (None: the route-block table
-  decides; or a pin 1 / 2 / 4), ``device`` (None, a CUDA device or a simulated one with ``name,
-  sm_count, max_shared_mem, capability``: lets an unpaired FC2 take the wave-balanced tile,
-  exactly as ``plan_moe(device=...)``). K and N are multiples of 128; a paired FC1 needs
-  ``N % 256 == 0`` (whole pairs), a paired FC2 ``K % 256 == 0``.
-* **Inputs** (:func:`run_moe_gemm`):
+Layout:
+* **Problem** (:func:`plan_moe_gemm`, keyword-only): ``m`` (capacity), ``top_k``, ``k``, ``n``,
+  ``codebook``, ``bits``, ``num_experts``, ``compute_dtype``, ``phase`` (``"fc1"``: pairs on N,
+  ``"fc2"``: pairs on K), ``pair`` (None, a kind, or ``"dynamic"``), ``m_tiles`` (None or a pin),
+  ``device`` (None, CUDA or simulated). K, N multiples of 128; whole pairs on the rate axis.
+* **Inputs** (:func:`run_moe_gemm`): ``a`` ``[M·top_k, K]`` in route order ``r = t·top_k + j``;
+  ``topk_ids`` ``[M, top_k]`` (ids outside ``[0, E)`` are inactive, never narrowed); ``payload``
+  int16 in the phase's layout (:func:`moe_gemm_payload_shape`: uniform ``[E, K/16, N/16,
+  16·bits]``, FC1 pair ``[E, (K/16)·(N/256)·128·s]``, FC2 pair ``[E, (K/256)·(N/16)·128·s]``);
+  ``modes`` int32 ``[E]`` iff ``pair == "dynamic"``.
+* **Output**: the live view ``[M·top_k, N]`` of ``out``: ``out[r] = round(a[r] @ W_{ids[r]})``
+  (fp32 accumulation, one rounding); rows of inactive routes are **never written**.
+* **Buffers** (:func:`moe_gemm_buffer_specs`): ``out``, ``expert_descriptors`` and the route
+  packer's. :class:`MoeGemmOp` is the graph op; :data:`OBSERVABLES`: ``out`` → ``"gemm"``.
+  Layouts in full: docs/notes/b12x.md.
 
-  - ``a``: compute dtype ``[M·top_k, K]``, routes in route order ``r = t·top_k + j`` (the live
-    ``M`` = rows of ``topk_ids``, ``1 ≤ M ≤ m``), contiguous, 16-byte aligned;
-  - ``topk_ids``: int32 or int64 ``[M, top_k]``; ids outside ``[0, E)`` are inactive routes
-    (never narrowed, never used as an index);
-  - ``payload``: int16, one expert stack in the phase's layout (:func:`moe_gemm_payload_shape`):
-
-    + **uniform** (``pair=None``, either phase): ``[E, K/16, N/16, 16·bits]``, tile
-      ``(kt, nt)`` of expert ``e`` covers ``W_e[16kt : 16kt+16, 16nt : 16nt+16]`` (the FC1
-      ``packed`` stack with ``N = 2I``, one ``proj`` projection with ``N = I``, or the FC2 stack);
-    + **FC1 pair** (records on N): ``[E, (K/16)·(N/256)·128·s]``, per expert the *prepared*
-      N-axis order ``[kt][pair][record 0 ‖ record 1]`` of ``reference.pairs.interleave_n_axis``
-      over ``N/256`` pairs: one projection of the ``proj`` layout of
-      :func:`b12x.ops.moe.pairs.pair_payload_shape` (``hidden = K``, ``intermediate = N``), which is
-      also the ``packed`` layout when ``N = 2I``;
-    + **FC2 pair** (records on K): ``[E, (K/256)·(N/16)·128·s]`` =
-      ``pair_payload_shape("fc2", hidden=N, intermediate=K)``, per expert pair-major
-      ``[pair: record 0 plane ‖ record 1 plane]``;
-
-    ``s = b_lo + b_hi`` of the kind (6 for ``"dynamic"``: P33 and P24 spend the same bits);
-  - ``modes``: int32 ``[E]`` (0 = P33, 1 = P24), given iff ``pair == "dynamic"``.
-* **Output**: the bound ``out`` buffer, compute dtype ``[m·top_k, N]``; :func:`run_moe_gemm`
-  returns its live view ``[M·top_k, N]`` in route order: ``out[r] = round(a[r] @ W_{ids[r]})``
-  (fp32 accumulation, one rounding to the compute dtype, the weight decoded in the kernel and
-  rounded to bf16 under bf16 compute). Rows of inactive routes are **never written** (they keep
-  whatever the buffer held).
-* **Buffers** (:func:`moe_gemm_buffer_specs`): ``out`` (role output), ``expert_descriptors``
-  int32 ``[E]`` (the identity, tier 0, rewritten by every run) and the route packer's buffers
-  (:func:`b12x.ops.moe.routing.route_buffer_specs`; ``block_expert_ids``, ``route_count`` and
-  ``packed_route_slots`` are what the kernel reads).
-* :class:`MoeGemmOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
-  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
-  Observable (:data:`OBSERVABLES`): ``out`` → the judge stage ``"gemm"``.
-
-Invariants
-----------
-* Every input is validated before anything is packed or launched (dtype, shape, device: the
-  plan must be bound to CUDA buffers, meta is refused at bind; contiguity, 16-byte alignment, id
-  dtype, a mode table only for ``"dynamic"``); the kernel is looked up before the first launch,
-  so a cold kernel under a frozen cache or capture raises with nothing launched (R5).
-* ``run`` never allocates and never synchronises with the host (the mode-table value check
-  reads it once outside capture, like ``run_moe``); it is CUDA-graph capturable.
-* The compile key is the MoE's own :class:`~b12x.kernels.moe_gemm.MoeGemmSpec`: a warm MoE
-  warms this op's kernel and vice versa.
+Invariants: every input is validated before anything is packed or launched, and the kernel is
+looked up before the first launch (R5); ``run`` never allocates or synchronises (graph
+capturable); the compile key is the MoE's own ``MoeGemmSpec``, so the two warm each other.
 """
 
 from __future__ import annotations

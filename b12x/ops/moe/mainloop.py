@@ -7,30 +7,17 @@ CTA decodes each K16 row of its expert once into shared memory and ``m_warps`` x
 ``warps/m_warps`` warps multiply it, its K split folded in the per-warp kernel's order). One
 routing serves FC1 and FC2, so this table answers once per step, before the route block: on the
 shared decode the block is its geometry's (128 slots) and ``moe_route_block`` is not consulted.
-The machinery is :mod:`b12x.ops.tables`, like every table of :mod:`b12x.ops.moe.dispatch`
-(whose :data:`~b12x.ops.moe.dispatch.TABLES` lists this one first).
+The machinery is :mod:`b12x.ops.tables` (:data:`~b12x.ops.moe.dispatch.TABLES` lists it first).
 
-Rows (:data:`MAINLOOP` ``moe_mainloop``, in priority order; the value is a
-:class:`SharedGeometry` or ``None`` = per-warp)
------------------------------------------------------------------------------------------------
-1. ``pinned`` — ``shared_decode`` given: ``"off"`` → None, ``"wide"`` → :data:`SHARED_WIDE`,
-   ``"tensor"`` → :data:`SHARED_TENSOR` (the plan refuses it off sm_90).
-2. ``pinned_m_tiles`` — an ``m_tiles`` pin fixes the per-warp block: None.
-3. ``paired_odd`` — FC1 runs a pair kind with an odd rate sum (P43: its pair's run does not
-   split into two equal halves per warp, :mod:`b12x.kernels.pair_decode`): None.
-4. ``n_not_128`` — FC1 or FC2 columns not a multiple of 128: None.
-5. ``tensor_core`` — capability (9, 0), FC1 and FC2 columns multiples of 256, ``m·top_k >=
-   48·E`` (:data:`TENSOR_MIN_ROUTES`, measured) and :data:`SHARED_TENSOR_SMEM` (224 KB at K8)
-   granted: :data:`SHARED_TENSOR`, 128 route slots x 256 columns per CTA, every warp decoding,
-   two warpgroups multiplying with ``wgmma`` (bit-identical to the mma.sync shared decode on
-   the H200, so a route's result does not depend on which of the three mainloops ran it).
-   QSRT pair phases take it too (:class:`~b12x.kernels.pair_decode.PairWgmmaDecode`, the
-   records' rates per tile or per K16 row; bit-identical to the per-warp pair kernel).
-6. ``paired`` — any other paired step: the pair shared decode is ``wgmma`` only: None.
-7. ``few_routes`` — ``m·top_k < 64·E`` (:data:`SHARED_MIN_ROUTES`, measured): None.
-8. ``no_room`` — the device's opt-in shared memory per block unknown or below
-   :data:`SHARED_WIDE_SMEM` (112 KB: slots, fragment buffers and the K-slice fold): None.
-9. ``shared_wide`` — :data:`SHARED_WIDE`, 128 route slots x 128 columns per CTA.
+Rows (:data:`MAINLOOP`, in priority order; value a :class:`SharedGeometry` or ``None`` =
+per-warp): ``pinned`` (a ``shared_decode`` pin: off / wide / tensor), ``pinned_m_tiles`` (None),
+``paired_odd`` (FC1 P43: None), ``n_not_128`` (None), ``tensor_core`` (sm_90, N multiples of
+256, ``m·top_k >= TENSOR_MIN_ROUTES·E``, :data:`SHARED_TENSOR_SMEM` granted:
+:data:`SHARED_TENSOR`, pair phases too), ``paired`` (None), ``few_routes`` (``m·top_k <
+SHARED_MIN_ROUTES·E``: None), ``no_room`` (:data:`SHARED_WIDE_SMEM` not granted: None),
+``shared_wide`` (:data:`SHARED_WIDE`). Every mainloop gives a route the same result bit for bit.
+The route thresholds were chosen by measurement: docs/evidence/moe-shared-decode-routes.md; the
+rows in full: docs/notes/b12x.md.
 
 Fields ``m, top_k, num_experts, m_tiles, shared_decode, paired, fc1_pair_odd, fc1_n, fc2_n,
 max_shared_mem, capability``; both sides of every threshold are literal
@@ -109,20 +96,10 @@ SHARED_GEOMETRIES: Mapping[str, SharedGeometry] = {"wide": SHARED_WIDE, "tensor"
 #: ``shared_decode`` pins: ``"off"`` (the per-warp mainloop) or a geometry name.
 SHARED_PINS = ("off", *SHARED_GEOMETRIES)
 #: Fewest routes per expert on average (``m·top_k/E``) at which both grouped GEMMs take the
-#: shared decode. Measured on the H200 (2026-12-03, ``benchmarks/moe_trellis.py --no-tiers
-#: --no-pair --quick --shared-decode wide|off``: GLM-like, H 5120, I 1536, 128 experts, top-8,
-#: MCG K4, the whole step graphed, us, shared / per-warp): M = 512 (32 routes per expert) 2434.8
-#: / 1894.6, 640 (40) 2521.4 / 2360.9, 768 (48) 2600.0 / 2511.0, 1024 (64) 2948.8 / 3393.9,
-#: 2048 (128) 7993.6 / 8572.6, 4096 (256) 14974.9 / 16068.6 (the last two before the route
-#: packer's scan fix, which costs both the same). Below 64 a 128-slot block is mostly padding;
-#: between 48 and 64 nothing was measured, so the first measured win is the threshold.
+#: shared decode. Chosen by measurement: docs/evidence/moe-shared-decode-routes.md
 SHARED_MIN_ROUTES = 64
 #: Fewest routes per expert at which the sm_90 tensor geometry (:data:`SHARED_TENSOR`) is
-#: planned. Measured on the H200 (2026-12-04, ``benchmarks/moe_trellis.py --no-tiers --no-pair
-#: --quick --shared-decode tensor``, same model, us): M = 512 (32 routes per expert) 2010.3
-#: against the per-warp 1900.5 of the same day's table run, 768 (48) 2107.3 against 2511.0
-#: (2026-12-03); 1024 (64) 2393.6 against the wide geometry's 2971.2. Nothing was measured
-#: between 32 and 48: the first measured win is the threshold.
+#: planned. Chosen by measurement: docs/evidence/moe-shared-decode-routes.md
 TENSOR_MIN_ROUTES = 48
 #: Shared memory per block the wide geometry may need: slots and fragment buffers within the
 #: 48 KB, plus the K-slice fold (64 KB): a launch opts in past 48 KB, so the device must grant it.

@@ -1,7 +1,6 @@
 """QSRT pairs on the fused MoE (spec §4.2–§4.4): choices, payload shapes, mode tables, launch.
 
-Layout
-------
+Layout:
 * **Choice per phase** (:data:`PAIR_CHOICES`): ``None`` (uniform payload), a static kind
   ``P22 / P33 / P24 / P43 / P44`` (``(b_lo, b_hi)`` = :data:`PAIR_KINDS`), or ``"dynamic"``
   (per expert P33 or P24 from an int32 mode table ``[E]``: 0 = P33, 1 = P24). The rate axis is
@@ -17,20 +16,15 @@ Layout
   - FC2: ``[E, P·(H/16)·128·s]``: per expert pair-major ``[pair p: record 0 plane (8 K16 rows ×
     H/16 tiles × 16·b_lo) ‖ record 1 plane (8 × H/16 × 16·b_hi)]`` (reference order = prepared).
 
-  :func:`pair_payload_shape` gives the exact shape; the kernel views them as in
-  :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel`.
-* **Mode tables** are caller tensors (int32 ``[E]``, contiguous, on the device), one per dynamic
-  phase, bound with the other inputs; static and uniform phases take none.
+  :func:`pair_payload_shape` gives the exact shape. **Mode tables** are caller tensors (int32
+  ``[E]``), one per dynamic phase; static and uniform phases take none.
 * **Geometry** of a paired launch is the answer of the table
   :data:`b12x.ops.moe.dispatch.PAIR_GEOMETRY` by phase (:func:`pair_geometry`); the phase fixes the
   rate axis there too. :func:`pair_spec` turns it into the compile-time spec.
-* :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only,
-  no defaults; the codebook is explicit and must equal the compiled spec's). Its kernel
-  arguments go through :class:`b12x.launch.records.PairGemmLaunch`, ordered by the pair
-  kernel's own ``__call__`` (``modes`` included).
+* :func:`launch_paired_gemm` is the shared body of one paired grouped-GEMM launch (keyword-only;
+  arguments through :class:`b12x.launch.records.PairGemmLaunch`).
 
-Invariants
-----------
+Invariants:
 * Pairs run on a uniform (single-tier) stack: tier 0 with the identity descriptors.
 * Nothing here allocates on the launch path; payload views are views.
 """

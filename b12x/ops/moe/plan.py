@@ -1,38 +1,27 @@
 """plan / bind / run of the fused trellis MoE: uniform rate, two K3/K4 tiers, or QSRT pairs per
 phase on the uniform (K3-base) stack (spec §3.4, §4.1, §4.2).
 
-The launch sequence of :func:`run_moe` (every step writes a caller buffer; no allocation, no
-host synchronisation, so one call is CUDA-graph capturable; R4):
+The launch sequence of :func:`run_moe` (every step writes a caller buffer; no allocation, no host
+synchronisation, so one call is CUDA-graph capturable; R4):
 
-1. **Route packing** (:mod:`b12x.ops.moe.routing`, torch ops) of the combined expert ids into
-   blocks of ``B = 16·m_tiles`` slots. For tiers, global ids go through ``global_to_combined``
-   first (int64 range check before any narrowing; unmapped experts are inactive).
-2. **Input rotation per route** (route order, ``n = M·top_k`` rows, not the padded capacity):
-   ``A = fp16(H128(fp16(fp16(x_t) · suh[e])))`` in the compute dtype (bf16 is rounded from that
-   fp16), ``proj`` with separate gate/up rotations.
-3. **FC1**: the grouped trellis GEMM (:mod:`b12x.kernels.moe_gemm`, CuTe DSL, fp32 accumulate)
-   over the route blocks: each slot gathers its route's A row and scatters its result back to
-   the route's row, one launch per projection and tier, into the ``fc1`` buffer (gate at
-   columns ``[0, I)``, up at ``[I, 2I)``). Rows of inactive routes are never written.
-4. **Boundary** (§3.4 step 3, fp32): ``g = H128(gate)·gate_svh``, ``u = H128(up)·up_svh``,
-   ``a = silu(g)·u·down_suh``, ``A2 = elem(H128(a))``.
+1. **Route packing** (:mod:`b12x.ops.moe.routing`) into blocks of ``16·m_tiles`` slots (tiers:
+   global ids through ``global_to_combined`` first, range-checked before any narrowing).
+2. **Input rotation per route**: ``A = fp16(H128(fp16(fp16(x_t) · suh[e])))`` in the compute dtype.
+3. **FC1**: the grouped trellis GEMM (:mod:`b12x.kernels.moe_gemm`) gathers each slot's A row and
+   scatters its result to the route's row of ``fc1`` (gate ``[0, I)``, up ``[I, 2I)``), one launch
+   per projection and tier; inactive routes' rows are never written.
+4. **Boundary** (§3.4 step 3, fp32): ``a = silu(H128(gate)·gate_svh)·H128(up)·up_svh·down_suh``,
+   ``A2 = elem(H128(a))``.
 5. **FC2**: the grouped GEMM into ``fc2``.
-6. **Top-k sum** (fp32): ``out_t = Σ_active w · H128(y)·down_svh`` in top-k order from a zero
-   accumulator; inactive routes' rows are zeroed and their weights set to zero, so they add
-   exactly +0 whatever the stale row or the weight held (NaN included), and their ids are never
-   used as indices (the drop bucket is clamped before any table gather). Stored in ``x.dtype``.
+6. **Top-k sum** (fp32, top-k order, from zero): inactive routes add exactly +0 (rows zeroed,
+   weights zero, ids never used as indices); stored in ``x.dtype``.
 
-Padding slots load a clamped A row and store nothing. Every route's output depends
-only on its own row (no split-K across CTAs; the intra-CTA K split's factor is chosen from the
-weight geometry alone, :func:`choose_k_split`, and reduces in a fixed order), so the op is
-**batch invariant**: a token's output at batch M equals its batch-1 output bit for bit, given
-the same routes.
-
-Buffers: :func:`moe_buffer_specs` (exact shapes for the planned ``M``; see each name there).
-Plans are frozen; ``run`` reads the plan and never re-decides anything (R15). A paired phase
-(``fc1_pair``/``fc2_pair``) plans one :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` with ``pair``
-and ``rate_axis`` set (:func:`b12x.ops.moe.pairs.pair_gemm_spec`) in place of the uniform spec; the
-buffers are the same.
+Every route's output depends only on its own row (no split-K across CTAs; the intra-CTA K split
+is chosen from the weight geometry alone, :func:`choose_k_split`, and reduces in a fixed order),
+so the op is **batch invariant**: a token's output at batch M equals its batch-1 output bit for
+bit. Buffers: :func:`moe_buffer_specs`. Plans are frozen; ``run`` never re-decides (R15). A
+paired phase plans one ``MoeGemmSpec`` with ``pair`` and ``rate_axis`` set
+(:func:`b12x.ops.moe.pairs.pair_gemm_spec`). The full notes: docs/notes/b12x.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ caller-owned buffer (``out=`` variants, in-place ops, views), nothing is allocat
 syncs with the host, so :func:`pack_routes_into` can be captured in a CUDA graph. On CPU the same
 code runs, which is how the tests compare it with ``reference.routing.pack_routes``.
 
-Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r = t*top_k + s``)
-----------------------------------------------------------------------------------------------
+Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r = t*top_k + s``):
 * ``packed_route_indices = packed_route_slots[:capacity]`` (int32): active route indices grouped
   by expert (ascending expert, ascending route inside one expert), each group padded to a
   multiple of ``block_size`` with the sentinel ``n``; slots past the last block hold ``n``.
@@ -19,33 +18,12 @@ Layout (identical to ``reference.routing``; ``n = M * top_k`` routes, route ``r 
   for active routes and exactly ``capacity`` for inactive ones (a row kept zero by consumers).
 * ``route_active`` bool ``[n]``.
 
-Algorithm (O(n·E) memory in ``route_onehot``, no sort)
-------------------------------------------------------
-1. ``route_expert`` (int64) = the ids **widened, never narrowed**; ids outside ``[0, E)`` (−1,
-   E, 2^31, 2^32, ...) are found by comparisons in int64 and replaced by the drop bucket ``E``.
-2. ``route_onehot[e, r] = (route_expert[r] == e)`` for ``e`` in ``[0, E]`` (expert-major, a flat
-   buffer viewed ``[E + 1, W]`` with ``W`` = ``n`` padded to whole chunks of :data:`SCAN_CHUNK`
-   routes, so a live prefix stays contiguous), then an inclusive cumsum over routes:
-   ``route_onehot[e, r]`` is the number of routes ``<= r`` of expert ``e``, so column ``n − 1``
-   holds the histogram and ``rank[r] = onehot[expert[r], r] - 1`` is the rank of a route inside
-   its expert in route order (stable, deterministic: no atomics).
+Algorithm (no sort, no atomics, O(n·E) memory): ids widened to int64 (out-of-range ids go to the
+drop bucket ``E``), an expert-major one-hot, a chunked inclusive scan over routes giving each
+route's stable rank in its expert, an exclusive scan of the padded counts, then the scatter and a
+``searchsorted`` for the block experts. Step by step: docs/notes/b12x.md.
 
-   The scan runs per chunk (rows of :data:`SCAN_CHUNK`), then each chunk adds the counts of the
-   chunks before it (``route_chunk_scan``, ``[E + 1, chunks]``): the same integers as one scan
-   per expert. The padding is never written: a scan only carries forward, the padding follows
-   every route of its (last) chunk, and no chunk after it takes its count. Expert-major and
-   chunked because torch scans an innermost dim with every row in parallel but an outer dim one
-   element after another per column: route-major, the scan was 5.9 ms of a 16 ms step at
-   M = 4096 on the H200; expert-major rows of all ``n`` routes, 81 us
-   (``benchmarks/profile_launches.py``).
-3. ``expert_scan[:, 0]`` = exclusive scan of the padded counts (``ceil(c/B)·B``), as a 2-D
-   column so the scan is an outer-dim scan (no library temp storage).
-4. ``route_slot = offset[expert] + rank`` with the drop bucket's offset set to ``capacity``;
-   ``packed_route_slots`` is filled with the sentinel and the route indices scattered in.
-5. ``block_expert_ids = searchsorted(group ends, block starts, right=True)``.
-
-Invariants
-----------
+Invariants:
 * Caller tensors (``topk_ids``) are only read. Capacity beyond int32 is rejected at plan time.
 * Live ``M`` may be below the planned ``M``: every buffer is used through a row-prefix view.
 """
