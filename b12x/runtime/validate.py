@@ -68,7 +68,14 @@ def check_tensor(
     contiguous: bool = True,
     aligned: bool = True,
 ) -> torch.Tensor:
-    """Validate one tensor argument (module docstring); return it unchanged."""
+    """Validate one tensor argument (module docstring); return it unchanged. A malformed check
+    (``dtypes`` not torch dtypes, ``device`` not a device) raises naming that parameter."""
+    if isinstance(dtypes, torch.dtype):
+        dtypes = (dtypes,)
+    if isinstance(dtypes, str | bytes) or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes: expected torch.dtype values (e.g. torch.float16), got {dtypes!r}")
+    if device is not None:
+        device = check_device_arg("device", device)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in tuple(dtypes):
@@ -141,5 +148,7 @@ def check_device_arg(name: str, value: object) -> torch.device:
         raise ValueError(f"{name}: expected a device index >= 0, got {value}")
     try:
         return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: not a device ({exc})") from None
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: {value!r} is not a device (expected e.g. 'cuda', 'cuda:0' or 'cpu')"
+        ) from None

@@ -472,6 +472,13 @@ def check_moe_problem(
         if num_global_experts is None:
             raise ValueError("num_global_experts: tiers route by global id; give the id space")
         check_positive_int("num_global_experts", num_global_experts)
+        total = sum(tier.num_experts for tier in tiers)
+        if num_global_experts < total:
+            raise ValueError(
+                f"num_global_experts: {num_global_experts} global ids cannot address the "
+                f"{total} experts of the two tiers ({tiers[0].num_experts} + "
+                f"{tiers[1].num_experts}); expected at least {total}"
+            )
     elif num_global_experts is not None:
         raise ValueError("num_global_experts: only a tiered plan takes a global id space")
     pairs = _check_pairs(
