@@ -60,6 +60,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from oracle.arguments import output_problem, text
+
 __all__ = ["Refused", "UsageError", "build_parser", "main", "refuse", "write_json_or_refuse"]
 
 ARCH_NOTE = "sm_80, sm_90, sm_120"
@@ -108,11 +110,12 @@ class _Parser(argparse.ArgumentParser):
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
     parser.add_argument(
-        "--json", metavar="FILE", default=default(None), help="write the JSON report"
+        "--json", metavar="FILE", type=text, default=default(None), help="write the JSON report"
     )
     parser.add_argument(
         "--results",
         metavar="DIR",
+        type=text,
         default=default("results"),
         help="where failing cases are saved (default ./results)",
     )
@@ -176,16 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         metavar="FAMILIES",
+        type=text,
         help="default job: comma-separated families to run (default: all of "
         "fingerprints,layout,contracts,dispatch_tiles,compile,gpu)",
     )
     _add_workers(parser)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
-    run.add_argument("--filter", help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
-    run.add_argument("--case", help="one case id (see `grid`)")
-    run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: KxNxT")
-    run.add_argument("--codebook", help="with --tile: compile only this codebook's kernels")
+    run.add_argument("--filter", type=text, help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
+    run.add_argument("--case", type=text, help="one case id (see `grid`)")
+    run.add_argument(
+        "--tile", type=text, help="qualify, compile and (on a GPU) run one tile: KxNxT"
+    )
+    run.add_argument(
+        "--codebook", type=text, help="with --tile: compile only this codebook's kernels"
+    )
     run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
     run.add_argument(
         "--max-cases",
@@ -219,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="shard the GPU grid over N GPUs of this host (one pinned process each), one report",
     )
     grid = sub.add_parser("grid", help="list grid cases")
-    grid.add_argument("--filter", help="grid filter expression")
+    grid.add_argument("--filter", type=text, help="grid filter expression")
     grid.add_argument("--op", choices=("decode", "dense", "moe"))
     contracts = sub.add_parser("contracts", help="static ABI contracts (oracle.contracts.cli)")
     contracts.add_argument("args", nargs=argparse.REMAINDER)
@@ -232,18 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
         delegate = sub.add_parser(name, help=f"{what} (oracle.{name})", add_help=False)
         delegate.add_argument("args", nargs=argparse.REMAINDER)
     replay = sub.add_parser("replay", help="replay a saved failing case")
-    replay.add_argument("path")
+    replay.add_argument("path", type=text)
     coverage = sub.add_parser(
         "coverage", help="per variant: declared by b12x?, judged by which runners, default cases"
     )
     coverage.add_argument(
-        "--json", metavar="FILE", help="write the coverage JSON (oracle.coverage/1)"
+        "--json", metavar="FILE", type=text, help="write the coverage JSON (oracle.coverage/1)"
     )
     coverage.add_argument("-q", "--quiet", action="store_true", help="problems and totals only")
     report = sub.add_parser("report", help="render a JSON report")
-    report.add_argument("report_json")
-    report.add_argument("--png", metavar="DIR", help="write error-vs-shape plots here")
-    report.add_argument("--tile-map", metavar="CASE", help="per-tile error map of one saved case")
+    report.add_argument("report_json", type=text)
+    report.add_argument("--png", metavar="DIR", type=text, help="write error-vs-shape plots here")
+    report.add_argument(
+        "--tile-map", metavar="CASE", type=text, help="per-tile error map of one saved case"
+    )
     for p in (run, grid, replay, report):
         _add_common(p, suppress=True)
     return parser
@@ -570,7 +580,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from oracle.report import Report, plot_error_vs_shape, plot_points, plot_tile_error_map
 
     _no_device_flags(args, "report")
+    out_dir = args.png or (args.results if args.tile_map else None)
+    if out_dir is not None and (problem := output_problem(out_dir, directory=True)):
+        raise UsageError(f"{'--png' if args.png else '--results'}: {problem}")
     report = Report.from_json(args.report_json)
+    if not report.checks:
+        print(f"FAIL: {args.report_json} holds no check: a report that judged nothing fails")
+        return 1
     tile_case = None
     if args.tile_map:
         from oracle.results import check_grid_case, load_case
@@ -636,6 +652,16 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
 # --- entry ----------------------------------------------------------------------------------------
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file or directory the command will write, checked before it does any work."""
+    outputs = [("--json", getattr(args, "json", None), False)]
+    if args.command in (None, "run", "replay"):
+        outputs.append(("--results", getattr(args, "results", None), True))
+    for option, value, directory in outputs:
+        if value is not None and (problem := output_problem(value, directory=directory)):
+            raise UsageError(f"{option}: {problem}")
+
+
 def _refusal_types() -> tuple[type[BaseException], ...]:
     """The error types that mean "refused" (exit 2); their modules are imported lazily, so an
     error can only be one of them when its module is loaded."""
@@ -694,6 +720,7 @@ def _main(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is not None and args.only is not None:
         raise UsageError(f"--only selects families of the default job, not of `{args.command}`")
+    _check_outputs(args)
     handlers = {
         None: _cmd_default,
         "run": _cmd_run,

@@ -71,6 +71,7 @@ from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuf
 from b12x.runtime.validate import (
     HALF_DTYPES,
     check_dtype_choice,
+    check_extent,
     check_positive_int,
 )
 
@@ -438,6 +439,8 @@ def check_moe_problem(
         ("intermediate", intermediate),
     ):
         check_positive_int(name, value)
+        check_extent(name, value)
+    check_extent("m", m * top_k, what=f" tokens x top_k {top_k} routes")
     if hidden % 128 or intermediate % 128:
         raise ValueError(
             f"hidden/intermediate: H={hidden} and I={intermediate} must be multiples of 128"
