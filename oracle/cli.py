@@ -48,7 +48,7 @@ and for every refusal error a command raises (:func:`main` catches them). It rai
 callers see the same exit code as the shell.
 
 Exit codes: 0 every check passed (skips never fail); 1 a check failed; 2 refused (usage,
-selection, file or device); 130 interrupted (``mutate``).
+selection, file or device); 130 interrupted (Ctrl-C, in every command).
 """
 
 from __future__ import annotations
@@ -691,6 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        print(f"python -m oracle{_command_name(argv)}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         if not isinstance(exc, _refusal_types()):
             raise
