@@ -654,3 +654,19 @@ def test_cache_cli_runs_as_a_module_without_a_runpy_warning(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0 and run.stderr == "", run.stderr
     assert "entries: 0" in run.stdout
+
+
+def test_a_same_size_edit_in_a_running_process_changes_the_source_hash(tmp_path, monkeypatch):
+    """The digest memo is keyed by (path, mtime_ns, size): an edit that keeps the size (a
+    constant changed digit for digit) within the same second must still change the key."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "same_size_kernel.py"
+    source.write_text("SCALE = 1234\n")
+    before = cache_keys.source_hash(["same_size_kernel"])
+    stat = source.stat()
+    source.write_text("SCALE = 4321\n")
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000))  # 1 us later, same size
+    assert source.stat().st_size == stat.st_size
+    after = cache_keys.source_hash(["same_size_kernel"])
+    assert after != before
+    assert cache_keys.source_hash(["same_size_kernel"]) == after  # stable when unchanged
