@@ -1,9 +1,10 @@
 """Checks every command applies to its arguments before it does any work (standard library only).
 
-* :func:`text` — an ``argparse`` ``type=`` refusing an empty or blank value: ``--case "$ID"``
+* :func:`nonempty` — an ``argparse`` ``type=`` refusing an empty or blank value: ``--case "$ID"``
   with ``ID`` unset must not mean "no case given" and run everything.
 * :func:`output_problem` — why a path cannot receive a file (or, ``directory=True``, files): it is
-  empty, an existing directory where a file is asked (or a file where a directory is), lies
+  empty, an existing directory (or a name ending in ``/``) where a file is asked, a file where a
+  directory is, lies
   under a regular file, or its nearest existing directory is not writable. Parents that do not
   exist yet are created when writing, so a missing parent is not a problem.
 * :func:`seconds` — an ``argparse`` ``type=`` for a positive finite number of seconds (``nan`` and
@@ -21,10 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["output_problem", "read_json", "seconds", "text"]
+__all__ = ["nonempty", "output_problem", "read_json", "seconds"]
 
 
-def text(value: str) -> str:
+def nonempty(value: str) -> str:
     """``value`` unless empty or blank (``argparse`` type)."""
     if not value.strip():
         raise argparse.ArgumentTypeError("empty value (an unset shell variable?)")
@@ -46,6 +47,8 @@ def output_problem(path: str, *, directory: bool = False) -> str | None:
     """Why ``path`` cannot be written as a file (``directory``: a directory of files), or None."""
     if not str(path).strip():
         return "empty path (an unset shell variable?)"
+    if not directory and str(path).endswith(("/", os.sep)):
+        return f"{path} names a directory (trailing /), not a file"
     target = Path(path)
     if target.exists():
         if directory and not target.is_dir():

@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from oracle.arguments import output_problem, text
+from oracle.arguments import nonempty, output_problem
 
 __all__ = ["Refused", "UsageError", "build_parser", "main", "refuse", "write_json_or_refuse"]
 
@@ -110,12 +110,12 @@ class _Parser(argparse.ArgumentParser):
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
     parser.add_argument(
-        "--json", metavar="FILE", type=text, default=default(None), help="write the JSON report"
+        "--json", metavar="FILE", type=nonempty, default=default(None), help="write the JSON report"
     )
     parser.add_argument(
         "--results",
         metavar="DIR",
-        type=text,
+        type=nonempty,
         default=default("results"),
         help="where failing cases are saved (default ./results)",
     )
@@ -179,20 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         metavar="FAMILIES",
-        type=text,
+        type=nonempty,
         help="default job: comma-separated families to run (default: all of "
         "fingerprints,layout,contracts,dispatch_tiles,compile,gpu)",
     )
     _add_workers(parser)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
-    run.add_argument("--filter", type=text, help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
-    run.add_argument("--case", type=text, help="one case id (see `grid`)")
     run.add_argument(
-        "--tile", type=text, help="qualify, compile and (on a GPU) run one tile: KxNxT"
+        "--filter", type=nonempty, help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'"
+    )
+    run.add_argument("--case", type=nonempty, help="one case id (see `grid`)")
+    run.add_argument(
+        "--tile", type=nonempty, help="qualify, compile and (on a GPU) run one tile: KxNxT"
     )
     run.add_argument(
-        "--codebook", type=text, help="with --tile: compile only this codebook's kernels"
+        "--codebook", type=nonempty, help="with --tile: compile only this codebook's kernels"
     )
     run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
     run.add_argument(
@@ -227,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="shard the GPU grid over N GPUs of this host (one pinned process each), one report",
     )
     grid = sub.add_parser("grid", help="list grid cases")
-    grid.add_argument("--filter", type=text, help="grid filter expression")
+    grid.add_argument("--filter", type=nonempty, help="grid filter expression")
     grid.add_argument("--op", choices=("decode", "dense", "moe"))
     contracts = sub.add_parser("contracts", help="static ABI contracts (oracle.contracts.cli)")
     contracts.add_argument("args", nargs=argparse.REMAINDER)
@@ -240,19 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
         delegate = sub.add_parser(name, help=f"{what} (oracle.{name})", add_help=False)
         delegate.add_argument("args", nargs=argparse.REMAINDER)
     replay = sub.add_parser("replay", help="replay a saved failing case")
-    replay.add_argument("path", type=text)
+    replay.add_argument("path", type=nonempty)
     coverage = sub.add_parser(
         "coverage", help="per variant: declared by b12x?, judged by which runners, default cases"
     )
     coverage.add_argument(
-        "--json", metavar="FILE", type=text, help="write the coverage JSON (oracle.coverage/1)"
+        "--json", metavar="FILE", type=nonempty, help="write the coverage JSON (oracle.coverage/1)"
     )
     coverage.add_argument("-q", "--quiet", action="store_true", help="problems and totals only")
     report = sub.add_parser("report", help="render a JSON report")
-    report.add_argument("report_json", type=text)
-    report.add_argument("--png", metavar="DIR", type=text, help="write error-vs-shape plots here")
+    report.add_argument("report_json", type=nonempty)
     report.add_argument(
-        "--tile-map", metavar="CASE", type=text, help="per-tile error map of one saved case"
+        "--png", metavar="DIR", type=nonempty, help="write error-vs-shape plots here"
+    )
+    report.add_argument(
+        "--tile-map", metavar="CASE", type=nonempty, help="per-tile error map of one saved case"
     )
     for p in (run, grid, replay, report):
         _add_common(p, suppress=True)

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from oracle.arguments import output_problem, read_json, seconds, text
+from oracle.arguments import nonempty, output_problem, read_json, seconds
 from oracle.mutate.catalogue import load_catalogue
 from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
@@ -75,8 +75,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m oracle mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
-    parser.add_argument("--json", metavar="FILE", type=text, help="write the JSON report here")
-    parser.add_argument("--only", metavar="IDS", type=text, help="comma-separated mutant ids")
+    parser.add_argument("--json", metavar="FILE", type=nonempty, help="write the JSON report here")
+    parser.add_argument("--only", metavar="IDS", type=nonempty, help="comma-separated mutant ids")
     parser.add_argument(
         "--jobs", type=int, default=None, help="parallel mutants (default: cores, 6 on a GPU)"
     )
@@ -89,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): fork CPU kill commands from a preloaded server, start GPU ones "
         "as fresh processes; fork or subprocess: one way for all",
     )
-    parser.add_argument("--catalogue", metavar="TOML", type=text, help="another catalogue file")
+    parser.add_argument("--catalogue", metavar="TOML", type=nonempty, help="another catalogue file")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
     parser.add_argument(
-        "--from-json", metavar="FILE", type=text, help="re-render a saved JSON report"
+        "--from-json", metavar="FILE", type=nonempty, help="re-render a saved JSON report"
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="summary lines only")
     return parser
