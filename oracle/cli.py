@@ -18,12 +18,12 @@ Commands:
 Common options: ``--json FILE``, ``--results DIR``, ``--tier cpu|gpu|auto``, ``--require-gpu``,
 ``-q``.
 
-Refusals: every selection, tile, family, input file and the device are validated before anything
-runs; a refusal prints ONE line, ``python -m oracle <command>: error: <why>``, to stderr and exits
-2 (never a traceback). :func:`refuse` is the one place that does so (argparse errors included); it
-raises :class:`Refused`, a ``SystemExit`` with code 2. Exit codes: 0 every check passed (skips
-never fail); 1 a check failed; 2 refused; 130 interrupted (``mutate``). The full notes:
-docs/notes/oracle.md.
+Refusals: every selection, tile, family, input and output file and the device are validated
+before anything runs; a refusal prints ONE line, ``python -m oracle <command>: error: <why>``,
+to stderr and exits 2 (never a traceback). :func:`refuse` is the one place that does so (argparse
+errors included); it raises :class:`Refused`, a ``SystemExit`` with code 2. Exit codes: 0 every
+check passed (skips never fail); 1 a check failed; 2 refused; 130 interrupted (Ctrl-C, in every
+command). The full notes: docs/notes/oracle.md.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from oracle.arguments import nonempty, output_problem
 
 __all__ = ["Refused", "UsageError", "build_parser", "main", "refuse", "write_json_or_refuse"]
 
@@ -83,11 +85,12 @@ class _Parser(argparse.ArgumentParser):
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
     parser.add_argument(
-        "--json", metavar="FILE", default=default(None), help="write the JSON report"
+        "--json", metavar="FILE", type=nonempty, default=default(None), help="write the JSON report"
     )
     parser.add_argument(
         "--results",
         metavar="DIR",
+        type=nonempty,
         default=default("results"),
         help="where failing cases are saved (default ./results)",
     )
@@ -151,16 +154,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         metavar="FAMILIES",
+        type=nonempty,
         help="default job: comma-separated families to run (default: all of "
         "fingerprints,layout,contracts,dispatch_tiles,compile,gpu)",
     )
     _add_workers(parser)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
-    run.add_argument("--filter", help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
-    run.add_argument("--case", help="one case id (see `grid`)")
-    run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: KxNxT")
-    run.add_argument("--codebook", help="with --tile: compile only this codebook's kernels")
+    run.add_argument(
+        "--filter", type=nonempty, help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'"
+    )
+    run.add_argument("--case", type=nonempty, help="one case id (see `grid`)")
+    run.add_argument(
+        "--tile", type=nonempty, help="qualify, compile and (on a GPU) run one tile: KxNxT"
+    )
+    run.add_argument(
+        "--codebook", type=nonempty, help="with --tile: compile only this codebook's kernels"
+    )
     run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
     run.add_argument(
         "--max-cases",
@@ -194,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="shard the GPU grid over N GPUs of this host (one pinned process each), one report",
     )
     grid = sub.add_parser("grid", help="list grid cases")
-    grid.add_argument("--filter", help="grid filter expression")
+    grid.add_argument("--filter", type=nonempty, help="grid filter expression")
     grid.add_argument("--op", choices=("decode", "dense", "moe"))
     contracts = sub.add_parser("contracts", help="static ABI contracts (oracle.contracts.cli)")
     contracts.add_argument("args", nargs=argparse.REMAINDER)
@@ -207,18 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
         delegate = sub.add_parser(name, help=f"{what} (oracle.{name})", add_help=False)
         delegate.add_argument("args", nargs=argparse.REMAINDER)
     replay = sub.add_parser("replay", help="replay a saved failing case")
-    replay.add_argument("path")
+    replay.add_argument("path", type=nonempty)
     coverage = sub.add_parser(
         "coverage", help="per variant: declared by b12x?, judged by which runners, default cases"
     )
     coverage.add_argument(
-        "--json", metavar="FILE", help="write the coverage JSON (oracle.coverage/1)"
+        "--json", metavar="FILE", type=nonempty, help="write the coverage JSON (oracle.coverage/1)"
     )
     coverage.add_argument("-q", "--quiet", action="store_true", help="problems and totals only")
     report = sub.add_parser("report", help="render a JSON report")
-    report.add_argument("report_json")
-    report.add_argument("--png", metavar="DIR", help="write error-vs-shape plots here")
-    report.add_argument("--tile-map", metavar="CASE", help="per-tile error map of one saved case")
+    report.add_argument("report_json", type=nonempty)
+    report.add_argument(
+        "--png", metavar="DIR", type=nonempty, help="write error-vs-shape plots here"
+    )
+    report.add_argument(
+        "--tile-map", metavar="CASE", type=nonempty, help="per-tile error map of one saved case"
+    )
     for p in (run, grid, replay, report):
         _add_common(p, suppress=True)
     return parser
@@ -545,7 +559,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from oracle.report import Report, plot_error_vs_shape, plot_points, plot_tile_error_map
 
     _no_device_flags(args, "report")
+    out_dir = args.png or (args.results if args.tile_map else None)
+    if out_dir is not None and (problem := output_problem(out_dir, directory=True)):
+        raise UsageError(f"{'--png' if args.png else '--results'}: {problem}")
     report = Report.from_json(args.report_json)
+    if not report.checks:
+        print(f"FAIL: {args.report_json} holds no check: a report that judged nothing fails")
+        return 1
     tile_case = None
     if args.tile_map:
         from oracle.results import check_grid_case, load_case
@@ -611,6 +631,16 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
 # --- entry ----------------------------------------------------------------------------------------
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file or directory the command will write, checked before it does any work."""
+    outputs = [("--json", getattr(args, "json", None), False)]
+    if args.command in (None, "run", "replay"):
+        outputs.append(("--results", getattr(args, "results", None), True))
+    for option, value, directory in outputs:
+        if value is not None and (problem := output_problem(value, directory=directory)):
+            raise UsageError(f"{option}: {problem}")
+
+
 def _refusal_types() -> tuple[type[BaseException], ...]:
     """The error types that mean "refused" (exit 2); their modules are imported lazily, so an
     error can only be one of them when its module is loaded."""
@@ -640,6 +670,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        print(f"python -m oracle{_command_name(argv)}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         if not isinstance(exc, _refusal_types()):
             raise
@@ -669,6 +702,7 @@ def _main(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is not None and args.only is not None:
         raise UsageError(f"--only selects families of the default job, not of `{args.command}`")
+    _check_outputs(args)
     handlers = {
         None: _cmd_default,
         "run": _cmd_run,

@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from oracle.arguments import nonempty, output_problem
 from oracle.cli import positive_int_arg, refuse, write_json_or_refuse
 
 __all__ = [
@@ -497,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CASE_ID_OR_FILE",
         help="a grid case id (python -m oracle grid) or a saved case (.json/.safetensors)",
     )
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--json", metavar="FILE", type=nonempty, help="write the report as JSON")
     parser.add_argument(
         "--top", type=positive_int_arg, default=5, metavar="N", help="rows per map (default 5)"
     )
@@ -508,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     """Print the drift report (module docstring); a refusal is one stderr line and exit 2
     (:class:`oracle.cli.Refused`)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.json is not None and (problem := output_problem(args.json)):
+        refuse(PROG, f"--json: {problem}")
     try:
         report = drift(args.source, top=args.top)
     except DriftRefused as exc:

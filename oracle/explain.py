@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from oracle.arguments import nonempty, output_problem
 from oracle.cli import refuse, write_json_or_refuse
 
 __all__ = [
@@ -519,7 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--experts", type=int, help="moe: number of experts")
     parser.add_argument("--pair", help="moe: QSRT pair kind (P22 P33 P24 P43 P44) or dynamic")
     parser.add_argument("--w13-layout", choices=W13_LAYOUTS, help="moe: packed (default) or proj")
-    parser.add_argument("--json", metavar="FILE", help="write the explanation as JSON")
+    parser.add_argument(
+        "--json", metavar="FILE", type=nonempty, help="write the explanation as JSON"
+    )
     return parser
 
 
@@ -560,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     """Print the plan (module docstring); a refusal is one stderr line and exit 2
     (:class:`oracle.cli.Refused`)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.json is not None and (problem := output_problem(args.json)):
+        refuse(PROG, f"--json: {problem}")
     try:
         explanation = explain_args(args)
     except PlanRefused as exc:

@@ -8,8 +8,9 @@
   a GPU tier run on a machine whose GPU is missing would otherwise skip every ``gpu`` test and
   pass. The device scripts (``scripts/gpu_tier.sh`` and friends) pass it.
 * Hypothesis profiles: ``ci`` (derandomised, no deadline; chosen automatically when ``CI`` is
-  set), ``dev`` (the default locally) and ``stress`` (many examples). Pick one with
-  ``--hypothesis-profile``.
+  set), ``dev`` (the default locally) and ``stress`` (many examples, random). Pick one with
+  ``--hypothesis-profile``. A test states its example budget as its count under ``ci``,
+  through :func:`scaled_examples`, never as a literal that would pin it under every profile.
 * Failing cases are saved automatically: a test takes the ``oracle_case`` fixture and fills it
   (``oracle_case.add(name, tensor)``, ``oracle_case.meta.update(...)``, or
   ``oracle_case.from_case(grid_case)``); when the test then fails, the plugin calls
@@ -33,6 +34,19 @@ from typing import Any
 
 import pytest
 
+#: Examples per test under the ``ci`` profile; :func:`scaled_examples` is relative to it.
+CI_EXAMPLES = 60
+_PROFILE_EXAMPLES = {"ci": CI_EXAMPLES, "dev": 40, "stress": 2000}
+
+
+def scaled_examples(ci_count: int) -> int:
+    """A test's example budget, ``ci_count`` under the ``ci`` profile, scaled to the loaded one
+    (``dev`` two thirds of it, ``stress`` 33 times): a costly test asks for fewer than
+    :data:`CI_EXAMPLES` and still grows under ``--hypothesis-profile stress``."""
+    from hypothesis import settings
+
+    return max(1, round(ci_count * settings.default.max_examples / CI_EXAMPLES))
+
 
 def _register_hypothesis_profiles() -> None:
     try:
@@ -40,9 +54,14 @@ def _register_hypothesis_profiles() -> None:
     except ImportError:  # hypothesis is a dev dependency; the plugin still works without it
         return
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("ci", derandomize=True, max_examples=60, print_blob=True, **common)
-    settings.register_profile("dev", max_examples=40, **common)
-    settings.register_profile("stress", max_examples=2000, **common)
+    examples = _PROFILE_EXAMPLES
+    settings.register_profile(
+        "ci", derandomize=True, max_examples=examples["ci"], print_blob=True, **common
+    )
+    settings.register_profile("dev", max_examples=examples["dev"], derandomize=False, **common)
+    settings.register_profile(
+        "stress", max_examples=examples["stress"], derandomize=False, database=None, **common
+    )
     settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from oracle.arguments import read_json
 from oracle.results import device_name, git_sha, jsonable, versions
 
 __all__ = [
@@ -240,13 +241,9 @@ class Report:
     def from_json(cls, path: str | Path) -> Report:
         """Read a report file; :class:`ReportFileError` (one line) for anything unreadable."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ReportFileError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ReportFileError(f"{path} is not JSON ({exc})") from None
+            data = read_json(str(path))
+        except ValueError as exc:
+            raise ReportFileError(str(exc)) from None
         return cls.from_dict(data, source=str(path))
 
     def print_table(

@@ -42,6 +42,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oracle.arguments import read_json
+
 if TYPE_CHECKING:
     import torch
 
@@ -292,13 +294,9 @@ def _int_list(value: Any, where: str) -> list[int]:
 
 def _read_sidecar(json_path: Path) -> dict[str, Any]:
     try:
-        text = json_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CaseFileError(f"cannot read {json_path}: {type(exc).__name__}: {exc}") from None
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CaseFileError(f"{json_path} is not JSON ({exc})") from None
+        meta = read_json(str(json_path))
+    except ValueError as exc:
+        raise CaseFileError(str(exc)) from None
     if not isinstance(meta, dict):
         raise CaseFileError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
     schema = meta.get("schema", CASE_SCHEMA)

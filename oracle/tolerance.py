@@ -30,6 +30,7 @@ per-variant knobs (its constants: :mod:`oracle.envelope`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -225,6 +226,9 @@ def judge_linear(
     g16 = operand_bound(gemm, obs.get("gemm"), f16)
     output = _linear_output(env.h128_bound(g16), g16.sys, svh, bias, x.dtype)
     reports["output"] = env.check_stage(output, y.reshape(m, n))
+    if "gemm" not in obs:
+        widened, recovered = _recovered_gemm(gemm, y.reshape(m, n), svh, bias)
+        reports["gemm_recovered"] = env.check_stage(widened, recovered)
 
     exact = ref_linear.forward_decoded(x, weight, suh, svh, bias, precision="exact")
     faithful = ref_linear.forward_decoded(
@@ -233,6 +237,50 @@ def judge_linear(
     coarse = coarse_verdict(y.reshape(m, n), exact.reshape(m, n), faithful.reshape(m, n), tol)
     extra = {"compute_dtype": str(cd), "k": k, "observed": sorted(obs)}
     return summarise(reports, coarse, extra)
+
+
+def _recovered_gemm(
+    gemm: env.StageSet, y: torch.Tensor, svh: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[env.StageSet, torch.Tensor]:
+    """The GEMM values recovered from the output, ``r = H128 · ((y - bias) / svh)`` (H128 is
+    symmetric and orthogonal), and the GEMM stage's set in fp16 widened by what the output
+    chain's roundings can move ``r``.
+
+    The output check alone sees one GEMM value through the rotation, spread over 128 outputs at
+    ``1/√128`` of its size, so a single wrong weight at one token row hides in it. Per output
+    ``j``, ``(y_j - bias_j)/svh_j`` differs from ``(H128 · fp16(gemm))_j`` by round-to-nearest
+    errors of at most half an ulp each (``fp16(h)``; ``fp16(h · svh)``, the fp32 and fp16 sums
+    with the bias and the output cast, divided by ``|svh_j|``) plus the fp32 butterfly's
+    directed error. Mixed back by H128 (entries ``±1/√128``), the zero-mean part is bounded like
+    the GEMM's accumulation error (Azuma-Hoeffding, :data:`~oracle.envelope.LAMBDA` times the
+    quadrature sum), the butterfly's worst case through ``|H128|``. Magnitudes come from ``|y|``
+    and ``|bias|`` with a 1 % margin (an ulp never shrinks as the magnitude grows)."""
+    f16, f32 = torch.float16, torch.float32
+    y64 = y.detach().to(torch.float64)
+    scale = svh.to(torch.float64).abs()
+    shift = torch.zeros_like(scale) if bias is None else bias.to(torch.float64)
+    lo, hi = env.round_values(gemm.lo, f16), env.round_values(gemm.hi, f16)
+    q = y64.abs() * 1.01 + env.ulp(y64, y.dtype)  # the fp16 sum before the output cast
+    p = (q + shift.abs()) * 1.01  # fp16(h · svh)
+    h = p / scale * 1.01  # fp16(h)
+    halves = [env.ulp(p, f16), env.ulp(q, f16), env.ulp(q, f32)]
+    if y.dtype != f16:
+        halves.append(env.ulp(y64, y.dtype))
+    square = (env.ulp(h, f16) / 2) ** 2 + sum((u / 2) ** 2 for u in halves) / scale**2
+    butterfly = env.GAMMA_H * env.abs_h128(torch.maximum(lo.abs(), hi.abs()))
+    zero_mean = (env.abs_h128(square) / math.sqrt(env.BLOCK)).sqrt()
+    slack = env.LAMBDA * zero_mean + env.abs_h128(butterfly)
+    recovered = env.exact_h128((y64 - shift) / svh.to(torch.float64))
+    widened = env.StageSet(
+        "gemm_recovered",
+        f16,
+        lo - slack,
+        hi + slack,
+        gemm.centre,
+        torch.full_like(slack, math.inf),  # no bias gate: the recovery noise is not a shift
+        torch.zeros_like(slack),
+    )
+    return widened, recovered
 
 
 def _linear_output(

@@ -191,10 +191,18 @@ class TrellisExperts:
     def bits(self) -> int:
         return self.w2.shape[-1] // 16
 
-    def decode_expert(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(Wq_gate [H, I], Wq_up [H, I], Wq_down [I, H])`` of one expert, float16."""
+    def check_expert(self, expert: object) -> int:
+        """``expert`` as an index of this stack: an int (not a bool) in ``[0, num_experts)``;
+        a negative index is refused, never counted from the end."""
+        if isinstance(expert, bool) or not isinstance(expert, int):
+            raise TypeError(f"expert: expected int, got {type(expert).__name__}")
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert: {expert} is outside [0, {self.num_experts})")
+        return expert
+
+    def decode_expert(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(Wq_gate [H, I], Wq_up [H, I], Wq_down [I, H])`` of one expert, float16."""
+        self.check_expert(expert)
         inter = self.intermediate_size
         if self.w13_layout == "packed":
             fc1 = decode(self.w13[expert], self.codebook)
@@ -206,6 +214,7 @@ class TrellisExperts:
 
     def expert_rotations(self, expert: int) -> ExpertRotations:
         """The six rotation vectors of one expert (broadcast rows resolved)."""
+        self.check_expert(expert)
         inter = self.intermediate_size
 
         def row(table: torch.Tensor) -> torch.Tensor:
@@ -243,16 +252,14 @@ ExpertSource = Callable[
 def validate_moe_inputs(
     x: object,
     hidden_size: int,
-    topk_weights: object | None,
     topk_ids: object,
     precision: object,
     compute_dtype: object,
     device: torch.device | None = None,
 ) -> None:
-    """Check the forward arguments; every error names the argument. Ids are never narrowed.
-
-    ``topk_weights=None`` checks everything but the weights (for :func:`expert_route_outputs`);
-    ``device`` (the experts' device), when given, must be ``x``'s device.
+    """Check the forward arguments but the route weights (:func:`validate_topk_weights`); every
+    error names the argument. Ids are never narrowed. ``device`` (the experts' device), when
+    given, must be ``x``'s device.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
@@ -270,8 +277,11 @@ def validate_moe_inputs(
         raise ValueError(f"topk_ids: {topk_ids.shape[0]} token rows, but x has {x.shape[0]} rows")
     if topk_ids.device != x.device:
         raise ValueError(f"topk_ids: expected device {x.device}, got {topk_ids.device}")
-    if topk_weights is None:
-        return
+
+
+def validate_topk_weights(topk_weights: object, topk_ids: torch.Tensor, x: torch.Tensor) -> None:
+    """The route weights of a weighted forward: a floating tensor shaped and placed like the ids
+    (``None`` is refused like any other non-tensor: there is no unweighted forward)."""
     topk_weights = check_tensor(topk_weights, "topk_weights")
     if not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights: expected a floating dtype, got {topk_weights.dtype}")
@@ -493,7 +503,7 @@ def stack_route_stages(
 
     Stages no route reached are absent from the dict (an all-inactive batch returns ``{}``)."""
     validate_moe_inputs(
-        x, experts.hidden_size, None, topk_ids, "faithful", compute_dtype, experts.w13.device
+        x, experts.hidden_size, topk_ids, "faithful", compute_dtype, experts.w13.device
     )
     shared = experts.w13_layout == "packed"
 
@@ -523,7 +533,7 @@ def stack_route_outputs(
     entry points check the stack's class, then call this.
     """
     validate_moe_inputs(
-        x, experts.hidden_size, None, topk_ids, precision, compute_dtype, experts.w13.device
+        x, experts.hidden_size, topk_ids, precision, compute_dtype, experts.w13.device
     )
     shared = experts.w13_layout == "packed"
 
@@ -546,8 +556,9 @@ def stack_moe_forward(
 ) -> torch.Tensor:
     """:func:`moe_forward` of any expert stack accepted by :func:`stack_route_outputs`."""
     validate_moe_inputs(
-        x, experts.hidden_size, topk_weights, topk_ids, precision, compute_dtype, experts.w13.device
+        x, experts.hidden_size, topk_ids, precision, compute_dtype, experts.w13.device
     )
+    validate_topk_weights(topk_weights, topk_ids, x)
     outputs, active = stack_route_outputs(
         x, experts, topk_ids, precision=precision, compute_dtype=compute_dtype
     )

@@ -226,6 +226,7 @@ class PairedExperts:
 
     def expert_kind(self, phase: str, expert: int) -> str | None:
         """The pair kind of ``phase`` ("fc1"/"fc2") for ``expert`` (None when unpaired)."""
+        self._uniform.check_expert(expert)
         choice = getattr(self, f"{phase}_pair")
         if choice != DYNAMIC:
             return choice
@@ -233,8 +234,7 @@ class PairedExperts:
 
     def decode_expert(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(Wq_gate [H, I], Wq_up [H, I], Wq_down [I, H])`` of one expert, float16."""
-        if not 0 <= expert < self.num_experts:
-            raise ValueError(f"expert: {expert} is outside [0, {self.num_experts})")
+        self._uniform.check_expert(expert)
         h, i = self.hidden_size, self.intermediate_size
         pairs = i // PAIR_CHANNELS
         kind1, kind2 = self.expert_kind("fc1", expert), self.expert_kind("fc2", expert)

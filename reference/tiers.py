@@ -42,6 +42,7 @@ from reference.moe import (
     TrellisExperts,
     route_outputs_from_source,
     validate_moe_inputs,
+    validate_topk_weights,
     weighted_route_sum,
 )
 from reference.routing import active_mask
@@ -268,14 +269,9 @@ def mixed_moe_forward(
     if not isinstance(mixed, MixedTierExperts):
         raise TypeError(f"mixed: expected MixedTierExperts, got {type(mixed).__name__}")
     validate_moe_inputs(
-        x,
-        mixed.hidden_size,
-        topk_weights,
-        topk_global_ids,
-        precision,
-        compute_dtype,
-        mixed.tier0.w13.device,
+        x, mixed.hidden_size, topk_global_ids, precision, compute_dtype, mixed.tier0.w13.device
     )
+    validate_topk_weights(topk_weights, topk_global_ids, x)
     combined = mixed.combined_ids(topk_global_ids)
 
     outputs, active = route_outputs_from_source(

@@ -420,7 +420,7 @@ def compiled_kernel(
 # ---------------------------------------------------------------------------- maintenance
 
 
-def _entry_files(root: Path) -> list[Path]:
+def entry_files(root: Path) -> list[Path]:
     return [
         p
         for d in sorted(root.glob("v[0-9]*"))
@@ -435,38 +435,8 @@ def clear(root: str | os.PathLike[str] | None = None) -> int:
     base = cache_root() if root is None else Path(root)
     if base is None or not base.is_dir():
         return 0
-    removed = len(_entry_files(base))
+    removed = len(entry_files(base))
     for child in base.iterdir():
         if child.is_dir() and (re.fullmatch(r"v\d+", child.name) or child.name == "dumps"):
             shutil.rmtree(child, ignore_errors=True)
     return removed
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m b12x.runtime.compile_cache [--dir DIR] [--clear]``: show or clear the cache."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m b12x.runtime.compile_cache",
-        description="Show (default) or clear the b12x kernel disk cache.",
-    )
-    parser.add_argument("--dir", help="cache root (default: $B12X_CACHE_DIR, XDG or ~/.cache)")
-    parser.add_argument("--clear", action="store_true", help="delete every cached kernel")
-    args = parser.parse_args(None if argv is None else list(argv))
-    root = Path(args.dir) if args.dir else cache_root()
-    if root is None:
-        print(f"disk cache is off ({CACHE_DIR_ENV}={os.environ.get(CACHE_DIR_ENV)})")
-        return 0
-    if args.clear:
-        print(f"removed {clear(root)} kernel entries under {root}")
-        return 0
-    files = _entry_files(root) if root.is_dir() else []
-    size = sum(p.stat().st_size for p in files if p.is_file())
-    print(f"root: {root}")
-    print(f"entries: {len(files)} ({size / 1e6:.1f} MB) in format v{DISK_FORMAT} and older")
-    print(f"clear with: python -m b12x.runtime.compile_cache --clear  (or rm -r {root})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

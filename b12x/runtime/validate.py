@@ -36,6 +36,7 @@ __all__ = [
     "check_choice",
     "check_codebook_bits",
     "check_device_arg",
+    "check_extent",
     "check_dtype_choice",
     "check_positive_int",
     "check_tensor",
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+#: The largest extent a kernel indexes: tensor shapes (and route ids) are 32-bit signed ints in
+#: the compiled kernels, so a dimension or a route count past it cannot be launched.
+MAX_EXTENT = 2**31 - 1
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
@@ -68,7 +73,14 @@ def check_tensor(
     contiguous: bool = True,
     aligned: bool = True,
 ) -> torch.Tensor:
-    """Validate one tensor argument (module docstring); return it unchanged."""
+    """Validate one tensor argument (module docstring); return it unchanged. A malformed check
+    (``dtypes`` not torch dtypes, ``device`` not a device) raises naming that parameter."""
+    if isinstance(dtypes, torch.dtype):
+        dtypes = (dtypes,)
+    if isinstance(dtypes, str | bytes) or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes: expected torch.dtype values (e.g. torch.float16), got {dtypes!r}")
+    if device is not None:
+        device = check_device_arg("device", device)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in tuple(dtypes):
@@ -84,6 +96,17 @@ def check_tensor(
     if aligned and not is_16b_aligned(t):
         raise ValueError(f"{name}: data pointer must be 16-byte aligned")
     return t
+
+
+def check_extent(name: str, value: int, *, what: str = "") -> int:
+    """``value`` (an int already checked positive) within :data:`MAX_EXTENT`; raises naming
+    ``name`` and the limit. A ``torch.SymInt`` (tracing) is not compared."""
+    if isinstance(value, int) and value > MAX_EXTENT:
+        raise ValueError(
+            f"{name}: {value}{what} exceeds the kernels' index range (at most 2**31 - 1 = "
+            f"{MAX_EXTENT}: shapes are 32-bit ints in the compiled kernels)"
+        )
+    return value
 
 
 def check_codebook_bits(codebook: object, bits: object) -> tuple[str, int]:
@@ -141,5 +164,7 @@ def check_device_arg(name: str, value: object) -> torch.device:
         raise ValueError(f"{name}: expected a device index >= 0, got {value}")
     try:
         return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: not a device ({exc})") from None
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: {value!r} is not a device (expected e.g. 'cuda', 'cuda:0' or 'cpu')"
+        ) from None

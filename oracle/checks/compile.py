@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from oracle.interrupts import deferred_sigint
 from oracle.report import CheckResult
 
 __all__ = ["ARCHES", "MMA", "run", "spec_name"]
@@ -173,16 +174,20 @@ def run(
     cache = _Cache(cache_path, source_fingerprint(support))
     start = time.monotonic()
     out = []
-    for i, spec in enumerate(specs):
-        if budget_s > 0 and time.monotonic() - start > budget_s:
-            why = (
-                f"time budget {budget_s:.0f} s spent; {len(specs) - i} of {len(specs)} "
-                "specializations not compiled (python -m oracle run --compile-all "
-                "--compile-budget 0 compiles all)"
-            )
-            out.append(CheckResult("compile.budget", "cpu", "skip", why))
-            break
-        out.append(_check_spec(support, spec, arches, cache))
-        advance()
-    cache.save()
+    try:
+        with deferred_sigint() as interrupt:  # never unwind through the compiler's C++ frames
+            for i, spec in enumerate(specs):
+                interrupt.check()
+                if budget_s > 0 and time.monotonic() - start > budget_s:
+                    why = (
+                        f"time budget {budget_s:.0f} s spent; {len(specs) - i} of {len(specs)} "
+                        "specializations not compiled (python -m oracle run --compile-all "
+                        "--compile-budget 0 compiles all)"
+                    )
+                    out.append(CheckResult("compile.budget", "cpu", "skip", why))
+                    break
+                out.append(_check_spec(support, spec, arches, cache))
+                advance()
+    finally:
+        cache.save()  # what was compiled before an interrupt is kept
     return out

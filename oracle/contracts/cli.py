@@ -35,6 +35,8 @@ import json
 import sys
 from pathlib import Path
 
+from oracle.arguments import nonempty, output_problem
+
 from .check import DEFAULT_LOCK_PATH, DEFAULT_SLOTS_PATH, check_package, default_root
 from .entries import format_percent
 from .index import build_index
@@ -59,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Static ABI contract checker: binds every call into the package by name.",
     )
     parser.add_argument("--root", type=Path, help="package directory (default: installed b12x)")
-    parser.add_argument("--json", type=Path, help="write violations and a summary to FILE")
+    parser.add_argument("--json", type=nonempty, help="write violations and a summary to FILE")
     parser.add_argument(
         "--lock", type=Path, help="ABI signature lock (default for b12x: fixtures/abi_lock.json)"
     )
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    if args.json is not None and (problem := output_problem(args.json)):
+        raise _Refused(f"--json: {problem}")
     root = (args.root or default_root()).resolve()
     is_b12x = root == default_root()
     lock = args.lock if args.lock is not None else (DEFAULT_LOCK_PATH if is_b12x else None)
@@ -155,11 +159,18 @@ def _main(argv: list[str] | None) -> int:
         for call in entries.unresolved:
             print(call.format(Path.cwd()))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
             json.dumps({"schema": SCHEMA, **report.to_json()}, indent=2) + "\n", encoding="utf-8"
         )
     status = 0 if report.ok else 1
+    if entries.total == 0:
+        print(
+            f"FAIL: contracts judged nothing: no call into a marked kernel entry or shared body "
+            f"under {_display_path(str(root))}"
+        )
+        status = 1
     minimum = args.min_entry_calls
     if minimum is not None and entries.below(minimum):
         print(

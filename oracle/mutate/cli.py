@@ -38,6 +38,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from oracle.arguments import nonempty, output_problem, read_json, seconds
 from oracle.mutate.catalogue import load_catalogue
 from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
@@ -69,12 +70,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m oracle mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", choices=("cpu", "gpu", "all"), default="cpu")
-    parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
-    parser.add_argument("--only", metavar="IDS", help="comma-separated mutant ids")
+    parser.add_argument("--json", metavar="FILE", type=nonempty, help="write the JSON report here")
+    parser.add_argument("--only", metavar="IDS", type=nonempty, help="comma-separated mutant ids")
     parser.add_argument(
         "--jobs", type=int, default=None, help="parallel mutants (default: cores, 6 on a GPU)"
     )
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per kill command")
+    parser.add_argument("--timeout", type=seconds, default=300.0, help="seconds per kill command")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
     parser.add_argument(
         "--isolation",
@@ -83,9 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): fork CPU kill commands from a preloaded server, start GPU ones "
         "as fresh processes; fork or subprocess: one way for all",
     )
-    parser.add_argument("--catalogue", metavar="TOML", help="another catalogue file")
+    parser.add_argument("--catalogue", metavar="TOML", type=nonempty, help="another catalogue file")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    parser.add_argument("--from-json", metavar="FILE", help="re-render a saved JSON report")
+    parser.add_argument(
+        "--from-json", metavar="FILE", type=nonempty, help="re-render a saved JSON report"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="summary lines only")
     return parser
 
@@ -102,6 +105,8 @@ def select(mutants: Sequence, tier: str, only: str | None) -> list:
     chosen = [m for m in mutants if tier == "all" or m.tier == tier]
     if only:
         wanted = [i.strip() for i in only.split(",") if i.strip()]
+        if not wanted:
+            raise ValueError(f"only: {only!r} names no mutant id")
         tiers = {m.id: m.tier for m in mutants}
         unknown = [i for i in wanted if i not in tiers]
         if unknown:
@@ -192,11 +197,9 @@ def _report(args, results, summary, gpu) -> dict:
 def _load_saved(path: str) -> dict:
     """A saved mutate report, validated; ValueError (one line) otherwise."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--from-json: cannot read {path}: {type(exc).__name__}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--from-json: {path} is not JSON ({exc})") from None
+        data = read_json(path)
+    except ValueError as exc:
+        raise ValueError(f"--from-json: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--from-json: {path}: expected a JSON object")
     schema = data.get("schema", SCHEMA)
@@ -211,11 +214,21 @@ def _load_saved(path: str) -> dict:
     for i, row in enumerate(data["results"]):
         if not isinstance(row, dict) or not row_keys <= set(row):
             raise ValueError(f"--from-json: {path}: results[{i}] lacks {sorted(row_keys)}")
+        if not isinstance(row["seconds"], int | float) or isinstance(row["seconds"], bool):
+            raise ValueError(f"--from-json: {path}: results[{i}].seconds is not a number")
+    for tier, counts in data["summary"].items():
+        if not isinstance(counts, dict) or not all(
+            isinstance(counts.get(k), int) for k in ("killed", "survived", "stale", "error")
+        ):
+            raise ValueError(f"--from-json: {path}: summary[{tier!r}] lacks its counts")
     return data
 
 
 def _render_saved(path: str) -> int:
     data = _load_saved(path)
+    if not data["results"]:
+        print(f"FAIL: {path} judged no mutant: a gate that ran nothing does not pass")
+        return 1
     for line in _rate_lines(data["summary"]):
         print(line)
     for line in report_lines(data["results"]):
@@ -267,19 +280,23 @@ def _main(argv: Sequence[str] | None) -> int:
         except ValueError as exc:
             print(f"python -m oracle mutate: error: {exc}", file=sys.stderr)
             return 2
+    if args.json and (problem := output_problem(args.json)):
+        parser.error(f"--json: {problem}")
+    if args.catalogue and not Path(args.catalogue).is_file():
+        parser.error(f"--catalogue: {args.catalogue} is not a file")
     try:
         mutants = load_catalogue(args.catalogue)
         chosen = select(mutants, args.tier, args.only)
     except ValueError as exc:
         parser.error(str(exc))
+    if not chosen:
+        parser.error(f"--tier {args.tier}: the catalogue has no mutant of this tier")
     if args.list:
         for m in chosen:
             print(f"{m.id:40s} {m.klass:4s} {m.tier:4s} {m.kill.describe()}")
         return 0
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs: expected a positive int, got {args.jobs}")
-    if args.timeout <= 0:
-        parser.error(f"--timeout: expected positive seconds, got {args.timeout}")
     gpu = _cuda() if any(m.tier == "gpu" for m in chosen) else False
     if args.tier == "gpu" and not gpu and any(m.tier == "gpu" for m in chosen):
         print(

@@ -26,7 +26,7 @@ from b12x.launch import kinds, toolchain
 from b12x.launch import specs as kernel_specs
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import plan_dense
-from b12x.runtime import cache_keys, disk_store
+from b12x.runtime import cache_cli, cache_keys, disk_store
 from b12x.runtime import compile_cache as cc
 from oracle.tiles import DEVICES
 
@@ -487,9 +487,9 @@ def test_clear_removes_entries_and_dumps_but_nothing_else(disk, capsys):
     (disk.root / "v0" / "old").mkdir(parents=True)
     (disk.root / "v0" / "old" / "a.kobj").write_bytes(b"old format")
     (disk.root / "notes.txt").write_text("mine")
-    assert cc.main(["--dir", str(disk.root)]) == 0
+    assert cache_cli.main(["--dir", str(disk.root)]) == 0
     assert "entries: 3" in capsys.readouterr().out
-    assert cc.main(["--dir", str(disk.root), "--clear"]) == 0
+    assert cache_cli.main(["--dir", str(disk.root), "--clear"]) == 0
     assert "removed 3 kernel entries" in capsys.readouterr().out
     assert sorted(p.name for p in disk.root.iterdir()) == ["notes.txt"]
 
@@ -622,3 +622,51 @@ def test_gpu_second_process_loads_the_kernel_and_it_decodes_exactly(tmp_path):
     assert first["exact"] and second["exact"]
     assert (first["compiles"], first["disk_writes"], first["disk_loads"]) == (1, 1, 0)
     assert (second["compiles"], second["disk_loads"], second["disk_discarded"]) == (0, 1, 0)
+
+
+@pytest.mark.parametrize("clear", [False, True])
+@pytest.mark.parametrize("where", ["file", "under_file", "env_file"])
+def test_cache_cli_refuses_a_root_that_cannot_be_a_directory(
+    tmp_path, monkeypatch, capsys, where, clear
+):
+    """A regular file (or a path under one) as the cache root is exit 2 with one stderr line,
+    never "0 entries" / "removed 0" and exit 0; the file is left alone."""
+    regular = tmp_path / "cache-file"
+    regular.write_text("not a cache")
+    root = regular / "x" if where == "under_file" else regular
+    argv = ["--clear"] if clear else []
+    if where == "env_file":
+        monkeypatch.setenv("B12X_CACHE_DIR", str(root))
+    else:
+        argv += ["--dir", str(root)]
+    assert cache_cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert str(regular) in err and ("B12X_CACHE_DIR" if where == "env_file" else "--dir") in err
+    assert regular.read_text() == "not a cache"
+
+
+def test_cache_cli_runs_as_a_module_without_a_runpy_warning(tmp_path):
+    env = dict(os.environ, B12X_CACHE_DIR=str(tmp_path / "none-yet"))
+    run = subprocess.run(
+        [sys.executable, "-m", "b12x.runtime.cache_cli"], capture_output=True, text=True,
+        env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert "entries: 0" in run.stdout
+
+
+def test_a_same_size_edit_in_a_running_process_changes_the_source_hash(tmp_path, monkeypatch):
+    """The digest memo is keyed by (path, mtime_ns, size): an edit that keeps the size (a
+    constant changed digit for digit) within the same second must still change the key."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "same_size_kernel.py"
+    source.write_text("SCALE = 1234\n")
+    before = cache_keys.source_hash(["same_size_kernel"])
+    stat = source.stat()
+    source.write_text("SCALE = 4321\n")
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000))  # 1 us later, same size
+    assert source.stat().st_size == stat.st_size
+    after = cache_keys.source_hash(["same_size_kernel"])
+    assert after != before
+    assert cache_keys.source_hash(["same_size_kernel"]) == after  # stable when unchanged

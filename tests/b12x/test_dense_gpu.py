@@ -1,8 +1,8 @@
 """GPU: the dense trellis linear against the exact and faithful references (spec §3.2–3.3).
 
-Gate: ``relL2(y, exact) <= max(2 · relL2(faithful, exact), floor)`` plus a tight
-closeness to the faithful reference (the kernel's only latitude is the fp32 summation order), and
-a worst-row cosine. The H128 rotation kernels are compared against the reference's faithful
+Every output is judged by :func:`oracle.tolerance.judge_linear` (the element-wise envelope of
+the kernel's rounding chain, the bias gate and the coarse gates) against the reference's decode
+of the same payload. The H128 rotation kernels are compared against the reference's faithful
 rotation steps, and an external H128 callback (exllamav3 contract) is exercised.
 """
 
@@ -20,15 +20,11 @@ from b12x.ops.dense.plan import (
     plan_dense,
     run_dense,
 )
+from oracle.tolerance import judge_linear
 from reference import linear as ref_linear
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu
-
-
-def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _layer(k: int, n: int, bits: int, seed: int):
@@ -83,18 +79,13 @@ def trellis_linear(
 
 
 def _check(y, x, payload, suh, svh, codebook, compute_dtype, bias=None):
+    """``y`` judged by the oracle's element-wise linear judge against the reference's decode."""
     weight = ref_trellis.decode(payload, codebook)
-    exact = ref_linear.forward_decoded(x.cpu(), weight, suh, svh, bias, precision="exact")
-    faithful = ref_linear.forward_decoded(
-        x.cpu(), weight, suh, svh, bias, precision="faithful", compute_dtype=compute_dtype
-    )
-    floor = 2e-3 if compute_dtype == torch.float16 else 1e-2
-    ref_err = _rel_l2(faithful, exact)
-    err = _rel_l2(y.cpu(), exact)
-    assert err <= max(2 * ref_err, floor), (err, ref_err)
-    assert _rel_l2(y.cpu(), faithful) <= max(ref_err, floor)
-    cos = torch.nn.functional.cosine_similarity(y.cpu().double(), exact, dim=1)
-    assert float(cos.min()) > 0.999
+    verdict = judge_linear(
+        y.cpu(), x=x.cpu(), weight=weight, suh=suh, svh=svh, bias=bias,
+        compute_dtype=compute_dtype,
+    )  # fmt: skip
+    assert verdict.passed, verdict.reason
 
 
 @pytest.mark.parametrize(
@@ -171,13 +162,6 @@ def test_every_dtype_pair_with_and_without_a_bias(m, compute_dtype, x_dtype, wit
     ).clone()  # fmt: skip
     assert y.dtype == x_dtype and y.shape == (m, n)
     _check(y, x, payload, suh, svh, "mcg", compute_dtype, bias)
-    weight = ref_trellis.decode(payload, "mcg")
-    faithful = ref_linear.forward_decoded(
-        x, weight, suh, svh, bias, precision="faithful", compute_dtype=compute_dtype
-    )
-    # Where the reference rounds (fp16 rotations, the GEMM output in the compute dtype, the bias
-    # add, the x.dtype cast) so does the kernel chain; the GEMM's fp32 sums may differ in order.
-    assert float((y.cpu() == faithful).float().mean()) > 0.5
 
 
 def test_decode_matmul_path_matches_references():

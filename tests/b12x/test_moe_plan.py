@@ -207,6 +207,11 @@ def test_block_size_grows_with_routes_per_expert():
         ({"bits": (3, 4), "num_experts": 8}, ValueError, "bits/num_experts"),
         ({"num_global_experts": 8}, ValueError, "num_global_experts"),
         ({"bits": (3, 4), "num_experts": (4, 4)}, ValueError, "num_global_experts"),
+        (
+            {"bits": (3, 4), "num_experts": (32, 32), "num_global_experts": 10},
+            ValueError,
+            "num_global_experts: 10 global ids cannot address the 64 experts",
+        ),
         ({"m_tiles": 3}, ValueError, "m_tiles"),
     ],
 )

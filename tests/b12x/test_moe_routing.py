@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from b12x.ops.moe import routing
 from b12x.runtime.scratch import allocate_buffers
+from oracle.pytest_plugin import scaled_examples
 from reference.routing import pack_routes
 
 
@@ -80,7 +81,7 @@ ID_VALUES = {
 }
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(
     m=st.sampled_from([1, 2, 7, 16, 33]),
     top_k=st.sampled_from([1, 2, 8]),

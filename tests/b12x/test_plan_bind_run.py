@@ -23,6 +23,7 @@ from b12x.ops.dense.plan import DenseOp
 from b12x.runtime import compile_cache as cc
 from b12x.runtime.scratch import BufferNotProvided
 from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend, capture_graph
+from oracle.pytest_plugin import scaled_examples
 from oracle.tiles import SimulatedDevice
 
 F16, BF16, F32, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int32
@@ -159,7 +160,7 @@ def test_pinned_tile_sets_the_kernel_geometry():
     ]
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=scaled_examples(40))
 @given(
     m=st.sampled_from([1, 16, 63, 64, 127, 128, 129, 1024, 1025]),
     kn=st.sampled_from([(256, 256), (2048, 4096), (512, 6144)]),

@@ -12,6 +12,7 @@ from b12x.kernels.stream_k_schedule import head_owner, segments, stream_k_range,
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import mainloop as mainloop_table
+from oracle.pytest_plugin import scaled_examples
 
 DEEP = mainloop_table.TENSOR_DEEP
 DEEP_GEOMETRY = dict(
@@ -43,7 +44,7 @@ def _walk(tiles: int, units: int, ctas: int):
     return cover, pieces, heads
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=scaled_examples(300), deadline=None)
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 200))
 def test_the_schedule_runs_every_unit_once_and_adds_every_piece(tiles, units, ctas):
     ctas = min(ctas, tiles * units)

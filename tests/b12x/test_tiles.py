@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b12x.ops.dense import tiles as T
+from oracle.pytest_plugin import scaled_examples
 from oracle.tiles import (
     DEVICES,
     SimulatedDevice,
@@ -144,7 +145,7 @@ PROBLEMS = st.builds(
 )
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=scaled_examples(40))
 @given(problem=PROBLEMS, device=st.sampled_from((*DEVICES, TINY)))
 def test_auto_select_round_trips_through_pin(problem, device):
     tile = T.auto_select(problem, device)

@@ -499,7 +499,10 @@ def _families_with(monkeypatch, gpu_body, *, workers: bool):
         if name == "gpu":
             gpu_started.set()
             return gpu_body()
-        log.append(f"{name}:gpu_started={gpu_started.is_set()}")
+        # With workers the gpu family must already be under way: wait for that event (a thread
+        # started late on a loaded machine is not a failure); without, nothing may wait on it.
+        started = gpu_started.wait(timeout=60) if workers else gpu_started.is_set()
+        log.append(f"{name}:gpu_started={started}")
         return [CheckResult(f"{name}.x", "cpu", "pass")]
 
     monkeypatch.setattr(checks, "run_family", fake_family)
@@ -509,12 +512,9 @@ def _families_with(monkeypatch, gpu_body, *, workers: bool):
 
 
 def test_gpu_workers_start_before_the_cpu_families_and_the_order_is_kept(monkeypatch):
-    import time
-
     from oracle.report import CheckResult
 
     def gpu_body():
-        time.sleep(0.2)
         return [CheckResult("gpu.differential_grid", "gpu", "pass")]
 
     got, log = _families_with(monkeypatch, gpu_body, workers=True)

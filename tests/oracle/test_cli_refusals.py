@@ -73,6 +73,21 @@ def make_file(kind: str, tmp_path):
         path.write_text("{ not json")
     elif kind == "missing":
         path = tmp_path / "absent.json"
+    elif kind == "deep":  # past the JSON decoder's recursion limit
+        path = tmp_path / "deep.json"
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "regular":
+        path = tmp_path / "regular.txt"
+        path.write_text("a regular file")
+    elif kind == "under_regular":
+        (tmp_path / "regular.txt").write_text("a regular file")
+        path = tmp_path / "regular.txt" / "out.json"
+    elif kind == "mutate_bad_summary":
+        row = {"id": "a", "class": "R1", "tier": "cpu", "status": "killed", "seconds": 1.0}
+        row |= {"killer": "t", "reason": "", "kill": "t"}
+        path = tmp_path / "mutate.json"
+        path.write_text(json.dumps({"schema": "oracle.mutate/1", "summary": {"cpu": [1]},
+                                    "results": [row]}))  # fmt: skip
     elif kind == "directory":
         path = tmp_path
     elif kind == "report":
@@ -156,6 +171,14 @@ REFUSALS = [
     (["grid", "--filter", "m=3"], "no grid case has m=3; known values: 1, 2, 8"),
     (["grid", "--filter", "name=dense/mcg/k9/fp16"], "no registered variant is named"),
     (["grid", "--filter", "m"], "malformed clause 'm'"),
+    # values of the operators other than '=' are validated too
+    (["grid", "--filter", "codebook!=MCG"], "unknown codebook 'MCG' (did you mean 'mcg'?"),
+    (["grid", "--filter", "m!=3"], "no grid case has m=3"),
+    (["grid", "--filter", "name!=dense/mcg/k9/fp16"], "no registered variant is named"),
+    (["grid", "--filter", "codebook~xyz"], "no codebook contains 'xyz'"),
+    (["grid", "--filter", "bits>=nine"], "bits needs an integer, got 'nine'"),
+    (["grid", "--filter", "m>3.5"], "m needs an integer, got '3.5'"),
+    (["grid", "--filter", "k<abc"], "k needs an integer, got 'abc'"),
     (["grid", "--filter", "m>="], "has no value"),
     (["grid", "--filter", "codebook<mcg"], "needs a numeric field"),
     (["grid", "--tier", "cpu", "--filter", "heavy=true"], "matches nothing"),
@@ -236,7 +259,35 @@ REFUSALS = [
     (["contracts", "--bogus"], "unrecognized arguments: --bogus"),
     (["contracts", "--root", "{file:missing}"], "is not a directory"),
     (["contracts", "--slots", "{file:not_json}"], "is not valid JSON"),
-]
+    # empty values (an unset shell variable), outputs checked before any work, hostile files
+    (["run", "--case", ""], "argument --case: empty value"),
+    (["run", "--tile", ""], "argument --tile: empty value"),
+    (["run", "--filter", " "], "argument --filter: empty value"),
+    (["--json", ""], "argument --json: empty value"),
+    (["--only", ""], "argument --only: empty value"),
+    (["report", ""], "empty value"),
+    (["--json", "{file:directory}", "--only", "layout"], "is a directory"),
+    (["--json", "{file:under_regular}", "--only", "layout"], "which is not a directory"),
+    (["run", "--results", "{file:regular}", "--filter", "m=1"], "is not a directory"),
+    (["coverage", "--json", "{file:directory}"], "--json: "),
+    (["coverage", "--json", "{file:under_regular}"], "which is not a directory"),
+    (["report", "{file:report}", "--png", "{file:regular}"], "--png: "),
+    (["report", "{file:report}", "--png", "{file:under_regular}"], "--png: "),
+    (["report", "{file:deep}"], "nested too deeply"),
+    (["replay", "{file:deep}"], "nested too deeply"),
+    (["mutate", "--only", ","], "names no mutant id"),
+    (["mutate", "--json", "{file:directory}"], "--json: "),
+    (["mutate", "--json", "{file:under_regular}"], "which is not a directory"),
+    (["mutate", "--catalogue", "{file:missing}"], "--catalogue: "),
+    (["mutate", "--timeout", "nan"], "expected positive finite seconds"),
+    (["mutate", "--from-json", "{file:deep}"], "nested too deeply"),
+    (["mutate", "--from-json", "{file:mutate_bad_summary}"], "lacks its counts"),
+    (["contracts", "--json", "{file:directory}"], "--json: "),
+    (["explain", "--m", "4", "--k", "256", "--n", str(2**62), "--codebook", "mcg", "--bits", "4"],
+     "exceeds the kernels' index range"),
+    (["explain", "--op", "moe", "--m", "4", "--hidden", str(2**40), "--intermediate", "256",
+      "--experts", "8", "--top-k", "2", "--codebook", "mcg", "--bits", "4"], "index range"),
+]  # fmt: skip
 
 
 def run_cli(argv) -> int:
@@ -291,6 +342,34 @@ def test_gpus_without_devices_is_a_one_line_refusal(monkeypatch, capsys):
     assert run_cli(["run", "--gpus", "all"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no CUDA device" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["mutate", "--from-json", "{file:report_mutate_empty}"], "judged no mutant"),
+        (["report", "{file:report_empty}"], "holds no check"),
+        (["contracts", "--root", "{file:directory}"], "contracts judged nothing"),
+    ],
+)
+def test_a_gate_that_judged_nothing_fails_saying_so(argv, line, tmp_path, capsys):
+    """Zero items judged is a failure (exit 1) with a line naming it, never a pass."""
+    (tmp_path / "e").mkdir()
+    files = {
+        "report_mutate_empty": json.dumps(
+            {"schema": "oracle.mutate/1", "summary": {}, "results": []}
+        ),  # fmt: skip
+        "report_empty": json.dumps(Report([]).to_dict()),
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.json").write_text(text)
+    argv = [
+        str(tmp_path / f"{w[6:-1]}.json") if w[6:-1] in files else
+        str(tmp_path / "e") if w == "{file:directory}" else w
+        for w in argv
+    ]  # fmt: skip
+    assert run_cli(argv) == 1
+    assert line in capsys.readouterr().out
 
 
 def test_valid_counterparts_are_not_refused(tmp_path, capsys):

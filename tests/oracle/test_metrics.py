@@ -17,6 +17,7 @@ from oracle.metrics import (
     row_cosines,
     tile_errors,
 )
+from oracle.pytest_plugin import scaled_examples
 
 
 def test_scaled_output_has_rel_l2_epsilon():
@@ -143,7 +144,7 @@ def test_bad_arguments_raise_clear_errors():
         tile_errors(torch.ones(2, 2), torch.ones(2, 2), tile=0)
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(
     shape=st.sampled_from([(1,), (3, 16), (17, 8), (2, 5, 32)]),
     noise=st.sampled_from([1e-6, 1e-3, 0.3]),

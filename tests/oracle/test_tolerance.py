@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle import envelope as env
+from oracle.pytest_plugin import scaled_examples
 from oracle.tolerance import (
     DEFAULT_TOLERANCES,
     Tolerance,
@@ -190,7 +191,7 @@ def naive_block_verdicts(y, e, f, tol):
     return verdicts
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=scaled_examples(25))
 @given(
     rows=st.sampled_from([1, 5, 16, 17, 33]),
     cols=st.sampled_from([1, 8, 24]),
@@ -314,7 +315,7 @@ def test_torch_float64_to_float16_cast_is_wrong_on_the_double_rounding_case():
     assert float(env.round_to(x, torch.float16)) == 1 + 2**-10
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=scaled_examples(300))
 @given(
     value=st.floats(allow_nan=False, allow_infinity=False, width=64),
     dtype=st.sampled_from(list(FORMATS)),

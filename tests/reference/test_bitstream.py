@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import bitstream
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "fingerprints.json"
@@ -143,7 +144,7 @@ def test_each_span_of_16_symbols_fills_whole_words():
 # --- round trips and identities (hypothesis) ----------------------------------------------
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(bits=st.sampled_from(BITS), lead=st.sampled_from(LEAD_SHAPES), seed=st.integers(0, 2**31))
 def test_pack_unpack_round_trip(bits, lead, seed):
     symbols = _random_symbols(lead, bits, seed)
@@ -152,7 +153,7 @@ def test_pack_unpack_round_trip(bits, lead, seed):
     assert torch.equal(bitstream.unpack_symbols(payload, bits), symbols)
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(bits=st.sampled_from(BITS), seed=st.integers(0, 2**31))
 def test_unpack_pack_round_trip_on_random_payload(bits, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -161,7 +162,7 @@ def test_unpack_pack_round_trip_on_random_payload(bits, seed):
     assert torch.equal(bitstream.pack_symbols(symbols, bits), payload)
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(bits=st.sampled_from(BITS), lead=st.sampled_from(LEAD_SHAPES), seed=st.integers(0, 2**31))
 def test_window_rule_equals_cyclic_states(bits, lead, seed):
     symbols = _random_symbols(lead, bits, seed)
@@ -171,7 +172,7 @@ def test_window_rule_equals_cyclic_states(bits, lead, seed):
     assert torch.equal(windows, bitstream.cyclic_states(symbols, bits))
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(bits=st.sampled_from(BITS), seed=st.integers(0, 2**31))
 def test_state_overlap_recurrence_and_tail_biting(bits, seed):
     symbols = _random_symbols((), bits, seed)

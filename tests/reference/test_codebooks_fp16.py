@@ -18,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import codebooks
 from reference.codebooks import fp16_hash
 
@@ -128,7 +129,7 @@ def test_fixed_states_match_python_construction(codebook):
         assert int(table[s]) == _py_value_bits(codebook, s), hex(s)
 
 
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=scaled_examples(60))
 @given(codebook=st.sampled_from(HASH_CODEBOOKS), s=st.integers(0, 0xFFFF))
 def test_random_states_match_python_construction(codebook, s):
     assert int(_table_bits(codebook)[s]) == _py_value_bits(codebook, s)
@@ -143,7 +144,7 @@ def test_mul1_tiny_values_round_like_fp16():
         assert int(table[s]) == _py_value_bits("mul1", s)
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=scaled_examples(40))
 @given(x=st.integers(0, 2**32 - 1))
 def test_lop3_pair_is_and_then_xor(x):
     got = fp16_hash.lop3_fp16_pair(torch.tensor([x]))

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference.hadamard import apply_blockwise, apply_blockwise_faithful, h128
 
 SCALE_FP32 = np.float32(0.088388347648)
@@ -101,7 +102,7 @@ def test_faithful_matches_scalar_lane_emulation_bit_for_bit():
             assert np.array_equal(got[row, 128 * block : 128 * block + 128].numpy(), expected)
 
 
-@settings(deadline=None, max_examples=15)
+@settings(deadline=None, max_examples=scaled_examples(15))
 @given(
     rows=st.sampled_from([1, 3, 8]),
     blocks=st.sampled_from([1, 2, 5]),

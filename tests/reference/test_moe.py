@@ -421,3 +421,28 @@ def test_bad_forward_inputs_name_the_argument():
         moe_forward(x, ex, weights, ids, compute_dtype=torch.float32)
     with pytest.raises(TypeError, match="experts"):
         moe_forward(x, object(), weights, ids)
+
+
+@pytest.mark.parametrize("layout", ["packed", "proj"])
+@pytest.mark.parametrize(
+    "expert, error, match",
+    [(-1, ValueError, r"expert: -1 is outside \[0, 3\)"), (3, ValueError, r"outside \[0, 3\)"),
+     (True, TypeError, "expert: expected int, got bool"), (1.0, TypeError, "got float")],
+)  # fmt: skip
+def test_an_expert_index_outside_the_stack_is_refused(layout, expert, error, match):
+    """A negative index is refused, never read as the last expert (Python's -1)."""
+    experts = make_experts(0, 3, 128, 128, layout=layout)
+    with pytest.raises(error, match=match):
+        experts.expert_rotations(expert)
+    with pytest.raises(error, match=match):
+        experts.decode_expert(expert)
+    experts.expert_rotations(2)  # the last one is an expert
+
+
+@pytest.mark.parametrize("weights", [None, "ones", [[1.0]]])
+def test_forward_refuses_route_weights_that_are_not_a_tensor(weights):
+    experts = make_experts(0, 3, 128, 128, layout="packed")
+    x = torch.ones(1, 128, dtype=torch.float16)
+    ids = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(TypeError, match="topk_weights"):
+        moe_forward(x, experts, weights, ids)

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import pairs
 from reference.linear import forward, reconstruct
 from reference.pairs import (
@@ -77,7 +78,7 @@ def test_payload_length_matches_atom_section_bytes():
         assert pair_payload_length(kind, 3584) * 2 == 8 * 43008
 
 
-@settings(deadline=None, max_examples=12)
+@settings(deadline=None, max_examples=scaled_examples(12))
 @given(
     kind=st.sampled_from(sorted(RATES)),
     rate_axis=st.sampled_from(["k", "n"]),
@@ -115,7 +116,7 @@ def test_prepared_n_layout_is_k16_major_low_then_high():
     assert torch.equal(decode_pair(prepared, kind, "n", k, "mcg", layout="prepared"), ref)
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=scaled_examples(10))
 @given(
     kinds=st.lists(st.sampled_from(sorted(RATES)), min_size=1, max_size=3),
     k=st.sampled_from([128, 384]),

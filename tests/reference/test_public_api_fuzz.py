@@ -32,6 +32,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import bitstream, codebooks, encoder, pairs, routing, tile_order, trellis
 from reference.codebooks import fp16_hash, sqg_e4m3, sqg_fp16
 
@@ -612,8 +613,7 @@ def test_public_entry_accepts_exactly_the_valid_inputs(item: Entry):
     seen: set[bool] = set()
 
     @settings(
-        max_examples=MAX_EXAMPLES,
-        derandomize=True,
+        max_examples=scaled_examples(MAX_EXAMPLES),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference.routing import active_mask, capacity_bound, pack_routes, softmax_topk
 
 
@@ -127,7 +128,7 @@ def test_no_active_route():
     assert packed.packed_route_indices.tolist() == [6] * capacity_bound(3, 2, 4, 8)
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=scaled_examples(40))
 @given(
     shape=st.sampled_from([(1, 1), (1, 8), (7, 2), (16, 4), (33, 8)]),
     num_experts=st.sampled_from([1, 3, 8, 64]),

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import tile_order
 
 
@@ -68,7 +69,7 @@ def test_tiles_to_matrix_places_every_step_where_the_spec_says():
                 assert int(matrix[16 * a + k, 16 * b + n]) == a * 100_000 + b * 1_000 + step
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=scaled_examples(25))
 @given(
     lead=st.sampled_from(((), (1,), (3,), (2, 2))),
     grid=st.sampled_from(((1, 1), (1, 4), (3, 2), (2, 5))),

@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.pytest_plugin import scaled_examples
 from reference import bitstream, trellis
 from reference.codebooks import state_values
 
@@ -157,7 +158,7 @@ def test_decode_does_not_modify_its_input_or_the_codebook_cache():
     assert torch.equal(state_values("mcg", 4), lut_before)
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None, max_examples=scaled_examples(30))
 @given(
     bits=st.sampled_from(BITS),
     lead=st.sampled_from(((), (2,), (2, 3))),

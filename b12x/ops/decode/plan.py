@@ -43,7 +43,12 @@ from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuffers
-from b12x.runtime.validate import check_codebook_bits, check_positive_int, check_tensor
+from b12x.runtime.validate import (
+    check_codebook_bits,
+    check_extent,
+    check_positive_int,
+    check_tensor,
+)
 
 __all__ = [
     "BUFFER_NAMES",
@@ -97,7 +102,7 @@ class DecodePlan(PlannedBuffers):
 def plan_decode(*, k: int, n: int, bits: int, codebook: str) -> DecodePlan:
     """Plan the decode of one ``K × N`` layer (module docstring)."""
     for name, value in (("k", k), ("n", n)):
-        check_positive_int(name, value)
+        check_extent(name, check_positive_int(name, value))
         if value % 16:
             raise ValueError(f"{name}: expected a multiple of 16 (whole 16×16 tiles), got {value}")
     codebook, bits = check_codebook_bits(codebook, bits)

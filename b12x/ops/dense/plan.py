@@ -52,6 +52,7 @@ from b12x.runtime.validate import (
     check_bool,
     check_codebook_bits,
     check_dtype_choice,
+    check_extent,
     check_positive_int,
     check_tensor,
 )
@@ -303,7 +304,7 @@ def check_dense_problem(
     ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.deserialize`.
     """
     for name, value in (("m", m), ("k", k), ("n", n)):
-        check_positive_int(name, value)
+        check_extent(name, check_positive_int(name, value))
     codebook, bits = check_codebook_bits(codebook, bits)
     check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
     check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)

@@ -60,6 +60,7 @@ from b12x.runtime.scratch import BoundBuffers, BufferSpec, OpBuffers, PlannedBuf
 from b12x.runtime.validate import (
     HALF_DTYPES,
     check_dtype_choice,
+    check_extent,
     check_positive_int,
 )
 
@@ -427,6 +428,8 @@ def check_moe_problem(
         ("intermediate", intermediate),
     ):
         check_positive_int(name, value)
+        check_extent(name, value)
+    check_extent("m", m * top_k, what=f" tokens x top_k {top_k} routes")
     if hidden % 128 or intermediate % 128:
         raise ValueError(
             f"hidden/intermediate: H={hidden} and I={intermediate} must be multiples of 128"
@@ -461,6 +464,13 @@ def check_moe_problem(
         if num_global_experts is None:
             raise ValueError("num_global_experts: tiers route by global id; give the id space")
         check_positive_int("num_global_experts", num_global_experts)
+        total = sum(tier.num_experts for tier in tiers)
+        if num_global_experts < total:
+            raise ValueError(
+                f"num_global_experts: {num_global_experts} global ids cannot address the "
+                f"{total} experts of the two tiers ({tiers[0].num_experts} + "
+                f"{tiers[1].num_experts}); expected at least {total}"
+            )
     elif num_global_experts is not None:
         raise ValueError("num_global_experts: only a tiered plan takes a global id space")
     pairs = _check_pairs(
