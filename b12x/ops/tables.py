@@ -22,7 +22,7 @@ Layout
 * A :class:`Row` is a path: a name, a description, named conditions (their conjunction is the
   row's ``predicate``; the **first failed condition is the rejection reason**, :meth:`Row.failed`)
   and the row's answer ``value`` (a constant, or ``value(case)`` when callable).
-* A :class:`DecisionTable` is what ``oracle.dispatch`` checks — ``name``, ``paths`` (rows in
+* A :class:`DecisionTable` is what ``oracle.judge.dispatch`` checks — ``name``, ``paths`` (rows in
   priority order), ``boundaries`` and ``explain(case)`` — plus ``decide(case)`` (the chosen row's
   value), ``normalize_case`` and ``fields``. :meth:`DecisionTable.explain` returns an
   :class:`Explanation` ``(path, reasons, value)`` (or the table's ``explanation`` subclass): one
@@ -32,7 +32,7 @@ Layout
   reading a module global ``ROWS``) has ``explain`` consult what it returns at every call, so a
   test that replaces the global plants a fault the oracle must catch against ``paths``.
 * :class:`Boundary` declares both sides of a threshold as data (the fields of
-  ``oracle.dispatch.Boundary``: b12x cannot import the oracle).
+  ``oracle.judge.dispatch.Boundary``: b12x cannot import the oracle).
 
 Invariants
 ----------
@@ -243,7 +243,8 @@ class Explanation:
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
+    """Same fields as ``oracle.judge.dispatch.Boundary``: ``base`` with ``field`` set to each
+    side."""
 
     name: str
     base: dict
@@ -256,10 +257,10 @@ class Boundary:
 
 @dataclasses.dataclass(frozen=True)
 class DecisionTable:
-    """One decision: the object ``oracle.dispatch`` checks (``name``, ``paths``, ``boundaries``,
-    ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema. ``refusal``
-    words a case no row accepts (``{name}`` is the table's name); ``explanation`` builds the
-    answer from ``(path, reasons, value)``; ``current_rows`` (module docstring)."""
+    """One decision: the object ``oracle.judge.dispatch`` checks (``name``, ``paths``,
+    ``boundaries``, ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema.
+    ``refusal`` words a case no row accepts (``{name}`` is the table's name); ``explanation`` builds
+    the answer from ``(path, reasons, value)``; ``current_rows`` (module docstring)."""
 
     name: str
     description: str

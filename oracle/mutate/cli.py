@@ -43,6 +43,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from oracle.mutate.catalogue import load_catalogue
 from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
@@ -122,7 +125,7 @@ def select(mutants: Sequence, tier: str, only: str | None) -> list:
 
 def _cuda() -> bool:
     try:
-        import torch
+        import torch  # lazy: the gate's parent process needs no torch
 
         return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
     except Exception:  # noqa: BLE001 - no usable CUDA means GPU mutants are not applicable
@@ -130,8 +133,6 @@ def _cuda() -> bool:
 
 
 def _print_table(results, summary, console) -> None:
-    from rich.table import Table
-
     table = Table(title="mutation gate", show_lines=False)
     for col in ("id", "class", "tier", "status", "killer / reason", "s"):
         table.add_column(col, overflow="fold")
@@ -312,8 +313,6 @@ def _main(argv: Sequence[str] | None) -> int:
     summary = summarize(results)
     report = _report(args, results, summary, gpu)
     if not args.quiet:
-        from rich.console import Console
-
         console = Console(highlight=False)
         if not console.is_terminal:
             console = Console(highlight=False, width=160)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b12x.ops.dense import tiles as T
-from oracle.tiles import (
+from oracle.judge.tiles import (
     DEVICES,
     SimulatedDevice,
     check_pin_matches_qualify,

@@ -23,8 +23,8 @@ Layout
   considered, ``"<row>: <failed condition>"`` or ``"<row>: selected"``; a case no row accepts
   raises ``ValueError`` with every reason (fail closed).
 * ``boundaries``: both sides of EVERY threshold as :class:`Boundary` records (the fields of
-  ``oracle.dispatch.Boundary``) with **literal** values, so moving a threshold fails the table's
-  own boundary check instead of moving along with it.
+  ``oracle.judge.dispatch.Boundary``) with **literal** values, so moving a threshold fails the
+  table's own boundary check instead of moving along with it.
 
 The tables (:data:`TABLES`, in the order a plan consults them)
 --------------------------------------------------------------

@@ -56,7 +56,7 @@ Layout
   (:func:`b12x.ops.moe.routing.route_buffer_specs`; ``block_expert_ids``, ``route_count`` and
   ``packed_route_slots`` are what the kernel reads).
 * :class:`MoeGemmOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
-  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
+  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.run.graph_protocol``).
   Observable (:data:`OBSERVABLES`): ``out`` → the judge stage ``"gemm"``.
 
 Invariants
@@ -380,7 +380,7 @@ def run_moe_gemm(
 
 
 class MoeGemmOp:
-    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+    """plan / bind / run over mappings (the op protocol of ``oracle.run.graph_protocol``).
 
     ``plan(problem)`` takes :func:`plan_moe_gemm`'s keywords (``device`` defaults to the one
     given here, which may be a simulated device: it only plans); ``bind(plan, buffers)`` reads the
