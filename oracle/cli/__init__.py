@@ -67,9 +67,6 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from oracle.checks import FAMILIES, CheckContext, cuda_available, run, run_family
 from oracle.contracts.cli import main as contracts_main
 from oracle.judge.tiles import parse_tile
@@ -317,6 +314,8 @@ def _progress_factory(args: argparse.Namespace, stack: Any) -> Any:
     """A ``progress(label, total) -> advance()`` for CheckContext, or None when quiet."""
     if args.quiet or not sys.stdout.isatty():
         return None
+    # lazy: rich stays off `contracts` (standard library alone)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = stack.enter_context(
         Progress(
@@ -385,6 +384,8 @@ def _skip_line(skips: list, tier: str = "GPU") -> str:
 
 def _finish(report: Any, args: argparse.Namespace) -> int:
     """Print the table (or summary), write JSON, name the skipped checks; return exit code."""
+    from rich.console import Console  # lazy: rich stays off `contracts` (standard library alone)
+
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=160)

@@ -43,9 +43,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from oracle.mutate.catalogue import load_catalogue
 from oracle.mutate.runner import FAILING_STATUSES, gate_passed, run_catalogue, summarize
 
@@ -133,6 +130,8 @@ def _cuda() -> bool:
 
 
 def _print_table(results, summary, console) -> None:
+    from rich.table import Table  # lazy: rich stays off `contracts` (standard library alone)
+
     table = Table(title="mutation gate", show_lines=False)
     for col in ("id", "class", "tier", "status", "killer / reason", "s"):
         table.add_column(col, overflow="fold")
@@ -313,6 +312,10 @@ def _main(argv: Sequence[str] | None) -> int:
     summary = summarize(results)
     report = _report(args, results, summary, gpu)
     if not args.quiet:
+        from rich.console import (
+            Console,  # lazy: rich stays off `contracts` (standard library alone)
+        )
+
         console = Console(highlight=False)
         if not console.is_terminal:
             console = Console(highlight=False, width=160)

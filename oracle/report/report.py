@@ -41,9 +41,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from oracle.report.results import device_name, git_sha, jsonable, versions
 
 __all__ = [
@@ -258,6 +255,10 @@ class Report:
     ) -> None:
         """Print a rich table (name, tier, coloured status, reason, key metrics) and the summary.
         ``show_passing=False`` lists only failures and skips (the summary still counts all)."""
+        # lazy: rich stays off `contracts` (standard library alone)
+        from rich.console import Console
+        from rich.table import Table
+
         console = console or Console()
         table = Table(title="oracle checks", show_lines=False)
         for column in ("name", "tier", "status", "reason", "metrics"):
