@@ -86,6 +86,7 @@ Invariants
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import dataclasses
@@ -499,8 +500,6 @@ def clear(root: str | os.PathLike[str] | None = None) -> int:
 
 def main(argv: Iterable[str] | None = None) -> int:
     """``python -m b12x.runtime.compile_cache [--dir DIR] [--clear]``: show or clear the cache."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m b12x.runtime.compile_cache",
         description="Show (default) or clear the b12x kernel disk cache.",
