@@ -27,8 +27,9 @@ module). Only statements count: the implicit import of a module's parent package
 neither is ``importlib.import_module``. On failure the message prints every circle as a path of
 ``module (file:line)`` steps. The finder is unit-tested on synthetic graphs and on a planted
 circle (a scratch package, a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
-edge put back, now ``compile_cache`` ⇄ ``toolchain``, and a copy of ``oracle`` with three of its old
-circles put back), so the check is known to fail when it should.
+edge put back, now ``compile_cache`` ⇄ ``toolchain``, a copy of ``oracle`` with three of its old
+circles put back, and two benchmark scripts importing each other), so the check is known to fail
+when it should.
 """
 
 from __future__ import annotations
