@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from oracle import checks
 from oracle.checks import compile as compile_checks
-from oracle.checks import gpu, run_family
+from oracle.checks import gpu
 from oracle.checks.dispatch_tiles import declared, qualify_tile
 from oracle.judge.tiles import parse_tile
 from oracle.report.report import CheckResult
@@ -234,4 +235,4 @@ def tile_checks(
         out += rows
     if not (ctx.cuda and ctx.tier == "gpu"):
         return out + gpu.skipped(ctx, f".tile_{label}")
-    return out + run_family("gpu", ctx)
+    return out + checks.run_family("gpu", ctx)

@@ -67,10 +67,10 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, NoReturn
 
-from oracle.checks import FAMILIES, CheckContext, cuda_available, run, run_family
-from oracle.contracts.cli import main as contracts_main
+from oracle import checks
+from oracle.contracts import cli as contracts_cli
 from oracle.judge.tiles import parse_tile
-from oracle.mutate.cli import main as mutate_main
+from oracle.mutate import cli as mutate_cli
 from oracle.report.report import Report, plot_error_vs_shape, plot_points, plot_tile_error_map
 from oracle.report.results import load_case
 
@@ -294,7 +294,7 @@ def _resolve_tier(args: argparse.Namespace) -> tuple[str, bool]:
     ``--require-gpu`` on a machine without CUDA, and ``--require-gpu`` with ``--tier cpu``."""
     if args.require_gpu and args.tier == "cpu":
         raise UsageError("--require-gpu contradicts --tier cpu")
-    cuda = cuda_available()
+    cuda = checks.cuda_available()
     if (args.tier == "gpu" or args.require_gpu) and not cuda:
         flag = "--tier gpu" if args.tier == "gpu" else "--require-gpu"
         raise UsageError(f"{flag}: no CUDA device is visible ({_no_cuda_reason()})")
@@ -346,7 +346,7 @@ def _workers(args: argparse.Namespace, *, cuda: bool, tier: str) -> int:
 
 
 def _context(args: argparse.Namespace, progress: Any = None, *, tier: str, cuda: bool) -> Any:
-    ctx = CheckContext(
+    ctx = checks.CheckContext(
         tier=tier,
         cuda=cuda,
         filter=getattr(args, "filter", None),
@@ -416,18 +416,19 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
 
 def _cmd_default(args: argparse.Namespace) -> int:
 
-    families = FAMILIES
+    families = checks.FAMILIES
     if args.only is not None:
         families = tuple(f.strip() for f in args.only.split(",") if f.strip())
-        unknown = [f for f in families if f not in FAMILIES]
+        unknown = [f for f in families if f not in checks.FAMILIES]
         if unknown or not families:
             raise UsageError(
-                f"--only: unknown families {unknown or [args.only]}; known: {', '.join(FAMILIES)}"
+                f"--only: unknown families {unknown or [args.only]}; "
+                f"known: {', '.join(checks.FAMILIES)}"
             )
     tier, cuda = _resolve_tier(args)
     with contextlib.ExitStack() as stack:
         ctx = _context(args, _progress_factory(args, stack), tier=tier, cuda=cuda)
-        report = Report(run(ctx, families))
+        report = Report(checks.run(ctx, families))
     return _finish(report, args)
 
 
@@ -498,8 +499,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             if args.compile_all or args.compile_budget is not None:
-                report.extend(run_family("compile", ctx))
-            report.extend(run_family("gpu", ctx))
+                report.extend(checks.run_family("compile", ctx))
+            report.extend(checks.run_family("gpu", ctx))
     return _finish(report, args)
 
 
@@ -679,9 +680,9 @@ def _main(argv: list[str]) -> int:
         rest = argv[argv.index("contracts") + 1 :]
         if rest and rest[0] == "--":
             rest = rest[1:]
-        return contracts_main(rest)
+        return contracts_cli.main(rest)
     if args.command == "mutate":
-        return mutate_main(argv[argv.index("mutate") + 1 :])
+        return mutate_cli.main(argv[argv.index("mutate") + 1 :])
     if args.command in ("explain", "drift"):  # the delegates print their own one-line refusals
         delegate = import_module(f"oracle.cli.{args.command}")
         return delegate.main(argv[argv.index(args.command) + 1 :])
