@@ -126,7 +126,7 @@ class Fp16HashDecoder:
     wide_tile_cap: int = 4
 
     def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
-        from b12x.kernels import trellis_decode
+        from b12x.kernels import trellis_decode  # lazy: device code, loads CUTLASS
 
         return trellis_decode.decode_fp16_hash(self, states, to_bf16)
 
@@ -152,7 +152,7 @@ class Mul1Decoder:
     wide_tile_cap: int = 4
 
     def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
-        from b12x.kernels import trellis_decode
+        from b12x.kernels import trellis_decode  # lazy: device code, loads CUTLASS
 
         return trellis_decode.decode_mul1(self, states, to_bf16)
 
@@ -180,7 +180,7 @@ class SqgT12Decoder:
     wide_tile_cap: int = 4
 
     def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
-        from b12x.kernels import trellis_decode
+        from b12x.kernels import trellis_decode  # lazy: device code, loads CUTLASS
 
         return trellis_decode.decode_sqg_t12(self, bits, states, lut_addr, lut_in_smem, to_bf16)
 
@@ -207,7 +207,7 @@ class SqgD3lDecoder:
     wide_tile_cap: int = 2
 
     def device(self, bits: int, states: list, lut_addr, *, lut_in_smem: bool, to_bf16: bool):
-        from b12x.kernels import trellis_decode
+        from b12x.kernels import trellis_decode  # lazy: device code, loads CUTLASS
 
         return trellis_decode.decode_sqg_d3l(self, bits, states, lut_addr, to_bf16)
 

@@ -107,8 +107,8 @@ class OpContract:
     (plan time only), ``graph_op(device=None, **options)`` (an object with ``plan(problem)`` /
     ``bind(plan, buffers)`` / ``run(bound, inputs)`` / ``freeze()`` / ``compile_unwarmed(plan)``),
     ``custom_op`` (``"ns::name"`` or ``None``), ``variants``, ``dispatch`` (a tuple of tables in
-    ``oracle.dispatch``'s protocol), ``tiles`` (a registry in ``oracle.tiles``' protocol, or
-    ``None``) and ``observables`` (plan buffer name → judge stage name).
+    ``oracle.judge.dispatch``'s protocol), ``tiles`` (a registry in ``oracle.judge.tiles``'
+    protocol, or ``None``) and ``observables`` (plan buffer name → judge stage name).
     """
 
     name: str

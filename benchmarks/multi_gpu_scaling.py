@@ -6,7 +6,7 @@ Usage: ``python benchmarks/multi_gpu_scaling.py [--gpus N|all] [--filter EXPR] [
 Runs ``python -m oracle run --gpus 1`` and ``--gpus N`` on the same selection (each a fresh
 process tree, so each pays its own compiles: a kernel group compiles once per run in both), and
 prints the wall times, the speed-up ``t1 / tN`` and the parallel efficiency ``speed-up / N``,
-plus the estimated per-shard loads of the plan (:func:`oracle.sharding.plan_shards`) so that an
+plus the estimated per-shard loads of the plan (:func:`oracle.run.sharding.plan_shards`) so that an
 imbalance is visible. It then compares the two merged reports case by case: the same verdict for
 every case is expected (a case's inputs depend only on its id). On a host with fewer than two
 visible GPUs it prints why and exits 0.
@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from oracle import sharding
-from oracle.report import Report
+from oracle.report.report import Report
+from oracle.run import sharding
 
 
 def _run(gpus: int, args: argparse.Namespace, out: Path) -> tuple[float, Report, int]:

@@ -14,7 +14,7 @@
 * Failing cases are saved automatically: a test takes the ``oracle_case`` fixture and fills it
   (``oracle_case.add(name, tensor)``, ``oracle_case.meta.update(...)``, or
   ``oracle_case.from_case(grid_case)``); when the test then fails, the plugin calls
-  :func:`oracle.results.save_case` under ``--oracle-results DIR`` (default ``results``) and
+  :func:`oracle.report.results.save_case` under ``--oracle-results DIR`` (default ``results``) and
   prints the exact ``python -m oracle replay ...`` command in the report (section "oracle case").
   A passing test saves nothing; a failing test that filled nothing saves nothing.
 * ``--shuffle-seed N`` runs the collected tests in a pseudo-random order fixed by ``N`` (the
@@ -29,10 +29,13 @@ worker before CUDA initialises, and this plugin is loaded right after it.
 from __future__ import annotations
 
 import os
+import random
 import re
 from typing import Any
 
 import pytest
+
+from oracle.report.results import replay_command, save_case
 
 #: Examples per test under the ``ci`` profile; :func:`scaled_examples` is relative to it.
 CI_EXAMPLES = 60
@@ -50,7 +53,7 @@ def scaled_examples(ci_count: int) -> int:
 
 def _register_hypothesis_profiles() -> None:
     try:
-        from hypothesis import HealthCheck, settings
+        from hypothesis import HealthCheck, settings  # lazy: hypothesis is optional (dev extra)
     except ImportError:  # hypothesis is a dev dependency; the plugin still works without it
         return
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -70,7 +73,7 @@ _register_hypothesis_profiles()
 
 def _cuda_device_count() -> int:
     try:
-        import torch
+        import torch  # lazy: conftest pins the GPUs before torch loads
     except ImportError:
         return 0
     try:
@@ -82,8 +85,6 @@ def _cuda_device_count() -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     seed = config.getoption("shuffle_seed")
     if seed is not None:
-        import random
-
         random.Random(seed).shuffle(items)
     needs_gpu = [
         it for it in items if it.get_closest_marker("gpu") or it.get_closest_marker("multi_gpu")
@@ -121,7 +122,7 @@ class OracleCase:
         self.tensors[name] = tensor
 
     def from_case(self, case: Any) -> None:
-        """Record a grid case (``oracle.grids.Case``): its id makes the save replayable."""
+        """Record a grid case (``oracle.cases.grids.Case``): its id makes the save replayable."""
         self.meta["case_id"] = case.case_id
         self.meta["case"] = case.to_dict()
 
@@ -132,8 +133,6 @@ class OracleCase:
         return _UNSAFE.sub("_", self.nodeid).strip("_")[:180] or "case"
 
     def save(self, results_dir: str) -> str:
-        from oracle.results import replay_command, save_case
-
         meta = {**self.meta, "case_id": self.case_id(), "test": self.nodeid}
         self.saved_path = save_case(meta, self.tensors, results_dir)
         self.replay = replay_command(self.saved_path)

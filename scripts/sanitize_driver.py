@@ -268,7 +268,7 @@ def moe_pair_tensor_decode():
     """QSRT pairs on the pair wgmma shared decode: dynamic FC1 (N axis, both bodies in one
     allocation) and P43 FC2 (K axis: a record run shorter than the slot), planned M 300, live
     M 290, inactive ids."""
-    from oracle.runners.inputs import MoeChoices, paired_experts, stack_to
+    from oracle.run.runners.inputs import MoeChoices, paired_experts, stack_to
 
     e, top_k, h, i, m_plan, m_live = 8, 4, 1024, 512, 300, 290
     g = _gen(13)

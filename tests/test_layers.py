@@ -5,14 +5,19 @@ import circles inside ``b12x``.
 ``oracle``. Inside ``b12x``: ``b12x.kernels`` (device code) imports none of ``b12x.launch``,
 ``b12x.ops``, ``b12x.runtime``, ``b12x.support``; ``b12x.runtime`` none of ``b12x.kernels``,
 ``b12x.launch``, ``b12x.ops`` (one declared exception: ``b12x.formats`` tracing its decoders'
-device bodies); ``b12x.launch`` no ``b12x.ops``. import-linter counts every import statement,
+device bodies); ``b12x.launch`` no ``b12x.ops``. ``oracle``'s rooms (design §5) are layers, top to
+bottom ``__main__``; ``cli | pytest_plugin``; ``checks | mutate``; ``run``; ``report``; ``cases``;
+``judge | contracts`` (``|``: independent of each other), and every module of ``oracle`` is in one
+(``exhaustive``). import-linter counts every import statement,
 lazy ones inside functions included (grimp reads the whole syntax tree). Planting tests put
 violations, lazy ones, in a copy of the tree to prove the linter run here would catch them (a
 contract test that cannot fail protects nothing).
 
-No circles: the import graph of ``b12x`` is built from the source with :mod:`ast` and must be
-acyclic. Every ``import`` / ``from ... import`` statement anywhere in a module counts as an edge,
-the lazy ones inside functions (and under ``if TYPE_CHECKING:``) included: a lazy import that
+No circles: the import graph of the repository (``reference``, ``b12x``, ``oracle``, ``tests`` as
+packages; ``benchmarks/`` and ``scripts/`` as the flat script directories they run as) is built
+from the source with :mod:`ast` and must be acyclic. Every ``import`` / ``from ... import``
+statement anywhere in a module counts as an edge, the lazy ones inside functions
+(and under ``if TYPE_CHECKING:``) included: a lazy import that
 closes a loop still leaves a circle a reader has to untangle, it only moves the failure from
 import time to call time. Relative imports are resolved against the importing module's package,
 and ``from pkg import name`` is an edge to the module ``pkg.name`` when that is a module of the
@@ -21,8 +26,10 @@ module). Only statements count: the implicit import of a module's parent package
 (every ``__init__`` that re-exports a submodule would otherwise close a loop with it), and
 neither is ``importlib.import_module``. On failure the message prints every circle as a path of
 ``module (file:line)`` steps. The finder is unit-tested on synthetic graphs and on a planted
-circle (a scratch package, and a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
-edge put back, now ``compile_cache`` ⇄ ``toolchain``), so the check is known to fail when it should.
+circle (a scratch package, a copy of ``b12x`` with the old ``compile_cache`` ⇄ ``specs``
+edge put back, now ``compile_cache`` ⇄ ``toolchain``, a copy of ``oracle`` with three of its old
+circles put back, and two benchmark scripts importing each other), so the check is known to fail
+when it should.
 """
 
 from __future__ import annotations
@@ -73,6 +80,28 @@ B12X_CONTRACTS = {
 }
 
 
+#: The rooms contract of oracle, and for each plant a lazy upward (or sideways) import in a
+#: function of a copy of the tree: the edges that closed three of oracle's old import circles, and
+#: one between the independent rooms checks and mutate.
+ORACLE_ROOMS = "oracle's rooms import only the rooms below them"
+ORACLE_PLANTS = {
+    "judge/tolerance.py": ("from oracle.cases import variants", "oracle.judge", "oracle.cases"),
+    "report/results.py": (
+        "from oracle.run.runners import saved_inputs",
+        "oracle.report.report",
+        "oracle.run",
+    ),
+    "run/sharding.py": ("from oracle.checks import gpu", "oracle.run", "oracle.checks"),
+    "checks/gpu.py": ("from oracle.mutate import runner", "oracle.checks", "oracle.mutate"),
+}
+
+
+def _plant(path: Path, statement: str) -> None:
+    """Append a function whose body is ``statement`` (a lazy import) to the module at ``path``."""
+    text = path.read_text(encoding="utf-8")
+    path.write_text(f"{text}\n\ndef _planted():\n    {statement}\n", encoding="utf-8")
+
+
 def _copy_tree(tmp_path: Path) -> Path:
     for name in ("reference", "b12x", "oracle"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -83,8 +112,8 @@ def _copy_tree(tmp_path: Path) -> Path:
 def test_layer_contracts_hold() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
-    for name in B12X_CONTRACTS:
+    assert "6 kept, 0 broken" in result.stdout
+    for name in (*B12X_CONTRACTS, ORACLE_ROOMS):
         assert f"{name} KEPT" in result.stdout, name
 
 
@@ -99,24 +128,46 @@ def test_layer_contract_catches_b12x_importing_reference(tmp_path: Path) -> None
 def test_b12x_layer_contracts_catch_planted_lazy_imports(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     for module, statement in B12X_CONTRACTS.values():
-        path = root / "b12x" / module
-        text = path.read_text(encoding="utf-8")
-        path.write_text(f"{text}\n\ndef _planted():\n    {statement}\n", encoding="utf-8")
+        _plant(root / "b12x" / module, statement)
     result = _lint_imports(root)
     assert result.returncode != 0
-    assert "2 kept, 3 broken" in result.stdout, result.stdout
+    assert "3 kept, 3 broken" in result.stdout, result.stdout
     for name, (module, _) in B12X_CONTRACTS.items():
         assert f"{name} BROKEN" in result.stdout, name
         planted = "b12x." + module.removesuffix(".py").replace("/", ".")
         assert f"-   {planted} -> " in result.stdout, planted
 
 
+def test_oracle_rooms_catch_planted_lazy_imports(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    for module, (statement, _, _) in ORACLE_PLANTS.items():
+        _plant(root / "oracle" / module, statement)
+    result = _lint_imports(root)
+    assert result.returncode != 0
+    assert "5 kept, 1 broken" in result.stdout, result.stdout
+    assert f"{ORACLE_ROOMS} BROKEN" in result.stdout
+    for module, (statement, room, target) in ORACLE_PLANTS.items():
+        assert f"{room} is not allowed to import {target}" in result.stdout, module
+        planted = "oracle." + module.removesuffix(".py").replace("/", ".")
+        assert f"- {planted} -> {statement.split()[1]}" in result.stdout, planted
+
+
+def test_oracle_rooms_are_exhaustive(tmp_path: Path) -> None:
+    """A new module beside the rooms (the flat layout coming back) breaks the contract."""
+    root = _copy_tree(tmp_path)
+    (root / "oracle" / "helpers.py").write_text("VALUE = 1\n", encoding="utf-8")
+    result = _lint_imports(root)
+    assert result.returncode != 0
+    assert "oracle.helpers" in result.stdout + result.stderr
+
+
 # ------------------------------------------------------------------------------ import circles
 
 
-def _modules(package_dir: Path) -> dict[str, tuple[Path, bool]]:
-    """Every module of the package rooted at ``package_dir``: dotted name -> (file, is package)."""
-    base = package_dir.parent
+def _modules(package_dir: Path, base: Path | None = None) -> dict[str, tuple[Path, bool]]:
+    """Every module under ``package_dir``: dotted name (relative to ``base``, by default the
+    package's parent) -> (file, is package)."""
+    base = package_dir.parent if base is None else base
     found = {}
     for path in sorted(package_dir.rglob("*.py")):
         parts = list(path.relative_to(base).with_suffix("").parts)
@@ -157,7 +208,24 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, 
 def import_graph(package_dir: Path) -> dict[str, dict[str, int]]:
     """The import graph of the package at ``package_dir``: every import statement of every module
     (module level, functions, classes, conditionals), as edges between the package's modules."""
-    modules = _modules(package_dir)
+    return _graph(_modules(package_dir))
+
+
+def repository_modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
+    """Every module of the repository at ``root``, named as it is imported: the packages
+    ``reference``, ``b12x``, ``oracle``, ``tests`` and the root ``conftest``; the scripts of
+    ``benchmarks/`` and ``scripts/`` by file name (each runs with its directory on ``sys.path``)."""
+    modules: dict[str, tuple[Path, bool]] = {}
+    for name in ("reference", "b12x", "oracle", "tests"):
+        modules.update(_modules(root / name))
+    for name in ("benchmarks", "scripts"):
+        modules.update(_modules(root / name, base=root / name))
+    if (root / "conftest.py").exists():
+        modules["conftest"] = (root / "conftest.py", False)
+    return modules
+
+
+def _graph(modules: Mapping[str, tuple[Path, bool]]) -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for module, (path, is_package) in modules.items():
         edges: dict[str, int] = {}
@@ -242,9 +310,13 @@ def find_cycles(graph: Graph) -> list[list[str]]:
     return cycles
 
 
-def describe_cycles(cycles: list[list[str]], graph: Graph, package_dir: Path) -> str:
-    """Each circle as ``a (a.py:line) -> b (b.py:line) -> ... -> a``: the line of the import."""
-    modules = _modules(package_dir)
+def describe_cycles(
+    cycles: list[list[str]], graph: Graph, package_dir: Path, modules: Mapping | None = None
+) -> str:
+    """Each circle as ``a (a.py:line) -> b (b.py:line) -> ... -> a``: the line of the import
+    (``modules``: the graph's modules, by default those of the package at ``package_dir``; file
+    paths are shown relative to ``package_dir``'s parent)."""
+    modules = _modules(package_dir) if modules is None else modules
     lines = []
     for cycle in cycles:
         steps = []
@@ -255,15 +327,20 @@ def describe_cycles(cycles: list[list[str]], graph: Graph, package_dir: Path) ->
     return f"{len(cycles)} import circle(s):\n  " + "\n  ".join(lines)
 
 
-def test_b12x_has_no_import_circles() -> None:
-    package_dir = ROOT / "b12x"
-    graph = import_graph(package_dir)
+def test_repository_has_no_import_circles() -> None:
+    modules = repository_modules()
+    graph = _graph(modules)
     # the graph is real: lazy imports are edges (b12x.ops.moe.support imports b12x.support inside a
-    # function), relative-free absolute forms resolve to modules
-    assert len(graph) > 30 and "b12x.support" in graph["b12x.ops.moe.support"]
+    # function; oracle.cli imports oracle.run.sharding inside one), edges cross packages, and the
+    # benchmark scripts and the tests' helpers resolve by the names they are imported under
+    assert len(graph) > 250 and "b12x.support" in graph["b12x.ops.moe.support"]
     assert "b12x.runtime.compile_cache" in graph["b12x.launch.toolchain"]
+    assert "oracle.run.sharding" in graph["oracle.cli"]
+    assert "reference.trellis" in graph["oracle.run.runners.dense"]
+    assert "bench_timing" in graph["dense_trellis"]
+    assert "tests.benchmarks.conftest" in graph["tests.benchmarks.test_bench_cli"]
     cycles = find_cycles(graph)
-    assert cycles == [], describe_cycles(cycles, graph, package_dir)
+    assert cycles == [], describe_cycles(cycles, graph, ROOT / "oracle", modules)
 
 
 def test_cycle_finder_on_synthetic_graphs() -> None:
@@ -325,3 +402,32 @@ def test_import_graph_catches_a_planted_circle(tmp_path: Path) -> None:
     assert planted == [
         ["b12x.launch.toolchain", "b12x.runtime.compile_cache", "b12x.launch.toolchain"]
     ]
+
+    # oracle with three of its old circles put back, each closed by a lazy import
+    copy = tmp_path / "repo"
+    _copy_tree(copy)
+    for module, statement in (
+        ("cases/sampling.py", "from oracle.cases.grids import parse_case_id"),  # grids <-> sampling
+        ("cases/declared.py", "from oracle.cases.variants import Variant"),  # declared <-> variants
+        ("report/results.py", "from oracle.run.runners import saved_inputs"),  # the results ring
+    ):
+        _plant(copy / "oracle" / module, statement)
+    found = find_cycles(_graph(_modules(copy / "oracle")))
+    assert found == [
+        ["oracle.cases.declared", "oracle.cases.variants", "oracle.cases.declared"],
+        ["oracle.cases.grids", "oracle.cases.sampling", "oracle.cases.grids"],
+        [
+            "oracle.report.report",
+            "oracle.report.results",
+            "oracle.run.runners",
+            "oracle.report.report",
+        ],
+    ], found
+
+    # the repository-wide graph: a circle between two benchmark scripts (flat names) is found too
+    shutil.copytree(
+        ROOT / "benchmarks", copy / "benchmarks", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    _plant(copy / "benchmarks" / "bench_cli.py", "from dense_trellis import auto_split")
+    found = find_cycles(_graph(repository_modules(copy)))
+    assert ["bench_cli", "dense_trellis", "bench_cli"] in found, found

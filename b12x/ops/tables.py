@@ -15,14 +15,14 @@ Layout:
 * A :class:`Condition` is one named gate: ``holds(case)`` and ``describe(case)`` (why it failed).
 * A :class:`Row` is a path: name, description, named conditions (the **first failed condition is
   the rejection reason**, :meth:`Row.failed`) and the answer ``value`` (constant or callable).
-* A :class:`DecisionTable` is what ``oracle.dispatch`` checks (``name``, ``paths``,
+* A :class:`DecisionTable` is what ``oracle.judge.dispatch`` checks (``name``, ``paths``,
   ``boundaries``, ``explain``) plus ``decide``, ``normalize_case`` and ``fields``.
   :meth:`DecisionTable.explain` returns an :class:`Explanation` ``(path, reasons, value)``; a
   case no row accepts raises ``ValueError`` with every reason (fail closed). With
   ``current_rows``, ``explain`` consults the rows it returns at every call (so a test can plant
   a fault the oracle must catch against ``paths``). Details: docs/notes/b12x.md.
 * :class:`Boundary` declares both sides of a threshold as data (the fields of
-  ``oracle.dispatch.Boundary``: b12x cannot import the oracle).
+  ``oracle.judge.dispatch.Boundary``: b12x cannot import the oracle).
 
 Invariants: ``explain`` is a pure function of the case, every row seeing the case normalised
 once; nothing here knows a particular table (no field name, threshold or path name).
@@ -230,7 +230,8 @@ class Explanation:
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-    """Same fields as ``oracle.dispatch.Boundary``: ``base`` with ``field`` set to each side."""
+    """Same fields as ``oracle.judge.dispatch.Boundary``: ``base`` with ``field`` set to each
+    side."""
 
     name: str
     base: dict
@@ -243,10 +244,10 @@ class Boundary:
 
 @dataclasses.dataclass(frozen=True)
 class DecisionTable:
-    """One decision: the object ``oracle.dispatch`` checks (``name``, ``paths``, ``boundaries``,
-    ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema. ``refusal``
-    words a case no row accepts (``{name}`` is the table's name); ``explanation`` builds the
-    answer from ``(path, reasons, value)``; ``current_rows`` (module docstring)."""
+    """One decision: the object ``oracle.judge.dispatch`` checks (``name``, ``paths``,
+    ``boundaries``, ``explain``), plus :meth:`decide` (the chosen row's value) and the case schema.
+    ``refusal`` words a case no row accepts (``{name}`` is the table's name); ``explanation`` builds
+    the answer from ``(path, reasons, value)``; ``current_rows`` (module docstring)."""
 
     name: str
     description: str

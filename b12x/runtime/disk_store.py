@@ -132,7 +132,7 @@ def toolchain() -> dict[str, Any]:
         "packages": packages,
         "codegen_env": {name: os.environ.get(name) for name in CODEGEN_ENV},
     }
-    try:
+    try:  # lazy: CUTLASS is read only when a cache entry is keyed
         import cutlass
         from cutlass.base_dsl.version_info import CUDA_VERSION
         from cutlass.cutlass_dsl import CuTeDSL
@@ -144,7 +144,7 @@ def toolchain() -> dict[str, Any]:
         info["dsl_settings"] = sorted(
             (k, v) for k, v in os.environ.items() if k.startswith(("CUTE_DSL_", "CUTLASS_"))
         )
-    try:
+    try:  # lazy: tvm-ffi may be absent (recorded as such)
         import tvm_ffi
 
         info["tvm_ffi"] = str(tvm_ffi.__version__)
@@ -228,7 +228,7 @@ def _dsl_export(compiled: Any, path: Path, symbol: str) -> bool:
 
     False for anything else (a test double, a function compiled without ``--enable-tvm-ffi``).
     """
-    try:
+    try:  # lazy: CUTLASS loads only when a compiled function is stored
         from cutlass.cutlass_dsl.tvm_ffi_provider import TVMFFIJitCompiledFunctionBase
     except ImportError:
         return False
@@ -240,7 +240,7 @@ def _dsl_export(compiled: Any, path: Path, symbol: str) -> bool:
 
 def _dsl_load(path: Path, symbol: str) -> Any:
     """The tvm-ffi function ``symbol`` of the object file ``path`` (JIT-linked in memory)."""
-    import cutlass.cute as cute
+    import cutlass.cute as cute  # lazy: CUTLASS loads only when an entry is loaded
 
     module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
     return getattr(module, symbol)

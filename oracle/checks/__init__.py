@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from oracle.report import CheckResult
+from oracle.report.report import CheckResult
 
 __all__ = ["FAMILIES", "CheckContext", "cuda_available", "run", "run_family"]
 
@@ -46,7 +46,7 @@ CPU_FAMILIES = FAMILIES[:-1]
 def cuda_available() -> bool:
     """True when torch sees a usable CUDA device (a broken driver counts as none)."""
     try:
-        import torch
+        import torch  # lazy: torch stays off the CLI's light commands
 
         return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
     except Exception:  # noqa: BLE001
@@ -126,7 +126,7 @@ def run(ctx: CheckContext, families: tuple[str, ...] = FAMILIES) -> list[CheckRe
 
 def _gpu_in_workers(ctx: CheckContext) -> bool:
     try:
-        from oracle.checks.gpu import in_workers
+        from oracle.checks.gpu import in_workers  # lazy: torch stays off the CLI's light commands
     except Exception:  # noqa: BLE001 - run_family reports the import failure
         return False
     return in_workers(ctx)

@@ -27,11 +27,12 @@ import importlib
 import json
 import re
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from oracle.interrupts import deferred_sigint
-from oracle.report import CheckResult
+from oracle.checks.interrupts import deferred_sigint
+from oracle.report.report import CheckResult
 
 __all__ = ["ARCHES", "MMA", "run", "spec_name"]
 
@@ -50,8 +51,6 @@ def source_fingerprint(support: Any) -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     try:
-        from importlib.metadata import version
-
         digest.update(version("nvidia-cutlass-dsl").encode())
     except Exception:  # noqa: BLE001 - an unknown version only weakens reuse, never correctness
         digest.update(b"unknown-dsl")

@@ -13,7 +13,9 @@ imported):
 
 from __future__ import annotations
 
-from oracle.report import CheckResult
+from oracle import contracts
+from oracle.contracts.check import REPO_ROOT
+from oracle.report.report import CheckResult
 
 __all__ = ["MAX_LISTED", "run"]
 
@@ -21,10 +23,7 @@ MAX_LISTED = 5
 
 
 def run(ctx=None) -> list[CheckResult]:
-    from oracle.contracts import check_b12x
-    from oracle.contracts.check import REPO_ROOT
-
-    report = check_b12x()
+    report = contracts.check_b12x()
     metrics = {**report.counts, "by_rule": report.by_rule()}
     return [_abi(report, metrics, REPO_ROOT), _entry_calls(report)]
 

@@ -2,7 +2,7 @@
 
 One result, ``coverage.declared_variants_judged``: it fails when a variant declared by b12x's
 contract has no differential runner or no case in the default GPU job, or when b12x declares
-something no registry variant names (:func:`oracle.coverage.problems`). Its metrics count the
+something no registry variant names (:func:`oracle.run.coverage.problems`). Its metrics count the
 declared, judged and undeclared variants and the default job's cases per op.
 """
 
@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from oracle.report import CheckResult
+from oracle.report.report import CheckResult
+from oracle.run.coverage import coverage, problems
 
 __all__ = ["run"]
 
 
 def run(ctx: Any = None) -> list[CheckResult]:
-    from oracle.coverage import coverage, problems
-
     records = coverage()
     found = problems(records)
     per_op = Counter()

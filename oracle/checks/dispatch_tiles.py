@@ -1,15 +1,16 @@
 """Dispatch and tile checks (§5.4–§5.5; R2, R3, R15) against the tables b12x declares.
 
-The tables come from b12x's typed contract (``b12x.support.OPS``, :mod:`oracle.declared`): every
-op's ``dispatch`` tuple (objects satisfying :mod:`oracle.dispatch`'s protocol: every host decision
-made from a problem — dense path, split-K, the MoE route block, K split, wave-balanced FC2 tile,
-pair geometry — with both sides of every threshold as ``boundaries``) and its ``tiles`` registry
-(:mod:`oracle.tiles`' protocol), each checked once even when several ops share it. The grid for
-reachability is ``table.grid()`` (or a ``grid`` sequence) when the table declares one, plus both
-sides of every boundary. Tile registries are checked on every :data:`oracle.tiles.DEVICES` part
-over ``registry.problems``; the module of the registry's predicate function (attribute
-``predicate``, else a module-level ``qualify`` beside the registry's class) is scanned for floor
-constants duplicated outside it (:func:`oracle.tiles.find_duplicated_floors`).
+The tables come from b12x's typed contract (``b12x.support.OPS``, :mod:`oracle.cases.declared`):
+every op's ``dispatch`` tuple (objects satisfying :mod:`oracle.judge.dispatch`'s protocol: every
+host decision made from a problem — dense path, split-K, the MoE route block, K split, wave-balanced
+FC2 tile, pair geometry — with both sides of every threshold as ``boundaries``) and its ``tiles``
+registry (:mod:`oracle.judge.tiles`' protocol), each checked once even when several ops share it.
+The grid for reachability is ``table.grid()`` (or a ``grid`` sequence) when the table declares one,
+plus both sides of every boundary. Tile registries are checked on every
+:data:`oracle.judge.tiles.DEVICES` part over ``registry.problems``; the module of the registry's
+predicate function (attribute ``predicate``, else a module-level ``qualify`` beside the registry's
+class) is scanned for floor constants duplicated outside it
+(:func:`oracle.judge.tiles.find_duplicated_floors`).
 
 Results are named ``dispatch.<table>.<check>`` and ``tiles.<registry>.<check>``. An op that
 declares no table is not a skip: the contract says so explicitly with an empty tuple.
@@ -20,28 +21,26 @@ and simulated device and reports where the single predicate accepts or rejects i
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Iterable
 from typing import Any
 
-from oracle.dispatch import Outcome
-from oracle.dispatch import check_table as check_dispatch_table
-from oracle.report import CheckResult
-from oracle.tiles import DEVICES, check_registry, find_duplicated_floors
+from oracle.cases import declared as declared_ops
+from oracle.judge.dispatch import Outcome
+from oracle.judge.dispatch import check_table as check_dispatch_table
+from oracle.judge.tiles import DEVICES, check_registry, find_duplicated_floors, parse_tile
+from oracle.report.report import CheckResult
 
-__all__ = ["declared", "parse_tile", "qualify_tile", "run"]
+__all__ = ["declared", "qualify_tile", "run"]
 
 
 def declared(hook: str) -> tuple[list[Any] | None, str]:
     """``(objects, "")``: every distinct dispatch table (``hook == "dispatch_tables"``) or tile
     registry (``"tile_registries"``) of b12x's op contracts, or ``(None, reason)`` when no op
     declares one."""
-    from oracle.declared import ops
-
     if hook not in ("dispatch_tables", "tile_registries"):
         raise ValueError(f"hook: expected dispatch_tables or tile_registries, got {hook!r}")
     found: dict[int, Any] = {}
-    for contract in ops():
+    for contract in declared_ops.ops():
         items = contract.dispatch if hook == "dispatch_tables" else (contract.tiles,)
         for item in items:
             if item is not None:
@@ -115,13 +114,6 @@ def _tile_results() -> list[CheckResult]:
 
 def run(ctx=None) -> list[CheckResult]:
     return _dispatch_results() + _tile_results()
-
-
-def parse_tile(text: str) -> tuple[int, ...]:
-    """``"32x512x256"`` (or ``"32,512,256"``) → ``(32, 512, 256)``."""
-    if not isinstance(text, str) or not re.fullmatch(r"\s*\d+(\s*[x,]\s*\d+)*\s*", text):
-        raise ValueError(f"--tile: expected integers joined by 'x', e.g. 32x512x256, got {text!r}")
-    return tuple(int(v) for v in re.split(r"\s*[x,]\s*", text.strip()))
 
 
 def qualify_tile(text: str, registries: Iterable[Any] | None = None) -> list[CheckResult]:

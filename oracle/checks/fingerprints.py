@@ -16,7 +16,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from oracle.report import CheckResult
+from oracle.report.report import CheckResult
+from reference.codebooks import legal_bits, sqg_e4m3, sqg_fp16, sqg_legacy, state_values
 
 __all__ = ["FINGERPRINTS_PATH", "builders", "run", "sha256_of"]
 
@@ -31,22 +32,16 @@ def sha256_of(table) -> str:
 
 
 def _values(codebook: str, bits: int):
-    from reference.codebooks import state_values
-
     return state_values(codebook, bits)
 
 
 def _all_rates(codebook: str) -> list:
-    from reference.codebooks import legal_bits
-
     return [_values(codebook, b) for b in legal_bits(codebook)]
 
 
 @functools.cache
 def builders() -> dict[str, Callable[[], list]]:
     """table key -> builder returning the list of byte tables that must all match the digest."""
-    from reference.codebooks import sqg_e4m3, sqg_fp16, sqg_legacy
-
     return {
         "3inst_fp16_lut": lambda: _all_rates("3inst"),
         "mcg_fp16_lut": lambda: _all_rates("mcg"),

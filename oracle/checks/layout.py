@@ -24,7 +24,9 @@ import json
 import torch
 
 from oracle.checks.fingerprints import FINGERPRINTS_PATH
-from oracle.report import CheckResult
+from oracle.report.report import CheckResult
+from reference import bitstream, tile_order, trellis
+from reference.codebooks import state_values
 
 __all__ = ["expected_states", "run", "tile_positions"]
 
@@ -90,8 +92,6 @@ def _u16(t: torch.Tensor) -> list[int]:
 
 
 def _worked_example() -> CheckResult:
-    from reference import trellis
-
     ex = json.loads(FINGERPRINTS_PATH.read_text())["bitstream_worked_example"]
     bits = ex["bits"]
     sym = torch.arange(STEPS, dtype=torch.int64) % 8
@@ -111,8 +111,6 @@ def _worked_example() -> CheckResult:
 
 
 def _pack_and_states(gen: torch.Generator) -> list[CheckResult]:
-    from reference import bitstream, trellis
-
     pack_fail, state_fail, window_fail = [], [], []
     for bits in range(1, 9):
         sym = _symbols(gen, bits, 2)
@@ -145,8 +143,6 @@ def _pack_and_states(gen: torch.Generator) -> list[CheckResult]:
 
 
 def _tile_order(gen: torch.Generator) -> CheckResult:
-    from reference import tile_order
-
     failures = []
     k_local, n_local = tile_order.step_to_tile_position()
     if list(zip(k_local.tolist(), n_local.tolist(), strict=True)) != tile_positions():
@@ -163,9 +159,6 @@ def _tile_order(gen: torch.Generator) -> CheckResult:
 
 
 def _decode_index_map(gen: torch.Generator) -> CheckResult:
-    from reference import trellis
-    from reference.codebooks import state_values
-
     kt_n, nt_n = 2, 3
     positions = tile_positions()
     failures = []

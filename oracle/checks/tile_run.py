@@ -24,10 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from oracle import checks
+from oracle.checks import compile as compile_checks
+from oracle.checks import gpu
+from oracle.checks.dispatch_tiles import declared, qualify_tile
+from oracle.judge.tiles import parse_tile
+from oracle.report.report import CheckResult
+
 
 def tile_registries() -> tuple[list[Any], str]:
-    from oracle.checks.dispatch_tiles import declared
-
     registries, why = declared("tile_registries")
     return (registries or []), why
 
@@ -37,9 +42,6 @@ def tile_qualification(text: str, registries: list[Any] | None = None) -> list[A
     (:func:`oracle.checks.dispatch_tiles.qualify_tile`), made strict: a tile that no registry
     recognises, that is not a declared entry, or that qualifies at no (problem, device) point
     is a ``fail``, never a pass or a skip."""
-    from oracle.checks.dispatch_tiles import qualify_tile
-    from oracle.report import CheckResult
-
     if registries is None:
         registries, why = tile_registries()
         if not registries:
@@ -86,8 +88,6 @@ def tile_specializations(
 
     Hook (optional on each registry): ``registry.specializations(tile) -> Iterable[spec]``, every
     kernel specialisation (``b12x.launch.specs.KernelSpec``) a launch with ``tile`` compiles."""
-    from oracle.checks.dispatch_tiles import parse_tile
-
     spec = parse_tile(text)
     if registries is None:
         registries, why = tile_registries()
@@ -182,11 +182,7 @@ def tile_checks(
     ctx: Any, *, text: str, tile: tuple[int, int, int], codebook: str | None, bits: int | None
 ) -> list[Any]:
     """qualify (strict) → compile its specialisations on CPU (strict) → on a GPU, the grid
-    cases pinned to the tile (:func:`oracle.checks.gpu.select_grid` ``tile=``: none is a fail)."""
-    from oracle.checks import compile as compile_checks
-    from oracle.checks import gpu, run_family
-    from oracle.report import CheckResult
-
+    cases pinned to the tile (:func:`oracle.run.grid.select_grid` ``tile=``: none is a fail)."""
     label = "x".join(map(str, tile))
     try:
         out = tile_qualification(text)
@@ -239,4 +235,4 @@ def tile_checks(
         out += rows
     if not (ctx.cuda and ctx.tier == "gpu"):
         return out + gpu.skipped(ctx, f".tile_{label}")
-    return out + run_family("gpu", ctx)
+    return out + checks.run_family("gpu", ctx)

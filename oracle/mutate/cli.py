@@ -122,7 +122,7 @@ def select(mutants: Sequence, tier: str, only: str | None) -> list:
 
 def _cuda() -> bool:
     try:
-        import torch
+        import torch  # lazy: the gate's parent process needs no torch
 
         return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
     except Exception:  # noqa: BLE001 - no usable CUDA means GPU mutants are not applicable
@@ -130,7 +130,7 @@ def _cuda() -> bool:
 
 
 def _print_table(results, summary, console) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich stays off `contracts` (standard library alone)
 
     table = Table(title="mutation gate", show_lines=False)
     for col in ("id", "class", "tier", "status", "killer / reason", "s"):
@@ -324,7 +324,9 @@ def _main(argv: Sequence[str] | None) -> int:
     summary = summarize(results)
     report = _report(args, results, summary, gpu)
     if not args.quiet:
-        from rich.console import Console
+        from rich.console import (
+            Console,  # lazy: rich stays off `contracts` (standard library alone)
+        )
 
         console = Console(highlight=False)
         if not console.is_terminal:

@@ -33,9 +33,11 @@ import gc
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import sys
+import traceback
 
 PRELOAD = (
     "torch",
@@ -99,11 +101,9 @@ def _child(request: dict) -> int:
     argv = list(request["argv"])
     try:
         if request["kind"] == "pytest":
-            import pytest
+            import pytest  # lazy: optional; only pytest kill commands need it
 
             return int(pytest.main(argv))
-        import runpy
-
         sys.argv = [argv[0], *argv[1:]]
         runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
         return 0
@@ -111,8 +111,6 @@ def _child(request: dict) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except BaseException:  # noqa: BLE001 - report the crash in the log, exit non-zero
-        import traceback
-
         traceback.print_exc()
         return 3
 

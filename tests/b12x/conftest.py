@@ -1,9 +1,9 @@
 """Fixtures the b12x tests share.
 
 * ``moe_judge`` — ``moe_judge(got, x, experts, w, ids, compute_dtype)``: the oracle's MoE judge
-  (:func:`oracle.tolerance.judge_moe`: element-wise stage envelope + exact-reference gates) as an
-  assertion, the same verdict ``python -m oracle`` gives, so a dropped route or a scaled row fails
-  the test. ``experts`` are uniform (``reference.moe.TrellisExperts``) or paired
+  (:func:`oracle.judge.tolerance.judge_moe`: element-wise stage envelope + exact-reference gates) as
+  an assertion, the same verdict ``python -m oracle`` gives, so a dropped route or a scaled row
+  fails the test. ``experts`` are uniform (``reference.moe.TrellisExperts``) or paired
   (``reference.moe_pairs.PairedExperts``); the GPU MoE tests (uniform, pairs, K split) judge
   with it.
 * ``tensor_core_gemm_judge`` — ``judge(launch, m=, split_k=)``: random bf16 activations
@@ -26,7 +26,9 @@ import pytest
 @pytest.fixture
 def moe_judge() -> Callable[..., None]:
     """``moe_judge(got, x, experts, w, ids, compute_dtype)`` asserts the oracle's MoE verdict."""
-    from oracle.tolerance import judge_moe  # lazy: the root conftest pins GPUs before torch loads
+    from oracle.judge.tolerance import (
+        judge_moe,  # lazy: the root conftest pins GPUs before torch loads
+    )
 
     def judge(got, x, experts, w, ids, compute_dtype) -> None:
         verdict = judge_moe(
@@ -80,7 +82,7 @@ def tensor_core_gemm_judge() -> Callable[..., None]:
     import torch
 
     from b12x.launch import host
-    from oracle.runners import inputs as case_inputs
+    from oracle.run.runners import inputs as case_inputs
     from reference import trellis as ref_trellis
 
     def judge(launch, *, m: int, split_k: int) -> None:

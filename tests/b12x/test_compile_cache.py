@@ -28,7 +28,7 @@ from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import plan_dense
 from b12x.runtime import cache_cli, cache_keys, disk_store
 from b12x.runtime import compile_cache as cc
-from oracle.tiles import DEVICES
+from oracle.judge.tiles import DEVICES
 
 BASE = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
 

@@ -21,8 +21,8 @@ from b12x.ops.decode import (
 from b12x.ops.decode import plan as decode_mod
 from b12x.runtime import compile_cache as cc
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
-from oracle.tiles import SimulatedDevice
+from oracle.judge.tiles import SimulatedDevice
+from oracle.run.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 
@@ -209,7 +209,7 @@ def test_gpu_decode_op_is_bit_exact(codebook, bits):
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_gpu_graph_protocol_passes():
-    from oracle.graph_protocol import CudaBackend
+    from oracle.run.graph_protocol import CudaBackend
 
     problem = dict(k=64, n=128, bits=6, codebook="sqg_fp16")
     op = DecodeOp()

@@ -1,6 +1,6 @@
 """GPU: the dense trellis linear against the exact and faithful references (spec §3.2–3.3).
 
-Every output is judged by :func:`oracle.tolerance.judge_linear` (the element-wise envelope of
+Every output is judged by :func:`oracle.judge.tolerance.judge_linear` (the element-wise envelope of
 the kernel's rounding chain, the bias gate and the coarse gates) against the reference's decode
 of the same payload. The H128 rotation kernels are compared against the reference's faithful
 rotation steps, and an external H128 callback (exllamav3 contract) is exercised.
@@ -20,7 +20,7 @@ from b12x.ops.dense.plan import (
     plan_dense,
     run_dense,
 )
-from oracle.tolerance import judge_linear
+from oracle.judge.tolerance import judge_linear
 from reference import linear as ref_linear
 from reference import trellis as ref_trellis
 

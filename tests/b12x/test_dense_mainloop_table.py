@@ -25,8 +25,8 @@ from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import mainloop as L
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.ops.dense.tiles import tensor_core_takes_decoder
-from oracle import dispatch as O
-from oracle.tiles import SimulatedDevice
+from oracle.judge import dispatch as O
+from oracle.judge.tiles import SimulatedDevice
 
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 A100 = SimulatedDevice("a100", 108, 163 * 1024, (8, 0))
@@ -46,7 +46,7 @@ SM80 = {"capability": (8, 0)}
 
 
 def test_oracle_generic_checks_pass():
-    outcomes = O.check_table(L.TABLE, GRID)  # oracle.dispatch reads b12x's Boundary records
+    outcomes = O.check_table(L.TABLE, GRID)  # oracle.judge.dispatch reads b12x's Boundary records
     assert [o.failures for o in outcomes] == [(), (), (), ()]
     hits = outcomes[1].metrics["hits"]
     assert all(hits[row.name] > 0 for row in L.ROWS)
@@ -230,8 +230,8 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     problem on an H200 (every codebook family, both compute dtypes, every rate, both swap-AB
     geometries); planted: the grid's every-M bucket back at N = 640 (not a 256 multiple) leaves
     0 cases here."""
-    from oracle.checks.gpu import select_grid
-    from oracle.runners.dense import dense_problem
+    from oracle.run.grid import select_grid
+    from oracle.run.runners.dense import dense_problem
 
     runnable, _ = select_grid()
     plans = {

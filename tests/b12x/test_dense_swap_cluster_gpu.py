@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from b12x.launch import host
-from oracle.runners import inputs as case_inputs
+from oracle.run.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu

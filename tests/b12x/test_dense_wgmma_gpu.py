@@ -23,7 +23,7 @@ import torch
 from b12x.kernels.shared_layout import fitting_slots
 from b12x.launch import host
 from b12x.ops.dense import mainloop as mainloop_table
-from oracle.runners import inputs as case_inputs
+from oracle.run.runners import inputs as case_inputs
 from reference import trellis as ref_trellis
 
 pytestmark = pytest.mark.gpu

@@ -17,8 +17,8 @@ import torch
 
 from b12x.ops.dense import dispatch as D
 from b12x.ops.dense import plan_dense
-from oracle import dispatch as O
-from oracle.tiles import SimulatedDevice
+from oracle.judge import dispatch as O
+from oracle.judge.tiles import SimulatedDevice
 
 K6 = "k6_mcg_small_m"
 BASE = {
@@ -35,7 +35,8 @@ RTX = SimulatedDevice("rtx_pro_6000", 188, 227 * 1024, (12, 0))
 
 
 class OracleView:
-    """``oracle.dispatch`` wants its own ``Boundary`` objects; b12x declares the same fields."""
+    """``oracle.judge.dispatch`` wants its own ``Boundary`` objects; b12x declares the same
+    fields."""
 
     def __init__(self, table=D.TABLE):
         self.name = table.name
@@ -319,7 +320,7 @@ def _decode_inputs(m, k, n, bits, seed):
 def test_decode_matmul_at_m_257_is_planned_and_capture_safe(monkeypatch, compute_dtype):
     from b12x.ops.dense import plan as plan_mod
     from b12x.ops.dense.plan import DenseOp, allocate_dense_buffers
-    from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
+    from oracle.run.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 
     fake = _InPlaceKernels()
     for name in ("rotate_input", "rotate_output", "decode_weight", "trellis_matmul"):

@@ -12,7 +12,7 @@ import torch
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
-from oracle.tolerance import judge_linear, judge_moe
+from oracle.judge.tolerance import judge_linear, judge_moe
 from reference import trellis as ref_trellis
 from reference.moe import TrellisExperts
 

@@ -10,7 +10,7 @@
   step of the compute dtype of the torch value plus ``1e-5 ×`` the row's largest magnitude.
 * ``run_moe`` on CUDA launches the boundary kernels (three launches per call, checked by
   counting calls through the wrappers), and its output is judged by
-  :func:`oracle.tolerance.judge_moe` against :mod:`reference.moe`.
+  :func:`oracle.judge.tolerance.judge_moe` against :mod:`reference.moe`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from b12x.launch import host as launchers
 from b12x.ops.moe import boundary
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
-from oracle.tolerance import judge_moe
+from oracle.judge.tolerance import judge_moe
 from reference.moe import TrellisExperts
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,7 @@
 """CPU: the MoE's host decisions are the tables of ``b12x.ops.moe.dispatch`` (docs/architecture.md).
 
-* Each table passes ``oracle.dispatch``'s generic checks: both sides of every declared boundary
-  pick the expected row (whose own predicate holds), every row is reachable, ``explain`` is
+* Each table passes ``oracle.judge.dispatch``'s generic checks: both sides of every declared
+  boundary pick the expected row (whose own predicate holds), every row is reachable, ``explain`` is
   deterministic and does not mutate the case.
 * The boundaries are literal: changing a threshold constant (planted below, then removed) makes
   the table's own boundary check fail instead of moving along with it — the tile predicate's
@@ -30,8 +30,8 @@ from b12x.ops.moe import fc2_tile as FT
 from b12x.ops.moe import mainloop as ML
 from b12x.ops.moe import plan as plan_mod
 from b12x.ops.moe.plan import plan_moe
-from oracle.dispatch import check_boundaries, check_table
-from oracle.tiles import SimulatedDevice
+from oracle.judge.dispatch import check_boundaries, check_table
+from oracle.judge.tiles import SimulatedDevice
 
 F16, BF16 = torch.float16, torch.bfloat16
 H200 = SimulatedDevice("H200", 132, 232448, (9, 0))

@@ -34,8 +34,8 @@ from b12x.ops.moe.gemm_op import (
 )
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
-from oracle.tiles import SimulatedDevice
+from oracle.judge.tiles import SimulatedDevice
+from oracle.run.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 from reference.pairs import decode_pair
 from reference.trellis import decode
 

@@ -6,8 +6,8 @@
   are judged by their routes), and globally by the tolerance rule against the exact reference.
 * Inactive routes (−1, E, 2^31, 2^32 with NaN/inf weights): exactly zero contribution, caller
   tensors bit-unchanged, eager and CUDA-graph replay.
-* CUDA-graph protocol (oracle.graph_protocol, CudaBackend) with the plan's exact buffers, NaN and
-  0xFF poisoning, several replays; N-run determinism; batch invariance (promised by the design:
+* CUDA-graph protocol (oracle.run.graph_protocol, CudaBackend) with the plan's exact buffers, NaN
+  and 0xFF poisoning, several replays; N-run determinism; batch invariance (promised by the design:
   every route row is computed independently, no split-K).
 * Tiers vs two single-tier reference runs; the custom op against opcheck's schema/fake checks.
 Shapes are small (H = 256, I = 128) so the file stays well under a minute on an H200.
@@ -23,8 +23,8 @@ from b12x.ops.moe.custom_op import MoeOp
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
-from oracle.graph_protocol import ConsumerFixture, CudaBackend, GraphProtocol
-from oracle.tolerance import judge_moe
+from oracle.judge.tolerance import judge_moe
+from oracle.run.graph_protocol import ConsumerFixture, CudaBackend, GraphProtocol
 from reference.moe import TrellisExperts
 from reference.tiers import MixedTierExperts
 

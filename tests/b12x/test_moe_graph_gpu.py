@@ -25,8 +25,8 @@ and token-order buffer has a tail the step must not write.
   the same plan gives that buffer at the live M) no byte may change; :mod:`b12x.ops.moe.plan` "Rows
   of inactive routes are never written" (FC1) and :mod:`b12x.kernels.moe_gemm` (a route in no
   live block is never stored), so the ``fc1`` and ``fc2`` rows of inactive routes keep the poison.
-* :class:`oracle.graph_protocol.GraphProtocol` (CUDA backend) over the FULL step
-  (:class:`~oracle.graph_protocol.ComposedOp`) and over each piece: no allocator activity in
+* :class:`oracle.run.graph_protocol.GraphProtocol` (CUDA backend) over the FULL step
+  (:class:`~oracle.run.graph_protocol.ComposedOp`) and over each piece: no allocator activity in
   capture or replay, stable buffer addresses, every buffer removed in turn raises naming it, a
   compile under capture raises; closeness of the FULL step to ``reference.moe``; and the FULL
   consumer fixture has no buffer the step does not read (consumer-exact).
@@ -59,7 +59,7 @@ from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.runtime import compile_cache
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import (
+from oracle.run.graph_protocol import (
     ComposedOp,
     ConsumerFixture,
     CudaBackend,
@@ -99,7 +99,7 @@ CONFIGS = {
 
 def _capture(fn):
     """One CUDA graph of ``fn`` (already warmed up: nothing may compile now). A failed capture
-    is undone by :func:`oracle.graph_protocol.capture_graph` before it raises, so it cannot leak
+    is undone by :func:`oracle.run.graph_protocol.capture_graph` before it raises, so it cannot leak
     into the next test."""
     return capture_graph(fn)
 

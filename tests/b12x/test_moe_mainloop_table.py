@@ -20,7 +20,7 @@ from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.kernels.shared_layout import SMEM_LIMIT, fold_bytes, shared_decode_layout
 from b12x.ops.moe.plan import plan_moe
 from b12x.ops.moe.tiers import plan_tiered_moe
-from oracle.tiles import SimulatedDevice
+from oracle.judge.tiles import SimulatedDevice
 
 H200 = SimulatedDevice("H200", 132, 232448, (9, 0))
 A100 = SimulatedDevice("A100", 108, 166912, (8, 0))
@@ -191,12 +191,12 @@ def test_wide_spec_compiles_for_two_ctas_per_sm_without_spills():
 
 
 def test_the_gpu_default_job_judges_the_shared_decode():
-    """The default job's GPU grid (oracle.checks.gpu.select_grid) must reach the shared decode
+    """The default job's GPU grid (oracle.run.grid.select_grid) must reach the shared decode
     through the MoE runner's own problem (which hands the device to the plan, as a serving engine
     does): on an H200, every codebook family, both compute dtypes and M up to 4096."""
-    from oracle.checks.gpu import select_grid
-    from oracle.runners.inputs import moe_choices
-    from oracle.runners.moe import moe_problem
+    from oracle.run.grid import select_grid
+    from oracle.run.runners.inputs import moe_choices
+    from oracle.run.runners.moe import moe_problem
 
     runnable, _ = select_grid()
     shared = []

@@ -382,10 +382,9 @@ def test_op_args_derive_the_paired_problem():
 
 
 def test_moe_pair_variants_are_covered_by_the_declared_kernels():
-    from oracle import declared
-    from oracle import variants as V
+    from oracle.cases import variants as V
 
-    declared.clear()
+    V.clear_declarations()
     paired = [v for v in V.all_variants("moe") if v.pair_kind is not None]
     assert {v.pair_kind for v in paired} == set(KINDS)
     for v in paired:

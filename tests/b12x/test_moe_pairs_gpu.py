@@ -26,7 +26,7 @@ from b12x.launch import host as launchers
 from b12x.ops.moe.pairs import launch_paired_gemm, pair_gemm_spec
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import GemmContext, MoeInputs, run_moe
-from oracle.tolerance import judge_gemm
+from oracle.judge.tolerance import judge_gemm
 from reference.moe import TrellisExperts
 from reference.moe_pairs import (
     PairedExperts,

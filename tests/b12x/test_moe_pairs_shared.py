@@ -106,12 +106,12 @@ def test_pair_spec_compiles_spill_free_with_asynchronous_mmas(pair, axis, bf16, 
 
 
 def test_the_gpu_default_job_judges_the_pair_shared_decode():
-    """The default job's GPU grid (oracle.checks.gpu.select_grid), planned through the MoE
+    """The default job's GPU grid (oracle.run.grid.select_grid), planned through the MoE
     runner's own problem on an sm_90 device, must put paired cases of both axes and of dynamic
     kinds on the pair shared decode."""
-    from oracle.checks.gpu import select_grid
-    from oracle.runners.inputs import moe_choices
-    from oracle.runners.moe import moe_problem
+    from oracle.run.grid import select_grid
+    from oracle.run.runners.inputs import moe_choices
+    from oracle.run.runners.moe import moe_problem
 
     runnable, _ = select_grid()
     axes, kinds = set(), set()

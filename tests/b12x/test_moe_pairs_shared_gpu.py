@@ -25,7 +25,7 @@ import torch
 
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
-from oracle.runners.inputs import MoeChoices, paired_experts, stack_to
+from oracle.run.runners.inputs import MoeChoices, paired_experts, stack_to
 
 pytestmark = pytest.mark.gpu
 

@@ -20,7 +20,7 @@ from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
+from oracle.run.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 from reference import tiers as ref_tiers
 from reference.moe import TrellisExperts, expert_route_outputs, moe_forward, row_magnitude
 from reference.routing import capacity_bound

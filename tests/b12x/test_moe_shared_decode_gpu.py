@@ -27,7 +27,7 @@ import torch
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import build_tiered_maps, combine_tier_rotations, plan_tiered_moe
-from oracle.runners.inputs import stack_to, trellis_experts
+from oracle.run.runners.inputs import stack_to, trellis_experts
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +38,8 @@ DEV = "cuda"
 
 
 def make_experts(e, bits, layout, *, seed, codebook="mcg"):
-    """The oracle runner's random uniform stack (:func:`oracle.runners.inputs.trellis_experts`)."""
+    """The oracle runner's random uniform stack
+    (:func:`oracle.run.runners.inputs.trellis_experts`)."""
     gen = torch.Generator().manual_seed(seed)
     return stack_to(trellis_experts(gen, e, H, I, bits, layout, codebook), DEV)
 

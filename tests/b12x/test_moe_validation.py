@@ -20,7 +20,7 @@ from b12x.ops.moe import run as run_mod
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import plan_tiered_moe
-from oracle.tiles import SimulatedDevice
+from oracle.judge.tiles import SimulatedDevice
 
 F16, BF16 = torch.float16, torch.bfloat16
 H, I = 256, 128

@@ -22,9 +22,14 @@ from b12x.ops.dense import plan as plan_mod
 from b12x.ops.dense.plan import DenseOp
 from b12x.runtime import compile_cache as cc
 from b12x.runtime.scratch import BufferNotProvided
-from oracle.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend, capture_graph
+from oracle.judge.tiles import SimulatedDevice
 from oracle.pytest_plugin import scaled_examples
-from oracle.tiles import SimulatedDevice
+from oracle.run.graph_protocol import (
+    ConsumerFixture,
+    GraphProtocol,
+    SimulatedBackend,
+    capture_graph,
+)
 
 F16, BF16, F32, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int32
 RTX = SimulatedDevice("rtx_pro_6000", 188, 227 * 1024, (12, 0))
@@ -621,7 +626,7 @@ def test_gpu_live_m_below_planned_capacity():
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_gpu_protocol_k6_captures_with_one_element_generic_scratch():
-    from oracle.graph_protocol import CudaBackend
+    from oracle.run.graph_protocol import CudaBackend
 
     problem = dict(m=16, k=512, n=256, bits=6, codebook="mcg", x_dtype=BF16)
     op = DenseOp(_cuda_limits((12, 0)))  # the K6 gate is SM120-only; simulate it here
@@ -635,7 +640,7 @@ def test_gpu_protocol_k6_captures_with_one_element_generic_scratch():
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_gpu_protocol_generic_with_placeholder_raises_naming_it():
-    from oracle.graph_protocol import CudaBackend
+    from oracle.run.graph_protocol import CudaBackend
 
     problem = dict(m=16, k=512, n=256, bits=6, codebook="mcg", x_dtype=F16, split_k=2)
     op = DenseOp(_cuda_limits())
@@ -658,7 +663,7 @@ def test_gpu_protocol_generic_with_placeholder_raises_naming_it():
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_gpu_protocol_generic_full_buffers_bf16():
-    from oracle.graph_protocol import CudaBackend
+    from oracle.run.graph_protocol import CudaBackend
 
     problem = dict(
         m=40, k=512, n=256, bits=4, codebook="sqg_e4m3", x_dtype=BF16, compute_dtype=BF16, split_k=2

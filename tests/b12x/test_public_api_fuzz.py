@@ -37,8 +37,8 @@ from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, 
 from b12x.ops.moe.plan import ALL_BUFFER_NAMES, allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
 from b12x.ops.moe.tiers import plan_tiered_moe
+from oracle.judge.tiles import SimulatedDevice
 from oracle.pytest_plugin import scaled_examples
-from oracle.tiles import SimulatedDevice
 
 F16, BF16, F32, I16, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int16, torch.int32
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))

@@ -15,8 +15,8 @@ import torch
 
 from b12x.ops.dense import plan_dense
 from b12x.ops.dense import split_k as S
-from oracle import dispatch as O
-from oracle.tiles import SimulatedDevice
+from oracle.judge import dispatch as O
+from oracle.judge.tiles import SimulatedDevice
 
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 

@@ -27,8 +27,8 @@ from b12x.ops.moe import dispatch as moe_dispatch
 from b12x.ops.moe import gemm_op as moe_gemm
 from b12x.ops.moe import plan as moe_plan
 from b12x.ops.moe import run as moe_run
-from oracle import dispatch as oracle_dispatch
-from oracle import tiles as oracle_tiles
+from oracle.judge import dispatch as oracle_dispatch
+from oracle.judge import tiles as oracle_tiles
 
 LEGAL = {
     "3inst": range(1, 9),

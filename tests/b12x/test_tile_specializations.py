@@ -11,7 +11,7 @@ import torch
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import tiles
 from b12x.ops.dense.plan import plan_dense
-from oracle.tiles import DEVICES
+from oracle.judge.tiles import DEVICES
 
 H200 = next(d for d in DEVICES if tuple(d.capability) == (9, 0))
 

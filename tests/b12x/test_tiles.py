@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b12x.ops.dense import tiles as T
-from oracle.pytest_plugin import scaled_examples
-from oracle.tiles import (
+from oracle.judge.tiles import (
     DEVICES,
     SimulatedDevice,
     check_pin_matches_qualify,
@@ -22,6 +21,7 @@ from oracle.tiles import (
     check_round_trip,
     find_duplicated_floors,
 )
+from oracle.pytest_plugin import scaled_examples
 
 GB10 = SimulatedDevice("gb10", 48, 101_376, (12, 1))
 RTX = SimulatedDevice("rtx_pro_6000", 188, 227 * 1024, (12, 0))

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from oracle.cases.grids import cases, parse_case_id
 from oracle.cli import main
-from oracle.grids import cases, parse_case_id
-from oracle.report import CheckResult, Report
-from oracle.results import save_case
+from oracle.report.report import CheckResult, Report
+from oracle.report.results import save_case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_report_exit_code_follows_failures_and_writes_pngs(tmp_path, capsys):
 @pytest.fixture
 def saved_decode_case(tmp_path):
     """A decode case whose saved kernel output is the reference decode with one element bumped."""
-    from oracle.runners import saved_inputs as make_inputs
+    from oracle.run.runners import saved_inputs as make_inputs
     from reference.trellis import decode
 
     case = next(c for c in cases(op="decode", filter="codebook=mcg,bits=4", tier="cpu"))
@@ -163,9 +163,10 @@ def test_replay_of_a_non_grid_case_is_refused_not_green(tmp_path, capsys):
 def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, capsys):
     """The GPU grid's bookkeeping on CPU: the decode runner's kernel execution is replaced by
     a CPU decode with one bad value; the grid saves the case and its replay fails the same way."""
-    import oracle.runners as runners
+    import oracle.run.runners as runners
     from oracle.checks import CheckContext, gpu
-    from oracle.runners import decode as decode_runner
+    from oracle.run import grid
+    from oracle.run.runners import decode as decode_runner
     from reference.trellis import decode
 
     def bad_execution(case, device):
@@ -179,7 +180,7 @@ def test_grid_runner_saves_a_failing_case_that_replays(monkeypatch, tmp_path, ca
     case = next(c for c in cases(op="decode", filter="codebook=mul1,bits=2", tier="cpu"))
     monkeypatch.setattr(decode_runner, "run_case", bad_execution)
     monkeypatch.setattr(
-        gpu, "case_results",
+        grid, "case_results",
         lambda case, ctx: runners.run_case(case, device="cpu", results_dir=ctx.results_dir),
     )  # fmt: skip
     ctx = CheckContext(tier="gpu", cuda=False, case=case.case_id, results_dir=tmp_path)
@@ -383,7 +384,7 @@ def test_a_tile_no_grid_case_qualifies_for_fails_on_a_gpu(
     fake_tiles, tmp_path, capsys, monkeypatch
 ):
     import oracle.checks
-    from oracle import declared
+    from oracle.cases import declared
 
     class Refusing:
         def __init__(self, device=None, hadamard_128=None):
@@ -452,8 +453,8 @@ def test_a_real_tile_specialisation_compiles_for_every_arch(tmp_path, capsys, mo
 def test_max_cases_is_a_stratified_sample_in_runs_and_shards():
     """``--max-cases`` reaches select_grid (one GPU, every shard) as a stratified sample: the
     old registry-order prefix judged 3inst at K1-K4 only."""
-    from oracle import sharding
-    from oracle.checks.gpu import select_grid
+    from oracle.run import sharding
+    from oracle.run.grid import select_grid
 
     runnable, _ = select_grid(filter="m<=129", max_cases=400)
     assert {c.variant.codebook for c in runnable} == {
@@ -490,7 +491,7 @@ def _families_with(monkeypatch, gpu_body, *, workers: bool):
 
     import oracle.checks as checks
     from oracle.checks import gpu
-    from oracle.report import CheckResult
+    from oracle.report.report import CheckResult
 
     log: list[str] = []
     gpu_started = threading.Event()
@@ -512,7 +513,8 @@ def _families_with(monkeypatch, gpu_body, *, workers: bool):
 
 
 def test_gpu_workers_start_before_the_cpu_families_and_the_order_is_kept(monkeypatch):
-    from oracle.report import CheckResult
+
+    from oracle.report.report import CheckResult
 
     def gpu_body():
         return [CheckResult("gpu.differential_grid", "gpu", "pass")]
@@ -538,7 +540,7 @@ def test_the_gpu_skip_line_names_six_reasons_and_counts_the_rest():
     """A run --tile on a GPU skips ~160 variants b12x does not declare, each with its own reason:
     the closing line spells out six and counts the others instead of printing 150 lines."""
     from oracle import cli
-    from oracle.report import CheckResult
+    from oracle.report.report import CheckResult
 
     skips = [
         CheckResult(f"gpu.unrunnable.dense.{i}", "gpu", "skip", f"reason {i:03d}")
@@ -561,7 +563,7 @@ def test_a_spent_compile_budget_is_named_at_the_end(monkeypatch, capsys):
     import argparse
 
     from oracle import cli
-    from oracle.report import CheckResult, Report
+    from oracle.report.report import CheckResult, Report
 
     report = Report()
     report.extend([CheckResult("compile.gemm", "cpu", "pass", "")])

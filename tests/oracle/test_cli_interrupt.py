@@ -4,7 +4,7 @@ The child wraps ``b12x.support.compile_specialization`` to touch a marker as eac
 starts; once the marker exists the test sends SIGINT and waits for the exit (no elapsed-time
 assertion). Required: exit 130, stderr exactly ``python -m oracle run: interrupted``, no
 traceback and no ``terminate called`` abort from the compiler's native frames
-(:mod:`oracle.interrupts` defers the interrupt to the next safe point). Planted: without the
+(:mod:`oracle.checks.interrupts` defers the interrupt to the next safe point). Planted: without the
 ``KeyboardInterrupt`` branch of ``oracle.cli.main`` the child prints a traceback and exits 1.
 """
 

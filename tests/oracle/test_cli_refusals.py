@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import oracle.checks
+from oracle.cases.grids import cases
 from oracle.cli import Refused, main
-from oracle.grids import cases
-from oracle.report import CheckResult, Report
-from oracle.results import save_case
+from oracle.report.report import CheckResult, Report
+from oracle.report.results import save_case
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ PAIR = "pair_kind=P22,rate_axis=k,codebook=mcg,dtype=fp16,m=1,rotation=full"
 
 
 def _saved_grid_case(tmp_path, flt=DENSE, op="dense", y_shape=None):
-    from oracle.runners import saved_inputs as make_inputs
+    from oracle.run.runners import saved_inputs as make_inputs
 
     case = _grid_case(flt, op)
     inputs = make_inputs(case)

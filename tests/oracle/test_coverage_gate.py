@@ -1,6 +1,6 @@
 """The coverage gate (``python -m oracle coverage`` and the default job's coverage family).
 
-:func:`oracle.coverage.problems` on synthetic records: a declared variant passes only with a
+:func:`oracle.run.coverage.problems` on synthetic records: a declared variant passes only with a
 *differential* runner (kernel against the reference) and a case in the default job; a
 graph-replay runner alone judges nothing against the reference; an undeclared variant is never
 a problem; a b12x declaration that maps onto no registry variant is. The real registry's run is
@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-import oracle.declared
+import oracle.cases.declared
 from oracle import coverage
 from oracle.cli import main
-from oracle.coverage import VariantCoverage
+from oracle.run.coverage import VariantCoverage
 
 
 def record(runners=("differential",), cases=3, declared=True, name="dense/mcg/k4/fp16"):
@@ -25,7 +25,7 @@ def record(runners=("differential",), cases=3, declared=True, name="dense/mcg/k4
 
 @pytest.fixture
 def nothing_unmapped(monkeypatch):
-    monkeypatch.setattr(oracle.declared, "unmapped", lambda: ())
+    monkeypatch.setattr(oracle.cases.declared, "unmapped", lambda: ())
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_problems_of_synthetic_records(records, expected, nothing_unmapped):
 
 
 def test_a_declaration_no_variant_names_is_a_problem(monkeypatch):
-    monkeypatch.setattr(oracle.declared, "unmapped", lambda: (("dense/mcg/k9", "bits 9"),))
+    monkeypatch.setattr(oracle.cases.declared, "unmapped", lambda: (("dense/mcg/k9", "bits 9"),))
     assert coverage.problems([record()]) == [
         "b12x declares 'dense/mcg/k9', which no registry variant names: bits 9"
     ]

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from oracle.dispatch import (
+from oracle.judge.dispatch import (
     Boundary,
     Explanation,
     Path,

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from oracle import drift as drift_mod
-from oracle import explain as explain_mod
+from oracle.cases.grids import cases
 from oracle.cli import Refused
-from oracle.grids import cases
-from oracle.results import save_case
-from oracle.runners import saved_inputs
+from oracle.cli import drift as drift_mod
+from oracle.cli import explain as explain_mod
+from oracle.report.results import save_case
+from oracle.run.runners import saved_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 K6 = ["--m", "32", "--k", "4096", "--n", "4096", "--codebook", "mcg", "--bits", "6"]
@@ -92,7 +92,7 @@ def test_mainloop_rows_and_the_split_they_plan(capsys, m, row, m_warps, split_ro
     b12x.ops.dense.mainloop: thin split 4, the sm_90 tensor-core row split 1) agree with what
     plan_dense launches."""
     from b12x.ops.dense.plan import plan_dense
-    from oracle.tiles import DEVICES
+    from oracle.judge.tiles import DEVICES
 
     e = explain_mod.explain_dense(m=m, k=8192, n=28672, codebook="mcg", bits=4, arch="sm_90")
     assert e.path == "generic" and e.mainloop_row == row
@@ -191,7 +191,7 @@ FULL = "codebook=mcg,bits=6,dtype=fp16,rotation=full,m=129,k=128,n=128"
 
 
 def _save(case, y, tmp_path, **inputs_override):
-    """Save like the runners do (oracle.runners.common._save): inputs + ``y`` + meta."""
+    """Save like the runners do (oracle.run.runners.common._save): inputs + ``y`` + meta."""
     tensors = {**saved_inputs(case), **inputs_override, "y": y}
     meta = {
         "case_id": case.case_id,
@@ -248,7 +248,7 @@ def test_drift_localises_one_planted_weight(tmp_path, capsys):
 def test_drift_localises_a_wrong_decoded_weight_through_the_rotations(tmp_path):
     """EXL3 linear: the faithful pipeline over Wq with one entry off; the map undoes svh and
     the output H128 and finds the entry in decoded-weight coordinates."""
-    from oracle.runners.inputs import compute_dtype
+    from oracle.run.runners.inputs import compute_dtype
     from reference.linear import forward_decoded
 
     case = _case(FULL)

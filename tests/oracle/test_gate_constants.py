@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from oracle import envelope as env
-from oracle.tolerance import judge
-from oracle.verdicts import DEFAULT_TOLERANCES
+from oracle.judge.tolerance import judge
+from oracle.judge.verdicts import DEFAULT_TOLERANCES
 
 ULP_EXPONENT = {"fp16": -10, "bf16": -7}  # ulp of a value in [1, 2)
 

@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from oracle.graph_protocol import (
+from oracle.run.graph_protocol import (
     POISONS,
     ComposedOp,
     ConsumerFixture,
@@ -312,7 +312,7 @@ def cuda_fixture():
 @pytest.mark.gpu
 @pytest.mark.graph
 def test_cuda_backend_passes_a_capture_safe_op_and_catches_allocation():
-    from oracle.graph_protocol import CudaBackend
+    from oracle.run.graph_protocol import CudaBackend
 
     good = GraphProtocol(CudaElementwiseOp(), {}, cuda_fixture(), CudaBackend()).run()
     assert good.passed, good.reasons
@@ -362,7 +362,7 @@ class _FakeCuda:
 
 
 def test_failed_capture_is_undone_before_it_raises(monkeypatch):
-    from oracle import graph_protocol
+    from oracle.run import graph_protocol
 
     fake = _FakeCuda()
     for name in ("current_stream", "set_stream", "synchronize", "CUDAGraph", "graph"):
@@ -381,7 +381,7 @@ def test_capture_runs_with_the_garbage_collector_paused(monkeypatch):
     state comes back after a capture that succeeds, one that fails, and when it was off."""
     import gc
 
-    from oracle import graph_protocol
+    from oracle.run import graph_protocol
 
     fake = _FakeCuda()
     fake.fail_next_exit = False
@@ -415,7 +415,7 @@ def test_failed_capture_leaves_no_rng_or_stream_state_behind():
     import subprocess
     import sys
 
-    from oracle.graph_protocol import CudaBackend, capture_graph
+    from oracle.run.graph_protocol import CudaBackend, capture_graph
 
     raw = (
         "import torch\n"
@@ -449,9 +449,9 @@ def test_the_shared_decode_targets_capture_the_wgmma_mainloops_on_an_h200():
     the MoE op planned with its device, as a serving engine does)."""
     from b12x.ops.dense.plan import plan_dense
     from b12x.ops.moe.plan import plan_moe
-    from oracle.runners import dense, graph, moe
-    from oracle.runners import inputs as case_inputs
-    from oracle.tiles import SimulatedDevice
+    from oracle.judge.tiles import SimulatedDevice
+    from oracle.run.runners import dense, graph, moe
+    from oracle.run.runners import inputs as case_inputs
 
     h200 = SimulatedDevice("H200", 132, 232448, (9, 0))
     targets = {t.name: t for t in graph.TARGETS}

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from oracle import grids as G
-from oracle import sampling
-from oracle.variants import Variant, variant_by_name
+from oracle.cases import grids as G
+from oracle.cases import sampling
+from oracle.cases.variants import Variant, variant_by_name
 
 
 @functools.cache
@@ -28,7 +28,7 @@ def test_every_variant_visits_every_m_bucket_on_gpu():
     seen: dict[str, set[int]] = {}
     for case in gpu_cases():
         seen.setdefault(case.variant.name, set()).add(case.m)
-    from oracle.variants import REGISTRY
+    from oracle.cases.variants import REGISTRY
 
     assert set(seen) == {v.name for v in REGISTRY}
     for name, ms in seen.items():

@@ -1,4 +1,4 @@
-"""oracle.lints: the R9 (Int32 index x stride) and R11 (codebook default) lints.
+"""oracle.contracts.lints: the R9 (Int32 index x stride) and R11 (codebook default) lints.
 
 Each rule is shown to fire on a hand-written bad snippet and to stay quiet on the good form; the
 real b12x must be clean (the mutation gate's R9 and R11 mutants are killed by that test).
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from oracle.lints import lint_package, lint_source
+from oracle.contracts.lints import lint_package, lint_source
 
 
 def _rules(text: str) -> list[str]:
@@ -87,7 +87,7 @@ def test_package_walk_and_cli_exit_codes(tmp_path):
         3,
         True,
     )
-    cmd = [sys.executable, "-m", "oracle.lints", str(pkg)]
+    cmd = [sys.executable, "-m", "oracle.contracts.lints", str(pkg)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 1 and "bad.py:3" in proc.stdout
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle.metrics import (
+from oracle.judge.metrics import (
     BOUND_FIELDS,
     compute_metrics,
     rel_l2,

@@ -370,7 +370,7 @@ def test_dense_eager_on_device_1_while_device_0_is_current():
 def test_oracle_graph_protocol_on_device_1():
     from oracle.checks.gpu_ops import graph_targets
 
-    from oracle.graph_protocol import CudaBackend, GraphProtocol
+    from oracle.run.graph_protocol import CudaBackend, GraphProtocol
 
     with torch.cuda.device(1):
         targets = graph_targets()

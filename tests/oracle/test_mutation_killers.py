@@ -31,7 +31,7 @@ from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_d
 from b12x.ops.dense import plan as plan_mod
 from oracle.contracts import check_package, default_root
 from oracle.contracts.check import DEFAULT_SLOTS_PATH
-from oracle.tiles import SimulatedDevice
+from oracle.judge.tiles import SimulatedDevice
 
 RTX = SimulatedDevice("rtx_pro_6000", 188, 227 * 1024, (12, 0))
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))

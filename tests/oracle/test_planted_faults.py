@@ -32,8 +32,8 @@ import math
 import pytest
 import torch
 
-from oracle import envelope as env
-from oracle.tolerance import judge_gemm, judge_linear, judge_moe
+from oracle.judge import envelope as env
+from oracle.judge.tolerance import judge_gemm, judge_linear, judge_moe
 from reference import linear as ref_linear
 from reference import moe as ref_moe
 from reference.hadamard import apply_blockwise_faithful

@@ -76,7 +76,7 @@ def test_plugin_skips_gpu_tests_and_saves_failing_cases(tmp_path: Path):
     assert sidecar["test"].endswith("test_child.py::test_fails_with_case")
     assert f"python -m oracle replay {results / 'fails_with_case.json'}" in out
 
-    from oracle.results import load_case
+    from oracle.report.results import load_case
 
     loaded = load_case(results / "fails_with_case.json")
     assert loaded.tensors["y"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]

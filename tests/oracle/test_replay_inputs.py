@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import oracle.checks
+from oracle.cases.grids import cases
 from oracle.cli import main
-from oracle.grids import cases
-from oracle.results import save_case
+from oracle.report.results import save_case
 
 FILTERS = {
     "dense": ("dense", "codebook=mcg,bits=4,m=1,k=128,n=128,rotation=full,dtype=fp16"),
@@ -37,7 +37,7 @@ def _case(op: str):
 
 
 def _saved(op: str, tmp_path):
-    from oracle.runners import saved_inputs
+    from oracle.run.runners import saved_inputs
 
     case = _case(op)
     inputs = saved_inputs(case)

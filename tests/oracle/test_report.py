@@ -11,9 +11,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from oracle.grids import cases
-from oracle.metrics import compute_metrics
-from oracle.report import CheckResult, Report, plot_error_vs_shape, plot_tile_error_map
+from oracle.cases.grids import cases
+from oracle.judge.metrics import compute_metrics
+from oracle.report.report import CheckResult, Report, plot_error_vs_shape, plot_tile_error_map
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -181,7 +181,7 @@ def _refusals(tmp_path):
 
 
 def test_reading_refuses_corrupt_and_foreign_files(tmp_path):
-    from oracle.report import ReportFileError
+    from oracle.report.report import ReportFileError
 
     for i, (data, needle) in enumerate(_refusals(tmp_path)):
         path = _write(tmp_path, data, f"bad{i}.json")

@@ -10,11 +10,11 @@ import struct
 import pytest
 import torch
 
-from oracle.grids import Case
-from oracle.metrics import compute_metrics
-from oracle.results import load_case, replay_command, save_case, save_failing_case
-from oracle.tolerance import judge
-from oracle.variants import variant_by_name
+from oracle.cases.grids import Case
+from oracle.cases.variants import variant_by_name
+from oracle.judge.metrics import compute_metrics
+from oracle.judge.tolerance import judge
+from oracle.report.results import load_case, replay_command, save_case, save_failing_case
 
 
 def tensors_with_awkward_layouts() -> dict[str, torch.Tensor]:
@@ -151,13 +151,13 @@ def test_save_failing_case_echoes_the_replay_command_and_restores_the_case(tmp_p
 
 @functools.cache  # a frozen Case: one grid walk per (op, filter), not one per saved file
 def _first_cpu_case(op: str, flt: str) -> Case:
-    from oracle.grids import cases
+    from oracle.cases.grids import cases
 
     return cases(op=op, filter=flt, tier="cpu")[0]
 
 
 def _grid_case_files(tmp_path, op="dense", flt="codebook=mcg,bits=4,m=9,k=128,n=128,rotation=full"):
-    from oracle.runners import saved_inputs as make_inputs
+    from oracle.run.runners import saved_inputs as make_inputs
 
     case = _first_cpu_case(op, flt)
     inputs = make_inputs(case)
@@ -176,7 +176,7 @@ def _edit_sidecar(path, **changes):
 
 
 def test_load_refuses_corrupt_files_with_one_line(tmp_path):
-    from oracle.results import CaseFileError
+    from oracle.report.results import CaseFileError
 
     def refused(path, needle):
         with pytest.raises(CaseFileError) as info:
@@ -230,9 +230,9 @@ def test_load_refuses_corrupt_files_with_one_line(tmp_path):
 
 
 def test_grid_case_layout_matches_the_grid_runner():
-    from oracle.grids import cases
-    from oracle.results import grid_case_layout
-    from oracle.runners import saved_inputs as make_inputs
+    from oracle.cases.grids import cases
+    from oracle.run.replay import grid_case_layout
+    from oracle.run.runners import saved_inputs as make_inputs
 
     picked = cases(tier="cpu", filter="op!=moe,pair_kind=none,k=128,n=128,m=9")
     assert {(c.variant.op, c.variant.rotation, c.variant.compute_dtype) for c in picked} == {
@@ -258,8 +258,9 @@ def test_grid_case_layout_matches_the_grid_runner():
 
 
 def test_check_grid_case_ties_the_file_to_its_id(tmp_path):
-    from oracle.grids import cases
-    from oracle.results import CaseFileError, check_grid_case
+    from oracle.cases.grids import cases
+    from oracle.report.results import CaseFileError
+    from oracle.run.replay import check_grid_case
 
     case, path = _grid_case_files(tmp_path / "ok")
     assert check_grid_case(load_case(path)) == case

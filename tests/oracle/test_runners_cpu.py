@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from oracle.grids import cases
+from oracle.cases.grids import cases
 
 F16 = torch.float16
 
@@ -93,8 +93,8 @@ FAULTS = {"full": (None, "wrong_weight", "tile_scaled"),
 def test_dense_runner_passes_faithful_and_fails_planted_faults(
     monkeypatch, tmp_path, rotation, dtype, fault
 ):
-    from oracle import declared
-    from oracle.runners import run_case
+    from oracle.cases import declared
+    from oracle.run.runners import run_case
 
     monkeypatch.setattr(declared, "op_contract", lambda name: _fake_contract(fault))
     case = _case(rotation, dtype)
@@ -134,9 +134,9 @@ def _pinning_contract(seen: list, qualifies):
 
 
 def test_a_pinned_tile_reaches_plan_and_names_the_result(monkeypatch, tmp_path):
-    from oracle import declared
-    from oracle.checks.gpu import select_grid
-    from oracle.runners import run_case
+    from oracle.cases import declared
+    from oracle.run.grid import select_grid
+    from oracle.run.runners import run_case
 
     seen: list = []
     contract = _pinning_contract(seen, lambda p: p["n"] % 256 == 0)
@@ -154,8 +154,8 @@ def test_a_pinned_tile_reaches_plan_and_names_the_result(monkeypatch, tmp_path):
 
 
 def test_a_selection_no_case_qualifies_for_fails_naming_the_tile(monkeypatch):
-    from oracle import declared
-    from oracle.checks.gpu import select_grid
+    from oracle.cases import declared
+    from oracle.run.grid import select_grid
 
     contract = _pinning_contract([], lambda p: False)
     monkeypatch.setattr(declared, "op_contract", lambda name: contract)
@@ -172,8 +172,8 @@ def test_the_graph_fixture_never_poisons_a_zeroed_buffer():
     poisoned value would leave waiting forever) and must be kept. Derived from the specs, so a
     new zeroed buffer is kept without a name list to update."""
     from b12x.ops.dense.plan import plan_dense
-    from oracle.runners.graph import persistent_buffers
-    from oracle.tiles import SimulatedDevice
+    from oracle.judge.tiles import SimulatedDevice
+    from oracle.run.runners.graph import persistent_buffers
 
     h200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
     sm120 = SimulatedDevice("sm120", 188, 99 * 1024, (12, 0))

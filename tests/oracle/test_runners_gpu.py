@@ -7,7 +7,7 @@ The full grid is the default job's business; these are the cases a kernel author
 first when a change breaks something.
 
 The curated filters are checked on CPU too: each must pass the oracle's own selection rule
-(:func:`oracle.grids.select_cases` refuses a filter, or an alternative of one, ``m=17|64``,
+(:func:`oracle.cases.grids.select_cases` refuses a filter, or an alternative of one, ``m=17|64``,
 that selects nothing); the union below would hide such a filter. The curated dense cases must
 also reach every dense dispatch path and every sm_90 mainloop row a grid case can reach.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from oracle.grids import cases, parse_filter, select_cases
+from oracle.cases.grids import cases, parse_filter, select_cases
 
 CURATED_FILTERS = (
     # dense linear: the generic GEMM (M = 17, 64) and decode + cuBLAS (M = 1024: the row starts
@@ -58,9 +58,9 @@ def test_curated_dense_cases_reach_every_dispatch_path_and_every_hopper_mainloop
     from b12x.ops.dense.dispatch import PATH_NAMES
     from b12x.ops.dense.mainloop import ROWS
     from b12x.ops.dense.plan import plan_dense
-    from oracle.grids import parse_case_id
-    from oracle.runners.dense import SIMULATED_PARTS, dense_problem
-    from oracle.tiles import DEVICES
+    from oracle.cases.grids import parse_case_id
+    from oracle.judge.tiles import DEVICES
+    from oracle.run.runners.dense import SIMULATED_PARTS, dense_problem
 
     (hopper,) = [d for d in DEVICES if tuple(d.capability) == (9, 0)]
     paths, rows = set(), set()
@@ -82,8 +82,8 @@ def test_curated_dense_cases_reach_every_dispatch_path_and_every_hopper_mainloop
 def test_case_passes_through_its_runner(case_id, tmp_path):
     import torch
 
-    from oracle.grids import parse_case_id
-    from oracle.runners import run_case
+    from oracle.cases.grids import parse_case_id
+    from oracle.run.runners import run_case
 
     results = run_case(parse_case_id(case_id), device=torch.device("cuda"), results_dir=tmp_path)
     assert results, "a runner returned no result"
@@ -95,7 +95,7 @@ def test_case_passes_through_its_runner(case_id, tmp_path):
 def test_every_graph_target_passes():
     import torch
 
-    from oracle.runners.graph import run_targets
+    from oracle.run.runners.graph import run_targets
 
     results = run_targets(torch.device("cuda"))
     bad = [f"{r.name}: {r.reason}" for r in results if r.status != "pass"]

@@ -4,7 +4,7 @@ and are saved for replay. Uniform, mixed-tier and QSRT-paired cases, both comput
 
 The fake op writes the reference's faithful forward (``reference.moe.stack_moe_forward``, or
 ``reference.tiers.mixed_moe_forward`` for tiers) of the very
-stack and batch the runner built for the case (captured from ``oracle.runners.inputs``), so
+stack and batch the runner built for the case (captured from ``oracle.run.runners.inputs``), so
 everything around the kernel — seeded inputs with inactive ids, the problem handed to plan,
 the poisoned ``output``, ``judge_moe``, saving — runs as on a GPU.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from oracle.grids import cases
+from oracle.cases.grids import cases
 
 CASES = {
     "uniform": "op=moe,tier_layout=none,pair_kind=none,codebook=mcg,bits=4,k=256,n=256,experts=8",
@@ -90,9 +90,9 @@ def _fake_contract(batch: dict, fault: str | None):
 def test_moe_runner_passes_faithful_and_fails_planted_faults(
     monkeypatch, tmp_path, kind, dtype, fault
 ):
-    from oracle import declared
-    from oracle.runners import inputs as case_inputs
-    from oracle.runners import run_case
+    from oracle.cases import declared
+    from oracle.run.runners import inputs as case_inputs
+    from oracle.run.runners import run_case
 
     batch: dict = {}
     build = case_inputs.moe_inputs
@@ -115,7 +115,7 @@ def test_moe_runner_passes_faithful_and_fails_planted_faults(
 
 @functools.cache
 def _many_expert_case():
-    from oracle.runners.moe import HOST_JUDGE_EXPERTS
+    from oracle.run.runners.moe import HOST_JUDGE_EXPERTS
 
     found = cases(op="moe", tier="gpu", filter=f"experts>={HOST_JUDGE_EXPERTS},m<=16")
     assert found, "the grid has many-expert MoE cases"
@@ -125,8 +125,8 @@ def _many_expert_case():
 def test_a_many_expert_case_is_judged_on_the_host_inputs():
     """Off the host, a case of HOST_JUDGE_EXPERTS or more experts is judged from the host inputs
     the run's were moved from, with y and the observed stages copied to the host."""
-    from oracle.runners import inputs as case_inputs
-    from oracle.runners.moe import judge_inputs
+    from oracle.run.runners import inputs as case_inputs
+    from oracle.run.runners.moe import judge_inputs
 
     case = _many_expert_case()
     host = case_inputs.moe_inputs(case, "cpu")
@@ -139,7 +139,7 @@ def test_a_many_expert_case_is_judged_on_the_host_inputs():
 
 
 def test_a_few_expert_case_and_a_host_run_keep_the_run_inputs():
-    from oracle.runners.moe import judge_inputs
+    from oracle.run.runners.moe import judge_inputs
 
     host, run = {"x": torch.zeros(1)}, {"x": torch.zeros(1)}
     y = torch.zeros(1)
@@ -150,7 +150,7 @@ def test_a_few_expert_case_and_a_host_run_keep_the_run_inputs():
 def test_moved_puts_every_tensor_and_the_stack_on_the_device_and_keeps_the_rest():
     import dataclasses
 
-    from oracle.runners import inputs as case_inputs
+    from oracle.run.runners import inputs as case_inputs
 
     @dataclasses.dataclass(frozen=True)
     class Stack:  # the shape of a reference stack: tensor fields and a nested stack

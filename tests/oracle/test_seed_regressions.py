@@ -27,12 +27,12 @@ from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense
 from b12x.ops.dense import dispatch as real_dispatch
 from b12x.ops.dense import plan as plan_mod
 from b12x.runtime.scratch import BufferNotProvided
-from oracle import dispatch as O
 from oracle.contracts import check_package, default_root
 from oracle.contracts.check import DEFAULT_SLOTS_PATH
-from oracle.lints import lint_package
+from oracle.contracts.lints import lint_package
+from oracle.judge import dispatch as O
+from oracle.judge.tiles import SimulatedDevice
 from oracle.mutate import apply_mutant, load_catalogue
-from oracle.tiles import SimulatedDevice
 
 SEED1 = ("seed-shifted-positional-call", "codebook-default-flipped")
 SEED2 = ("k6-small-m-row-removed",)
@@ -95,7 +95,8 @@ def _load_dispatch(path: Path):
 
 
 class _View:
-    """``oracle.dispatch`` wants its own ``Boundary`` objects; b12x declares the same fields."""
+    """``oracle.judge.dispatch`` wants its own ``Boundary`` objects; b12x declares the same
+    fields."""
 
     def __init__(self, module):
         table = module.TABLE

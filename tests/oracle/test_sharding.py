@@ -1,4 +1,5 @@
-"""oracle.sharding on CPU: the plan, the shard runner's manifest, the merge, the CLI, the launcher.
+"""oracle.run.sharding on CPU: the plan, the shard runner's manifest, the merge, the CLI, the
+launcher.
 
 Expectations are derived independently of the code under test: partition and coverage are set
 identities over the input cases; the balance bound is the longest-processing-time bound
@@ -22,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from oracle import grids as G
-from oracle import sharding as S
+from oracle.cases import grids as G
+from oracle.cases.variants import Variant
 from oracle.checks import CheckContext
 from oracle.cli import build_parser, main
-from oracle.report import CheckResult, Report
-from oracle.variants import Variant
+from oracle.report.report import CheckResult, Report
+from oracle.run import sharding as S
 
 VARIANT_NAMES = (
     "decode/mcg/k4/fp16",
@@ -225,7 +226,7 @@ def test_cli_shard_writes_a_manifest(tmp_path):
     assert [p["label"] for p in parts] == ["0/2", "1/2"]
     assert all(p["executed"] is False for p in parts)
     assigned = [cid for p in parts for cid in p["cases"]]
-    from oracle.checks.gpu import unrunnable_reason
+    from oracle.run.grid import unrunnable_reason
 
     assert assigned == ([case.case_id] if unrunnable_reason(case) is None else [])
     assert parts[0]["grid"] == parts[1]["grid"]
@@ -406,7 +407,7 @@ def test_merge_turns_a_crashed_shard_into_a_failure():
 
 
 def test_run_shard_runs_its_slice_and_merges(monkeypatch):
-    from oracle.checks import gpu
+    from oracle.run import grid
 
     cases = tuple(c for c in sample_cases() if c.variant.name == "dense/mcg/k4/fp16")
     boom = cases[1].case_id
@@ -416,9 +417,9 @@ def test_run_shard_runs_its_slice_and_merges(monkeypatch):
             raise RuntimeError("kernel exploded")
         return [CheckResult(f"gpu.dense.{case.case_id}", "gpu", "pass")]
 
-    monkeypatch.setattr(gpu, "case_results", fake_case_results)
+    monkeypatch.setattr(grid, "case_results", fake_case_results)
     monkeypatch.setattr(
-        gpu, "graph_results", lambda ctx: [CheckResult("gpu.graph.x", "gpu", "pass")]
+        grid, "graph_results", lambda ctx: [CheckResult("gpu.graph.x", "gpu", "pass")]
     )
     note = CheckResult("gpu.moe.unrunnable", "gpu", "skip", "3 case(s): no runner")
     selection = S.Selection(cases, (note,))
@@ -624,7 +625,7 @@ def test_planned_groups_give_each_product_kernel_one_shard(count):
     dense case's product is compiled by one shard only. Planted: the device-free key (no
     ``device``) sends M 129..256, which sm_90 plans on the stream-K swap-AB mainloop, to the
     decode kernel's group, and the same GEMM lands on two shards (3 of 3 runs fail)."""
-    from oracle.runners.dense import planned_product_spec
+    from oracle.run.runners.dense import planned_product_spec
 
     h100 = _h100()
     plan = S.plan_shards(sample_cases(), count, device=h100)

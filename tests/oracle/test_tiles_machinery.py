@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from oracle.tiles import (
+from oracle.judge.tiles import (
     DEVICES,
     SimulatedDevice,
     check_pin_matches_qualify,
@@ -221,7 +221,8 @@ def test_validation_errors_name_the_argument():
 
 
 def test_qualify_tile_reports_where_the_one_predicate_accepts_the_pin():
-    from oracle.checks.dispatch_tiles import parse_tile, qualify_tile
+    from oracle.checks.dispatch_tiles import qualify_tile
+    from oracle.judge.tiles import parse_tile
 
     assert parse_tile("32x512x256") == (32, 512, 256)
     with pytest.raises(ValueError, match="--tile"):
@@ -242,9 +243,9 @@ def test_the_wave_fc2_tile_pins_moe_cases_planned_for_a_simulated_h200():
     tile on the device: a simulated part plans like a real one (no CUDA needed), and only cases
     past ``WAVE_FC2_MIN_ROUTES`` routes take it."""
     from b12x.ops.moe.fc2_tile import WAVE_FC2_MIN_ROUTES
-    from oracle import grids
-    from oracle.checks.gpu import pinned_cases
-    from oracle.tiles import DEVICES
+    from oracle.cases import grids
+    from oracle.judge.tiles import DEVICES
+    from oracle.run.grid import pinned_cases
 
     h200 = next(d for d in DEVICES if d.name == "h200")
     pool = grids.select_cases(filter="op=moe,heavy=false,m=129", tier="gpu")

@@ -1,6 +1,6 @@
 """The tolerance model: the coarse gates (α × faithful per row block, floor only where
 the faithful error is zero, worst-row cosine, NaN/Inf), the exact rounding and the envelope
-machinery of :mod:`oracle.envelope`, and the judges' interface (arguments, stages, metrics,
+machinery of :mod:`oracle.judge.envelope`, and the judges' interface (arguments, stages, metrics,
 expert stacks). The planted-fault table is tests/oracle/test_planted_faults.py."""
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle import envelope as env
-from oracle.pytest_plugin import scaled_examples
-from oracle.tolerance import (
+from oracle.judge import envelope as env
+from oracle.judge.tolerance import (
     DEFAULT_TOLERANCES,
     Tolerance,
     judge,
@@ -26,6 +25,7 @@ from oracle.tolerance import (
     judge_linear,
     judge_moe,
 )
+from oracle.pytest_plugin import scaled_examples
 from reference import linear
 from reference.hadamard import apply_blockwise_faithful
 from reference.moe import ROUTE_STAGES, TrellisExperts
@@ -218,7 +218,7 @@ def test_block_rule_matches_an_elementwise_construction(
 def test_registry_tolerance_on_reference_dense_layers(dtype_name):
     """The faithful reference stands in for a correct kernel (ratio 1: passes); the same layer
     decoded with the wrong codebook (an R-class codebook swap) must fail."""
-    from oracle.variants import variant_by_name
+    from oracle.cases.variants import variant_by_name
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     tol = variant_by_name(f"dense/mcg/k4/{dtype_name}").tolerance
@@ -665,7 +665,7 @@ def test_judge_moe_batches_experts_without_changing_the_verdict(monkeypatch):
     """Experts with equal route counts are judged in one batch: the verdict, every count and
     the first violation are those of judging each expert alone (BATCH_WEIGHT_ELEMENTS = 1), on a
     correct output and on one with a planted wrong element, every stage observed."""
-    from oracle import moe_judge
+    from oracle.judge import moe_judge
     from reference.moe import stack_moe_forward, stack_route_stages
 
     stack = _tiers().tier0  # 3 experts, proj layout
@@ -735,7 +735,7 @@ def test_judge_moe_references_are_the_reference_forwards_bit_for_bit(monkeypatch
     """The judge decodes each routed expert once and builds its exact and faithful references
     from those weights: they must be reference.moe's / reference.tiers' forwards exactly (a
     planted drift, e.g. the faithful term computed in the exact chain, fails here)."""
-    from oracle import moe_judge
+    from oracle.judge import moe_judge
     from reference.moe import stack_moe_forward
     from reference.tiers import mixed_moe_forward
 

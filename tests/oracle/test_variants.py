@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oracle import variants as V
-from oracle.variants import Variant
+from oracle.cases import variants as V
+from oracle.cases.variants import Variant
 
 # Spec tables written out again here (docs/architecture.md "Legal (codebook, bits)", spec §4.3
 # pair vocabulary), so that the registry's own tables are checked, not reused.
@@ -26,7 +26,7 @@ def fake_contract(monkeypatch):
     import torch
 
     from b12x.support import DeclaredVariant, OpContract
-    from oracle import declared
+    from oracle.cases import declared
 
     def never(*args, **kwargs):
         raise AssertionError("a coverage question must not plan or run anything")
@@ -44,9 +44,9 @@ def fake_contract(monkeypatch):
         contract("moe", [DeclaredVariant("moe", "sqg_e4m3", 2, f16, "full", layouts=("packed",))]),
     )  # fmt: skip
     monkeypatch.setattr(declared, "ops", lambda: ops)
-    declared.clear()
+    V.clear_declarations()
     yield
-    declared.clear()
+    V.clear_declarations()
 
 
 def test_unpaired_registry_matches_the_spec_bits_table():
@@ -219,16 +219,15 @@ def test_reference_decoder_maps_to_the_reference_entry_points():
 
 def test_every_kernel_b12x_declares_is_judged_by_a_registered_variant():
     from b12x import support
-    from oracle import declared
 
-    declared.clear()
-    assert not declared.unmapped()
+    V.clear_declarations()
+    assert not V.unmapped()
     for contract in support.OPS:
-        if contract.name in declared.EXECUTION_OPS:
+        if contract.name in V.EXECUTION_OPS:
             continue
         assert contract.variants, contract.name
         for entry in contract.variants:
-            variant, why = declared.registry_variant(entry)
+            variant, why = V.registry_variant(entry)
             assert variant is not None, why
             assert variant.kernel_coverage, (entry, variant.no_coverage_reason)
 

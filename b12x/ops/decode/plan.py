@@ -19,7 +19,7 @@ Layout:
 * :func:`run_decode` validates ``trellis`` against the plan (int16, exact shape, device of the
   bound output, contiguous, aligned) before launching
   :func:`b12x.launch.host.decode_weight` into the bound output; it never allocates.
-* :class:`DecodeOp` — the graph-op protocol of ``oracle.graph_protocol`` (same shape as
+* :class:`DecodeOp` — the graph-op protocol of ``oracle.run.graph_protocol`` (same shape as
   :class:`b12x.ops.dense.plan.DenseOp`): ``plan(problem)`` / ``bind(plan, buffers)`` /
   ``run(bound, inputs)`` (input ``trellis``) / ``freeze()`` / ``compile_unwarmed(plan)``.
 
@@ -145,7 +145,7 @@ def run_decode(bound: BoundDecode, trellis: torch.Tensor) -> torch.Tensor:
 
 
 class DecodeOp:
-    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+    """plan / bind / run over mappings (the op protocol of ``oracle.run.graph_protocol``).
 
     ``DecodeOp(device=None)``: the device (a CUDA device, an index, or a simulated device whose
     ``capability`` names the arch) only serves :meth:`compile_unwarmed`. ``plan(problem)`` takes

@@ -21,7 +21,7 @@ Nothing matches a paired case or a pre-sm_80 part: :func:`explain` raises ``Valu
 every row's reason (fail closed). :func:`explain` returns an Explanation ``(path, reasons)``,
 ``"<row>: <failed condition>"`` per rejected row and ``"<row>: selected"``. :data:`BOUNDARIES`
 declares both sides of every boundary as data for the oracle; :data:`TABLE` bundles name, paths,
-boundaries and ``explain`` in the shape :mod:`oracle.dispatch` checks, reading :data:`ROWS` at
+boundaries and ``explain`` in the shape :mod:`oracle.judge.dispatch` checks, reading :data:`ROWS` at
 every call. The thresholds: docs/evidence/dense-decode-matmul-threshold.md; what bounds the
 decode_matmul row: docs/evidence/dense-decode-matmul-bounds.md.
 

@@ -22,7 +22,7 @@ Layout: a *case* is ``path``, ``m``, ``n``, ``bits``, ``pinned``, ``capability``
 
 A shared geometry's slots are the first of :data:`SLOT_CHOICES` that fits the shared-memory
 limit at the case's bits (:func:`slots_for`). :data:`BOUNDARIES` put both sides of every
-threshold as data; :data:`TABLE` bundles it all for :mod:`oracle.dispatch`. Each threshold and
+threshold as data; :data:`TABLE` bundles it all for :mod:`oracle.judge.dispatch`. Each threshold and
 geometry was chosen by measurement: docs/evidence/dense-*.md (index: docs/evidence/README.md).
 
 Invariants: ``explain`` is pure, every field validated before any row runs; every geometry

@@ -656,7 +656,7 @@ def _gemm_scratch(plan: DensePlan, buf) -> torch.Tensor | None:
 
 
 class DenseOp:
-    """plan / bind / run over mappings: the op protocol of ``oracle.graph_protocol``.
+    """plan / bind / run over mappings: the op protocol of ``oracle.run.graph_protocol``.
 
     ``DenseOp(device=None, hadamard_128=None)``: ``device`` is fixed at construction (a CUDA
     device or a simulated one, e.g. an SM120 stand-in that plans the K6 row); ``hadamard_128``

@@ -20,7 +20,7 @@ Layout:
 * :func:`explain` returns a :class:`SplitExplanation` ``(path, reasons, value)``, ``value`` the
   *requested* split; the plan then applies the launcher's arithmetic (a consequence, not a
   decision). :data:`BOUNDARIES` put both sides of every threshold as literal data;
-  :data:`TABLE` bundles it all for :mod:`oracle.dispatch`. Each row's conditions in full:
+  :data:`TABLE` bundles it all for :mod:`oracle.judge.dispatch`. Each row's conditions in full:
   docs/notes/b12x.md.
 
 Invariants: ``explain`` is a pure function of the case, every field validated before any row

@@ -12,7 +12,7 @@ Layout:
   ``device.max_shared_mem - 512``); :func:`auto_select` and :func:`pin` both go through it.
 * :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema;
   :func:`check_device` validates the device facts every entry point reads; :data:`REGISTRY`
-  bundles it all for :mod:`oracle.tiles`; :func:`kernel_geometry` maps a tile to ``warps`` and
+  bundles it all for :mod:`oracle.judge.tiles`; :func:`kernel_geometry` maps a tile to ``warps`` and
   ``n_tiles``; :func:`specializations` lists every kernel specialisation a pinned launch
   compiles (``python -m oracle run --tile``). Imports are lazy; nothing here imports
   :mod:`b12x.ops.moe` (it imports this module), so the FC2 facts the MoE tables read live here.
@@ -95,7 +95,8 @@ ENTRIES: tuple[Tile, ...] = tuple(dict.fromkeys(SMALL_BATCH + LARGE_BATCH + (WAV
 
 @dataclasses.dataclass(frozen=True)
 class DeviceLimits:
-    """The device facts a tile needs (``oracle.tiles.SimulatedDevice`` has the same fields)."""
+    """The device facts a tile needs (``oracle.judge.tiles.SimulatedDevice`` has the same
+    fields)."""
 
     name: str
     sm_count: int
@@ -436,7 +437,7 @@ def _problems() -> tuple[TileProblem, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Registry:
-    """The registry object :mod:`oracle.tiles` checks (module docstring)."""
+    """The registry object :mod:`oracle.judge.tiles` checks (module docstring)."""
 
     name: str = "dense_trellis_tiles"
     entries: tuple[Tile, ...] = ENTRIES

@@ -17,7 +17,7 @@ Layout
   empty ``[M, H]``; the CPU implementation runs it too, then raises ``ValueError`` naming ``x``
   (the kernels need CUDA tensors).
 * :class:`MoeOp` — ``plan(problem)`` / ``bind(plan, buffers)`` / ``run(bound, inputs)`` /
-  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.graph_protocol``).
+  ``freeze()`` / ``compile_unwarmed(plan)`` over mappings (``oracle.run.graph_protocol``).
 
 Invariants: the op is functional (mutates nothing), inference only; registration at import.
 """
@@ -263,7 +263,7 @@ def _trellis_moe_cpu(
 
 
 class MoeOp:
-    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+    """plan / bind / run over mappings (the op protocol of ``oracle.run.graph_protocol``).
 
     ``plan(problem)`` takes :func:`~b12x.ops.moe.plan.plan_moe`'s keywords (or
     :func:`~b12x.ops.moe.tiers.plan_tiered_moe`'s, recognised by ``tier0_bits``; its codebook is

@@ -337,7 +337,7 @@ def run_moe_gemm(
 
 
 class MoeGemmOp:
-    """plan / bind / run over mappings (the op protocol of ``oracle.graph_protocol``).
+    """plan / bind / run over mappings (the op protocol of ``oracle.run.graph_protocol``).
 
     ``plan(problem)`` takes :func:`plan_moe_gemm`'s keywords (``device`` defaults to the one
     given here, which may be a simulated device: it only plans); ``bind(plan, buffers)`` reads the

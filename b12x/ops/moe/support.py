@@ -22,7 +22,7 @@ def supported_moe_variants() -> list[dict]:
 def moe_kernel_specializations():
     """Grouped-GEMM specs covering both dtypes, m_tiles 1/2/4, n_tiles 2/4, 2- and 3-word lanes,
     every decoder family (the LUT-reading ones included) and the intra-CTA K split."""
-    from b12x.kernels.moe_gemm import MoeGemmSpec
+    from b12x.kernels.moe_gemm import MoeGemmSpec  # lazy: device code, loads CUTLASS
 
     return [
         MoeGemmSpec("mcg", 3, False, m_tiles=1, n_tiles=2, depth=8),
@@ -50,6 +50,7 @@ def moe_kernel_specializations():
 
 def compile_moe_specialization(spec, arch: str) -> str:
     """Compile ``spec`` for ``arch`` on the CPU with fake tensors; return the PTX text."""
+    # lazy: CUTLASS loads only when a specialisation is compiled
     import cutlass.cute as cute
 
     from b12x.launch.kinds import kind_of

@@ -1,0 +1,183 @@
+"""Static lints over b12x source that the mutation gate showed were missing (R9, R11).
+
+Layout
+------
+* :func:`lint_source` runs every rule over one module's text; :func:`lint_package` over every
+  ``*.py`` under a package root (default: the installed ``b12x``, found without importing it);
+  each finding is a :class:`LintFinding` (rule, path, line, message).
+* Rules:
+
+  ``int32-index-product`` (R9)
+      a multiplication with an ``Int32(...)`` operand whose other operand is not a numeric literal,
+      or ``Int32(...)`` around a product of two non-literals: an index × stride product evaluated
+      in 32 bits wraps past 2^31 (b12x ``d1d6b7e6``). Products of an index by a stride must be
+      formed in ``Int64`` (``Int64(i) * stride``). ``Uint32`` arithmetic is exempt: hashes are
+      modulo 2^32 by design and shared-memory addresses are 32-bit.
+  ``codebook-default`` (R11)
+      a parameter named ``codebook``, ``*_codebook``, ``bits`` or ``fmt`` declared with a default
+      other than ``None`` (``None`` means "absent", it cannot select a table):
+      a call that omits it binds silently, and flipping the default flips every such caller (the
+      seed's ``trellis_codebook="sqg_xor_cheb_t12"``). Codebook and rate are always explicit.
+
+* ``python -m oracle.contracts.lints [ROOT]`` prints the findings and exits 1 when there are any.
+
+Invariants
+----------
+* Standard library only; source is parsed, never imported. A file that does not parse is a
+  ``parse-error`` finding, never a pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["RULES", "LintFinding", "default_root", "lint_package", "lint_source", "main"]
+
+RULES = ("int32-index-product", "codebook-default", "parse-error")
+_NARROW = frozenset({"Int32"})
+_EXPLICIT_PARAMS = frozenset({"codebook", "bits", "fmt"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LintFinding:
+    rule: str
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: [{self.rule}] {self.message}"
+
+
+def _narrow_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call) or len(node.args) != 1:
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    return name in _NARROW
+
+
+def _literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+
+
+def _is_product(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and not _literal(node.left)
+        and not _literal(node.right)
+    )
+
+
+def _int32_products(tree: ast.AST, path: str) -> list[LintFinding]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for narrow, other in ((node.left, node.right), (node.right, node.left)):
+                if _narrow_call(narrow) and not _literal(other):
+                    found.append(
+                        LintFinding(
+                            "int32-index-product",
+                            path,
+                            node.lineno,
+                            f"`{ast.unparse(node)}` multiplies a 32-bit value by a non-literal; "
+                            "form index x stride products in Int64",
+                        )
+                    )
+                    break
+        elif _narrow_call(node) and any(_is_product(n) for n in ast.walk(node.args[0])):
+            found.append(
+                LintFinding(
+                    "int32-index-product",
+                    path,
+                    node.lineno,
+                    f"`{ast.unparse(node)}` narrows a product to 32 bits; widen before multiplying",
+                )
+            )
+    return found
+
+
+def _explicit_param(name: str) -> bool:
+    return name in _EXPLICIT_PARAMS or name.endswith("_codebook")
+
+
+def _codebook_defaults(tree: ast.AST, path: str) -> list[LintFinding]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = node.args
+        positional = args.posonlyargs + args.args
+        with_defaults = positional[len(positional) - len(args.defaults) :]
+        pairs = list(zip(with_defaults, args.defaults, strict=True))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d]
+        for arg, default in pairs:
+            is_none = isinstance(default, ast.Constant) and default.value is None
+            if _explicit_param(arg.arg) and not is_none:
+                found.append(
+                    LintFinding(
+                        "codebook-default",
+                        path,
+                        arg.lineno,
+                        f"{node.name}() gives `{arg.arg}` the default {ast.unparse(default)}; "
+                        "codebook and rate must be passed explicitly",
+                    )
+                )
+    return found
+
+
+def lint_source(text: str, path: str = "<string>") -> list[LintFinding]:
+    """Every rule over one module's source text."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected str, got {type(text).__name__}")
+    try:
+        tree = ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        return [LintFinding("parse-error", path, exc.lineno or 0, f"does not parse: {exc.msg}")]
+    found = _int32_products(tree, path) + _codebook_defaults(tree, path)
+    return sorted(found, key=lambda f: (f.path, f.line, f.rule))
+
+
+def default_root() -> Path:
+    """The ``b12x`` package directory that would be imported (found without importing it)."""
+    spec = importlib.util.find_spec("b12x")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("root: cannot locate the b12x package")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def lint_package(root: str | Path | None = None) -> list[LintFinding]:
+    """Every rule over every module under ``root`` (default: :func:`default_root`)."""
+    if root is not None and not isinstance(root, str | Path):
+        raise TypeError(f"root: expected str or Path, got {type(root).__name__}")
+    base = default_root() if root is None else Path(root)
+    if not base.is_dir():
+        raise ValueError(f"root: {base} is not a directory")
+    found: list[LintFinding] = []
+    for path in sorted(base.rglob("*.py")):
+        found += lint_source(path.read_text(encoding="utf-8"), str(path))
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1:
+        print("usage: python -m oracle.contracts.lints [ROOT]", file=sys.stderr)
+        return 2
+    findings = lint_package(args[0] if args else None)
+    for finding in findings:
+        print(finding)
+    print(f"{len(findings)} lint finding(s)")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
