@@ -1,14 +1,14 @@
 """The layer rule (architecture.md), enforced by import-linter (contracts in pyproject.toml), and no
-import circles inside ``b12x``.
+import circles anywhere in the repository.
 
 ``reference`` imports neither ``b12x`` nor ``oracle``; ``b12x`` imports neither ``reference`` nor
 ``oracle``. Inside ``b12x``: ``b12x.kernels`` (device code) imports none of ``b12x.launch``,
 ``b12x.ops``, ``b12x.runtime``, ``b12x.support``; ``b12x.runtime`` none of ``b12x.kernels``,
 ``b12x.launch``, ``b12x.ops`` (one declared exception: ``b12x.formats`` tracing its decoders'
-device bodies); ``b12x.launch`` no ``b12x.ops``. ``oracle``'s rooms (design §5) are layers, top to
+device bodies); ``b12x.launch`` no ``b12x.ops``. ``oracle``'s rooms are layers, top to
 bottom ``__main__``; ``cli | pytest_plugin``; ``checks | mutate``; ``run``; ``report``; ``cases``;
-``judge | contracts`` (``|``: independent of each other), and every module of ``oracle`` is in one
-(``exhaustive``). import-linter counts every import statement,
+``judge | contracts``; ``arguments`` (``|``: independent of each other), and every module of
+``oracle`` is in one (``exhaustive``). import-linter counts every import statement,
 lazy ones inside functions included (grimp reads the whole syntax tree). Planting tests put
 violations, lazy ones, in a copy of the tree to prove the linter run here would catch them (a
 contract test that cannot fail protects nothing).
@@ -88,7 +88,7 @@ ORACLE_PLANTS = {
     "judge/tolerance.py": ("from oracle.cases import variants", "oracle.judge", "oracle.cases"),
     "report/results.py": (
         "from oracle.run.runners import saved_inputs",
-        "oracle.report.report",
+        "oracle.report",
         "oracle.run",
     ),
     "run/sharding.py": ("from oracle.checks import gpu", "oracle.run", "oracle.checks"),

@@ -68,8 +68,8 @@ REPORT_SCHEMA = "oracle.report/2"
 READABLE_SCHEMAS = ("oracle.report/1", REPORT_SCHEMA)
 #: Every schema family the oracle writes, with the command that reads it (docs/json_schemas.md).
 KNOWN_SCHEMAS = {
-    "oracle.report.report": "python -m oracle report FILE",
-    "oracle.run.coverage": "the coverage job (reserved name)",
+    "oracle.report": "python -m oracle report FILE",
+    "oracle.coverage": "the coverage job (reserved name)",
     "oracle.contracts": "python -m oracle contracts (its --json output)",
     "oracle.mutate": "python -m oracle mutate --from-json FILE",
     "oracle.case": "python -m oracle replay FILE",
@@ -206,7 +206,7 @@ class Report:
         schema = data.get("schema", READABLE_SCHEMAS[0])
         if schema not in READABLE_SCHEMAS:
             family = str(schema).split("/")[0]
-            if family in KNOWN_SCHEMAS and family != "oracle.report.report":
+            if family in KNOWN_SCHEMAS and family != "oracle.report":
                 hint = f"it is read by {KNOWN_SCHEMAS[family]}"
             else:
                 hint = f"this oracle reads {', '.join(READABLE_SCHEMAS)}"

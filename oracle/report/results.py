@@ -303,7 +303,7 @@ def _read_sidecar(json_path: Path) -> dict[str, Any]:
     schema = meta.get("schema", CASE_SCHEMA)
     if schema != CASE_SCHEMA:
         hint = {
-            "oracle.report.report": "a check report: render it with `python -m oracle report`",
+            "oracle.report": "a check report: render it with `python -m oracle report`",
             "oracle.mutate": "a mutation report: `python -m oracle mutate --from-json`",
         }.get(str(schema).split("/")[0], "not a saved case")
         raise CaseFileError(f"{json_path}: schema {schema!r} is {hint} (want {CASE_SCHEMA!r})")

@@ -13,9 +13,8 @@ import json
 
 import pytest
 
-import oracle.cases.declared
-from oracle import coverage
 from oracle.cli import main
+from oracle.run import coverage
 from oracle.run.coverage import VariantCoverage
 
 
@@ -25,7 +24,7 @@ def record(runners=("differential",), cases=3, declared=True, name="dense/mcg/k4
 
 @pytest.fixture
 def nothing_unmapped(monkeypatch):
-    monkeypatch.setattr(oracle.cases.declared, "unmapped", lambda: ())
+    monkeypatch.setattr(coverage, "unmapped", lambda: ())
 
 
 @pytest.mark.parametrize(
@@ -50,7 +49,7 @@ def test_problems_of_synthetic_records(records, expected, nothing_unmapped):
 
 
 def test_a_declaration_no_variant_names_is_a_problem(monkeypatch):
-    monkeypatch.setattr(oracle.cases.declared, "unmapped", lambda: (("dense/mcg/k9", "bits 9"),))
+    monkeypatch.setattr(coverage, "unmapped", lambda: (("dense/mcg/k9", "bits 9"),))
     assert coverage.problems([record()]) == [
         "b12x declares 'dense/mcg/k9', which no registry variant names: bits 9"
     ]
@@ -79,6 +78,6 @@ def test_the_default_jobs_coverage_family_passes_and_fails_with_the_gate(monkeyp
     (result,) = family.run()
     assert (result.name, result.status) == ("coverage.declared_variants_judged", "pass")
     assert result.metrics["declared"] > 0 and result.metrics["default_cases_per_op"]["dense"] > 0
-    monkeypatch.setattr(coverage, "problems", lambda records=None: ["x: planted"])
+    monkeypatch.setattr(family, "problems", lambda records=None: ["x: planted"])
     (result,) = family.run()
     assert result.status == "fail" and "x: planted" in result.reason

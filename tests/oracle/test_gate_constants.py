@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle import envelope as env
+from oracle.judge import envelope as env
 from oracle.judge.tolerance import judge
 from oracle.judge.verdicts import DEFAULT_TOLERANCES
 
