@@ -183,7 +183,8 @@ def _show_spec(spec: Any) -> str:
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
         if f.default is dataclasses.MISSING or value != f.default:
-            parts.append(f"{f.name}={_plain(value)}")
+            nested = dataclasses.is_dataclass(value) and f.name == "geometry"
+            parts.append(f"{f.name}={_show_spec(value) if nested else _plain(value)}")
     return f"{type(spec).__name__}(" + ", ".join(parts) + ")"
 
 
@@ -318,10 +319,9 @@ def explain_dense(
     )
     loop = mainloop.TABLE.explain(loop_case)
     shared = loop.value
-    if (0 if shared is None else shared.m_warps) != plan.m_warps:  # the plan must agree too
-        raise RuntimeError(
-            f"mainloop table says {loop.path}, plan_dense has m_warps={plan.m_warps}"
-        )
+    g = plan.geometry
+    if (0 if shared is None else shared.m_warps) != g.m_warps:  # the plan must agree too
+        raise RuntimeError(f"mainloop table says {loop.path}, plan_dense has m_warps={g.m_warps}")
     split_case = split_k.normalize_case(
         {
             "path": plan.path,
@@ -330,9 +330,9 @@ def explain_dense(
             "m": p.m,
             "k": p.k,
             "n": p.n,
-            "m_tiles": plan.m_tiles * max(1, plan.m_warps),  # M16 blocks per CTA
-            "n_tiles": plan.n_tiles,
-            "warps": plan.warps,
+            "m_tiles": g.m_tiles * max(1, g.m_warps),  # M16 blocks per CTA
+            "n_tiles": g.n_tiles,
+            "warps": g.warps,
             "sm_count": plan.device.sm_count,
         }
     )
@@ -352,11 +352,9 @@ def explain_dense(
         rows=rows,
         tile=None if tile is None else f"{tile.tile_k}x{tile.tile_n}x{tile.cta_threads}",
         geometry={
-            "m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps,
-            "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
-            "smem_stages": plan.smem_stages, "wgmma": int(plan.wgmma),
-            "swap_ab": int(plan.swap_ab), "cluster": plan.cluster,
-            "stream_k": int(plan.stream_k),
+            "m_tiles": g.m_tiles, "n_tiles": g.n_tiles, "warps": g.warps, "m_warps": g.m_warps,
+            "shared_rows": g.shared_rows, "smem_stages": g.smem_stages, "wgmma": int(g.wgmma),
+            "swap_ab": int(g.swap_ab), "cluster": g.cluster, "stream_k": int(g.stream_k),
         },
         mainloop_row=loop.path,
         mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),

@@ -11,7 +11,7 @@ limits of the ``device`` a shard plans on):
   (:func:`oracle.runners.dense.planned_product_spec`: the GEMM with its mainloop, or the decode
   kernel), so cases that compile one specialisation share a shard. Without one (the parent of a
   multi-GPU run plans before any CUDA; a CPU machine) the key is the device-free estimate: GEMM
-  per codebook/K/dtype/tile, the tile from the launcher's ``choose_tiles(M, N)``. That estimate
+  per codebook/K/dtype/tile, the tile from the planner's ``choose_tiles(M, N)``. That estimate
   is wrong on sm_90, whose dispatch plans the ``wgmma`` and stream-K mainloops at M 33..256 and
   decode-then-GEMM only from M 257: on an H100 it grouped M 129..256 with the decode kernel and
   spread 25 GEMM specialisations of the default job over two shards each, and its heaviest
@@ -178,8 +178,8 @@ def kernel_group(case: Any, device: Any = None) -> str:
             spec = planned_product_spec(case, device)
             if spec is not None:  # its repr names every field, the format by name
                 return f"decode/{v.codebook}/k{v.bits}" if spec.kind == "decode" else repr(spec)
-        from b12x.launch.host import choose_tiles
         from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
+        from b12x.ops.dense.tiles import choose_tiles
 
         if v.rotation == "full" and case.m >= DECODE_MATMUL_MIN_M:  # decode Wq, then a dense GEMM
             return f"decode/{v.codebook}/k{v.bits}"

@@ -21,6 +21,7 @@ import torch
 
 from b12x.abi import ABI_LOCK_PATH
 from b12x.formats import resolve_format
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import kinds
 from b12x.launch import specs as kernel_specs
 from b12x.launch.specs import KernelSpec
@@ -28,7 +29,7 @@ from b12x.runtime import cache_keys
 from b12x.runtime import compile_cache as cc
 
 #: A dense GEMM spec for the kind-door tests.
-SPEC = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
+SPEC = KernelSpec("gemm", "mcg", 6, geometry=GemmGeometry(m_tiles=1, n_tiles=2, warps=4))
 
 
 #: Modules a key's sources must hold (the registry derives the whole list from imports).

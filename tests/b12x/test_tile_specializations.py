@@ -21,9 +21,8 @@ def _launched(plan) -> list[KernelSpec]:
     p = plan.problem
     bf16 = p.compute_dtype == torch.bfloat16
     gemm = KernelSpec(
-        "gemm", p.fmt, p.bits, bf16=bf16, m_tiles=plan.m_tiles, n_tiles=plan.n_tiles,
-        warps=plan.warps, write_partials=plan.split_k > 1,
-    )  # fmt: skip
+        "gemm", p.fmt, p.bits, bf16=bf16, geometry=plan.geometry, write_partials=plan.split_k > 1
+    )
     return [gemm] + ([KernelSpec("reduce", bf16=bf16)] if plan.split_k > 1 else [])
 
 

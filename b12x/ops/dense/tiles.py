@@ -25,9 +25,9 @@ Layout
   ``warps = cta_threads / 32`` and ``n_tiles = tile_n / (16 · warps)`` N16 tiles per warp.
 * :func:`specializations` (``REGISTRY.specializations(tile)``, the hook ``python -m oracle run
   --tile`` compiles) lists every kernel specialisation a launch pinned to ``tile`` compiles. A
-  dense tile: the ``gemm`` :class:`~b12x.launch.specs.KernelSpec` of ``plan_dense(..., tile=)`` +
-  ``host.trellis_matmul`` for every legal (codebook, bits) of :mod:`b12x.formats`, both compute
-  dtypes, every ``m_tiles`` of ``host.choose_tiles``, with and without split-K partials (a pinned
+  dense tile: the ``gemm`` :class:`~b12x.launch.specs.KernelSpec` of ``plan_dense(..., tile=)`` for
+  every legal (codebook, bits) of :mod:`b12x.formats`, both compute
+  dtypes, every ``m_tiles`` of :func:`choose_tiles`, with and without split-K partials (a pinned
   tile always takes the generic path, whose split the split-K table may raise at any M), plus
   the split-K ``reduce``. The wave-balanced FC2 tile: the unpaired
   :class:`~b12x.kernels.moe_gemm.MoeGemmSpec` s ``b12x.ops.moe.plan.plan_fc2_tile`` produces
@@ -63,6 +63,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.runtime.validate import check_positive_int
 
 __all__ = [
@@ -78,6 +79,8 @@ __all__ = [
     "TileProblem",
     "auto_select",
     "check_device",
+    "choose_tiles",
+    "gemm_geometry",
     "deserialize",
     "footprint",
     "kernel_geometry",
@@ -336,6 +339,22 @@ def kernel_geometry(tile: Tile) -> tuple[int, int]:
     return warps, tile.tile_n // (16 * warps)
 
 
+def gemm_geometry(tile: Tile, *, m_tiles: int) -> GemmGeometry:
+    """The per-warp :class:`~b12x.kernels.geometry.GemmGeometry` a dense launch on ``tile``
+    runs with ``m_tiles`` M16 blocks per warp (:func:`kernel_geometry`)."""
+    warps, n_tiles = kernel_geometry(tile)
+    return GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, warps=warps)
+
+
+def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
+    """(m_tiles, n_tiles) per warp of the per-warp decode at ``m`` rows. H200 sweep: 4 N16 tiles
+    per warp is fastest when N allows; 4 M16 blocks pair with 2 N16 tiles (4×4 exceeds 255
+    registers for sqg_fp16). Without ``n`` the N-agnostic 2 is returned (any N % 128 == 0)."""
+    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
+    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
+    return m_tiles, n_tiles
+
+
 def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
     """Whether the wave-balanced FC2 tile can keep a launch of ``m_tiles`` M16 blocks and an
     intra-CTA K split ``k_split``: 256·k_split threads cannot keep wide accumulators, so not
@@ -390,21 +409,16 @@ def specializations(tile: Tile) -> tuple[Any, ...]:
     legal = [(fmt.name, bits) for fmt in FORMATS.values() for bits in fmt.legal_bits]
     if tile == WAVE_BALANCED_FC2:
         return _fc2_specializations(legal)
-    from b12x.launch.host import choose_tiles
-    from b12x.launch.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec, gemm_spec
 
-    warps, n_tiles = kernel_geometry(tile)
     # choose_tiles(m)[0] is 1, 2, 4 by M and constant above M = 32
     m_tiles_values = sorted({choose_tiles(m)[0] for m in range(1, 257)})
     specs: list[Any] = [
-        KernelSpec(
-            "gemm",
+        gemm_spec(
             resolve_format(codebook, bits),
             bits,
+            gemm_geometry(tile, m_tiles=m_tiles),
             bf16=bf16,
-            m_tiles=m_tiles,
-            n_tiles=n_tiles,
-            warps=warps,
             write_partials=partials,
         )  # fmt: skip
         for codebook, bits in legal
