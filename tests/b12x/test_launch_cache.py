@@ -136,18 +136,8 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "bf16": False,
         "in_bf16": False,
         "out_bf16": False,
-        "m_tiles": 1,
-        "n_tiles": 1,
-        "warps": 4,
+        "geometry": None,  # a GEMM's launch shape (b12x.kernels.geometry); a decode has none
         "write_partials": False,
-        "unroll": 1,
-        "depth": 1,
-        "smem_stages": 0,
-        "m_warps": 0,
-        "shared_rows": 2,
-        "wgmma": False,
-        "swap_ab": False,
-        "cluster": 1,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)
