@@ -7,9 +7,10 @@ Commands
   family saying why; on a GPU also the differential grid, decode exactness and graph protocol.
 * ``run`` — ``--filter EXPR`` / ``--case ID`` select grid cases for the GPU families
   (``--max-cases N`` takes a stratified sample, :func:`oracle.sampling.stratified_sample`);
-  ``--tile KxNxT [--codebook C] [--bits B]`` qualifies one tile on the simulated devices (pin vs
-  the one predicate), compiles the kernel specialisations the tile registry maps it to for
-  sm_80/sm_90/sm_120 (registers, spill bytes, MMA present; ``--codebook``/``--bits`` narrow
+  ``--tile NAME|KxNxT [--codebook C] [--bits B]`` qualifies one tile (a registry entry's name
+  or shape) on the simulated devices (pin vs the one predicate), compiles the kernel
+  specialisations the tile registry maps it to for sm_80/sm_90/sm_120 (registers, spill bytes,
+  MMA present; ``--codebook``/``--bits`` narrow
   them; without either, a representative subset, said so in the ``compile.tile_<tile>`` line:
   :mod:`oracle.checks.tile_run`) and, on a GPU, runs the grid cases pinned to it
   (:func:`oracle.checks.gpu.select_grid` ``tile=``). A tile that qualifies for no (problem,
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run checks for one case, a grid filter or one tile")
     run.add_argument("--filter", help="grid filter, e.g. 'codebook=mcg,bits=6,m<=128'")
     run.add_argument("--case", help="one case id (see `grid`)")
-    run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: KxNxT")
+    run.add_argument("--tile", help="qualify, compile and (on a GPU) run one tile: NAME or KxNxT")
     run.add_argument("--codebook", help="with --tile: compile only this codebook's kernels")
     run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
     run.add_argument(
@@ -465,7 +466,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.case and args.filter:
         raise UsageError("use --case or --filter, not both")
     if (args.codebook is not None or args.bits is not None) and not args.tile:
-        raise UsageError("--codebook and --bits narrow a --tile run; give --tile KxNxT")
+        raise UsageError("--codebook and --bits narrow a --tile run; give --tile NAME or KxNxT")
     if sum((args.shard is not None, args.gpus is not None, bool(args.tile))) > 1:
         raise UsageError("--shard, --gpus and --tile exclude each other")
     if args.tile:
@@ -503,7 +504,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _parse_tile(text: str) -> tuple[int, int, int]:
-    """``KxNxT`` → three positive ints; anything else is a usage error (exit 2)."""
+    """A registry entry name or ``KxNxT`` → three positive ints; anything else is a usage error
+    (exit 2)."""
     from oracle.checks.dispatch_tiles import parse_tile
 
     try:
@@ -624,6 +626,10 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
         f"{sum(r.default_cases for r in records)} cases in the default job, "
         f"{len(found)} problem(s)"
     )
+    if not args.quiet:
+        for t in coverage.tile_coverage():
+            print(f"tile {t.name} {t.shape} ({t.registry}): qualifies on {t.qualified}/{t.points}"
+                  f" points, {t.specializations} kernel specialisation(s)")  # fmt: skip
     for problem in found:
         print(f"PROBLEM {problem}")
     if args.json:

@@ -118,10 +118,30 @@ def run(ctx=None) -> list[CheckResult]:
 
 
 def parse_tile(text: str) -> tuple[int, ...]:
-    """``"32x512x256"`` (or ``"32,512,256"``) → ``(32, 512, 256)``."""
+    """``"32x512x256"`` (or ``"32,512,256"``) → ``(32, 512, 256)``; an entry name (``"wave_fc2"``)
+    → its serialised shape, resolved by the declared registry's own parser (``parse``)."""
+    if isinstance(text, str) and re.fullmatch(r"\s*[A-Za-z_]\w*\s*", text):
+        return _named(text.strip())
     if not isinstance(text, str) or not re.fullmatch(r"\s*\d+(\s*[x,]\s*\d+)*\s*", text):
-        raise ValueError(f"--tile: expected integers joined by 'x', e.g. 32x512x256, got {text!r}")
+        raise ValueError(
+            f"--tile: expected a tile name or integers joined by 'x', e.g. 32x512x256, got {text!r}"
+        )
     return tuple(int(v) for v in re.split(r"\s*[x,]\s*", text.strip()))
+
+
+def _named(name: str) -> tuple[int, ...]:
+    """The shape of the registry entry called ``name`` (``ValueError`` naming the known ones)."""
+    registries, why = declared("tile_registries")
+    reasons = []
+    for registry in registries or ():
+        parse = getattr(registry, "parse", None)
+        if not callable(parse):
+            continue
+        try:
+            return tuple(registry.serialize(parse(name)))
+        except ValueError as exc:
+            reasons.append(str(exc).removeprefix("tile: "))
+    raise ValueError(f"--tile: {'; '.join(reasons) or why or f'no registry names {name!r}'}")
 
 
 def qualify_tile(text: str, registries: Iterable[Any] | None = None) -> list[CheckResult]:

@@ -52,7 +52,7 @@ def test_hook_covers_split_k_and_every_m_block():
     gemm = [s for s in specs if s.kind == "gemm"]
     assert {s.m_tiles for s in gemm} == {1, 2, 4}
     assert {s.write_partials for s in gemm} == {False, True}
-    assert {(s.warps, s.n_tiles) for s in gemm} == {(8, 2)}
+    assert {(s.geometry.warps, s.n_tiles) for s in gemm} == {(8, 2)}
     assert {s.bf16 for s in specs if s.kind == "reduce"} == {False, True}
     assert len(set(specs)) == len(specs)
 

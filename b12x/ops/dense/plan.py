@@ -324,7 +324,7 @@ def check_dense_problem(
     :func:`dense_problem_from_tensors`) so tracing rejects exactly what planning rejects. One
     validator per argument kind: positive ints (``m``, ``k``, ``n``, ``split_k``), the kernel
     registry's (codebook, bits) legality, the fp16/bf16 dtype choices, a real ``bool`` for
-    ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.deserialize`.
+    ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.parse_tile`.
     """
     for name, value in (("m", m), ("k", k), ("n", n)):
         check_positive_int(name, value)
@@ -338,7 +338,7 @@ def check_dense_problem(
         check_positive_int("split_k", split_k)
     pinned = None
     if tile is not None:
-        pinned = tile if isinstance(tile, dense_tiles.Tile) else dense_tiles.deserialize(tile)
+        pinned = dense_tiles.parse_tile(tile)
     return codebook, bits, pinned
 
 
@@ -440,8 +440,9 @@ def plan_dense(
 ) -> DensePlan:
     """Plan one dense trellis linear of ``M`` rows (the capacity); see the module docstring.
 
-    ``tile`` pins the generic GEMM tile (a :class:`~b12x.ops.dense.tiles.Tile` or its serialised
-    ``[tile_k, tile_n, cta_threads]``); ``device`` is a CUDA device or a simulated one.
+    ``tile`` pins the generic GEMM tile (a :class:`~b12x.ops.dense.tiles.Tile`, a registry name,
+    or its serialised ``[tile_k, tile_n, cta_threads]``: :func:`~b12x.ops.dense.tiles.parse_tile`);
+    ``device`` is a CUDA device or a simulated one.
     Validation: :func:`check_dense_problem`, then :func:`device_limits`. The path comes from the
     dispatch table (:mod:`b12x.ops.dense.dispatch`), the tile from the tile registry, the split-K
     request from the split-K table (:mod:`b12x.ops.dense.split_k`).

@@ -60,6 +60,7 @@ Selection model (documented simplifications)
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,9 +83,11 @@ __all__ = [
     "choose_tiles",
     "gemm_geometry",
     "deserialize",
+    "entry",
     "footprint",
     "kernel_geometry",
     "key",
+    "parse_tile",
     "pin",
     "qualify",
     "serialize",
@@ -104,9 +107,13 @@ SMEM_RESERVE = 512  # bytes of the per-block opt-in maximum that a tile may not 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Tile:
+    """A tile shape; a registry entry also carries its ``name`` (not part of its identity: a
+    deserialised ``[tile_k, tile_n, cta_threads]`` equals the entry of that shape)."""
+
     tile_k: int
     tile_n: int
     cta_threads: int
+    name: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         for name in ("tile_k", "tile_n", "cta_threads"):
@@ -115,18 +122,43 @@ class Tile:
                 raise TypeError(f"tile: {name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"tile: {name} must be a positive int, got {value}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"tile: name must be a str, got {type(self.name).__name__}")
+
+    @property
+    def shape(self) -> str:
+        """``"KxNxT"``, the shape spelling ``run --tile`` also accepts."""
+        return f"{self.tile_k}x{self.tile_n}x{self.cta_threads}"
 
     def __repr__(self) -> str:
-        return f"Tile({self.tile_k}x{self.tile_n}x{self.cta_threads})"
+        return f"Tile({self.shape})"
 
 
-SMALL_BATCH = (Tile(128, 128, 256), Tile(64, 128, 128), Tile(128, 64, 128))
-LARGE_BATCH = (Tile(64, 256, 256), Tile(64, 128, 128), Tile(128, 64, 128))
-DENSE_DEFAULTS = (Tile(64, 256, 256), Tile(64, 128, 128))
-WAVE_BALANCED_FC2 = Tile(32, 512, 256)
+#: The registry: every named tile (one entry each; :func:`parse_tile` finds them by name).
+ENTRIES: tuple[Tile, ...] = (
+    Tile(128, 128, 256, name="square"),
+    Tile(64, 128, 128, name="narrow"),
+    Tile(128, 64, 128, name="deep"),
+    Tile(64, 256, 256, name="wide"),
+    Tile(32, 512, 256, name="wave_fc2"),
+)
+
+
+def entry(name: str) -> Tile:
+    """The registry entry called ``name`` (``ValueError`` listing the known names)."""
+    for tile in ENTRIES:
+        if tile.name == name:
+            return tile
+    known = ", ".join(tile.name for tile in ENTRIES)
+    raise ValueError(f"tile: unknown tile {name!r}; known: {known}")
+
+
+SMALL_BATCH = (entry("square"), entry("narrow"), entry("deep"))
+LARGE_BATCH = (entry("wide"), entry("narrow"), entry("deep"))
+DENSE_DEFAULTS = (entry("wide"), entry("narrow"))
+WAVE_BALANCED_FC2 = entry("wave_fc2")
 #: Register stages of the wave-balanced FC2 launch (``b12x.ops.moe.dispatch``'s FC2_TILE value).
 WAVE_BALANCED_FC2_DEPTH = 2
-ENTRIES: tuple[Tile, ...] = tuple(dict.fromkeys(SMALL_BATCH + LARGE_BATCH + (WAVE_BALANCED_FC2,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +273,10 @@ def qualify(tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
         return False, f"tile_k={tile.tile_k} is below the floor 64"
     if tile.cta_threads < 128:
         return False, f"cta_threads={tile.cta_threads} is below the floor 128"
-    if tile.cta_threads not in (128, 256) or tile.cta_threads * 64 != tile.tile_n * tile.tile_k:
-        return False, f"cta_threads={tile.cta_threads} must be tile_n*tile_k/64 and 128 or 256"
+    threads = sorted({t.cta_threads for t in ENTRIES})
+    if tile.cta_threads not in threads or tile.cta_threads * 64 != tile.tile_n * tile.tile_k:
+        allowed = " or ".join(map(str, threads))
+        return False, f"cta_threads={tile.cta_threads} must be tile_n*tile_k/64 and {allowed}"
     if tile not in ENTRIES:
         return False, f"{tile!r} is not a registry entry"
     need = footprint(tile, problem)
@@ -303,6 +337,24 @@ def auto_select(problem: TileProblem, device: Any) -> Tile:
     return chosen
 
 
+def parse_tile(spec: Any) -> Tile:
+    """THE parser of a tile argument: a registry name (``"wide"``), a shape ``"KxNxT"`` (or
+    ``"K,N,T"``), a ``[tile_k, tile_n, cta_threads]`` list, or a :class:`Tile`. A shape of a
+    registry entry gives that entry; another shape gives an unnamed :class:`Tile` (which
+    :func:`qualify` then refuses); an unknown name raises ``ValueError`` listing the known
+    ones."""
+    if isinstance(spec, Tile):
+        found = spec
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not re.fullmatch(r"\d+(\s*[x,]\s*\d+)*", text):
+            return entry(text)
+        found = deserialize([int(v) for v in re.split(r"\s*[x,]\s*", text)])
+    else:
+        found = deserialize(spec)
+    return next((tile for tile in ENTRIES if tile == found), found)
+
+
 def serialize(tile: Tile) -> list[int]:
     """``[tile_k, tile_n, cta_threads]`` for the custom-op schema (``int[]``)."""
     if not isinstance(tile, Tile):
@@ -326,6 +378,7 @@ def pin(spec: Any, problem: TileProblem, device: Any) -> Tile:
     check_device(device)
     tile = spec if isinstance(spec, Tile) else deserialize(spec)
     ok, reason = qualify(tile, problem, device)
+    tile = parse_tile(tile)  # the registry entry (its name) of an accepted shape
     if not ok:
         raise ValueError(f"tile: pinned {tile!r} rejected: {reason}")
     return tile
@@ -404,6 +457,7 @@ def specializations(tile: Tile) -> tuple[Any, ...]:
         raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
     if tile not in ENTRIES:
         raise ValueError(f"tile: {tile!r} is not a registry entry")
+    tile = parse_tile(tile)
     from b12x.formats import FORMATS, resolve_format
 
     legal = [(fmt.name, bits) for fmt in FORMATS.values() for bits in fmt.legal_bits]
@@ -487,8 +541,14 @@ class _Registry:
     """The registry object :mod:`oracle.tiles` checks (module docstring)."""
 
     name: str = "dense_trellis_tiles"
-    entries: tuple[Tile, ...] = ENTRIES
     problems: tuple[TileProblem, ...] = dataclasses.field(default_factory=_problems)
+
+    @property
+    def entries(self) -> tuple[Tile, ...]:
+        return ENTRIES  # read at every call: a test may register an entry
+
+    def parse(self, spec: Any) -> Tile:
+        return parse_tile(spec)
 
     def qualify(self, tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
         return qualify(tile, problem, device)
