@@ -145,8 +145,9 @@ def target_arch(spec: KernelSpec, arch: str) -> str:
     """The compile target of ``spec`` on a device of ``arch``: ``sm_90a`` for a ``wgmma`` spec on
     sm_90 (the warpgroup MMA exists only in the arch-specific target), else ``arch``. A
     ``wgmma`` spec for any other arch raises ``ValueError`` before a compile is attempted."""
-    geometry = getattr(spec, "geometry", None)
-    if geometry is None or not geometry.wgmma:
+    geometry = getattr(spec, "geometry", None)  # a dense spec's; a MoE spec has its own flag
+    wgmma = getattr(spec, "wgmma", False) if geometry is None else geometry.wgmma
+    if not wgmma:
         return arch
     if arch not in ("sm_90", "sm_90a"):
         raise ValueError(f"wgmma: the warpgroup MMA needs an sm_90 device, got {arch}")
