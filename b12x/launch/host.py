@@ -3,17 +3,23 @@
 Layout
 ------
 * :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 (or bf16) ``[K, N]``.
-* :func:`trellis_matmul` — already-rotated activations ``[M, K]`` (fp16/bf16) × decoded Wq →
-  ``[M, N]`` in the activation dtype, with optional split-K over an fp32 scratch arena
-  ``[S, M, N]`` reduced deterministically. The split is the caller's (default 1): the split-K
-  rule is the plan's decision (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
+* :func:`gemm_step` builds a :class:`GemmStep` once (the GEMM spec of a
+  :class:`~b12x.kernels.geometry.GemmGeometry`, its K split and the split-K reduce);
+  :func:`launch_gemm`, :func:`launch_rotation` and :func:`launch_decode` launch prebuilt specs
+  into checked buffers: the dense plan's launch sequence (:mod:`b12x.ops.dense.plan`).
+* :func:`trellis_matmul` — a test and benchmark helper over the same step: already-rotated
+  activations ``[M, K]`` (fp16/bf16) × decoded Wq → ``[M, N]`` in the activation dtype, with
+  optional split-K over an fp32 scratch arena ``[S, M, N]`` reduced deterministically. The
+  split is the caller's (default 1): the split-K rule is the plan's decision
+  (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
 * :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
 * :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
 
 Invariants
 ----------
 * Every wrapper validates dtype, shape, contiguity, 16-byte alignment and device *before* any
-  launch and raises ``TypeError``/``ValueError`` naming the argument.
+  launch and raises ``TypeError``/``ValueError`` naming the argument; the ``launch_*``
+  functions validate nothing (their callers did).
 * Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
   are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
 * Every kernel is resolved through :func:`_kernel`, i.e. :func:`b12x.launch.kinds.compiled`

@@ -13,7 +13,7 @@ Layout
   the dispatch table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile
   through the ONE tile predicate (:mod:`b12x.ops.dense.tiles`), asks the mainloop table
   (:mod:`b12x.ops.dense.mainloop`: per-warp decode, or the shared decode's geometry, which then
-  replaces the tile's warps and N16 tiles), asks the split-K table
+  replaces the tile's; one :class:`~b12x.kernels.geometry.GemmGeometry`), asks the split-K table
   (:mod:`b12x.ops.dense.split_k`) for the split request and fixes split-K exactly as the GEMM
   launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``) and lists the buffers of
   that path as :class:`~b12x.runtime.scratch.BufferSpec` s. It returns a frozen :class:`DensePlan`.
@@ -22,8 +22,10 @@ Layout
   device, contiguity, 16-byte alignment); it keeps them by identity (no copy, no view that would
   change ``data_ptr``). A missing or placeholder buffer raises naming it, e.g. "scratch `c_tmp`
   is not initialized for CUDA graph capture" while capturing.
-* :func:`run_dense` validates the inputs against the plan, then launches the kernels of
-  :mod:`b12x.launch.host` into the bound buffers. It never allocates: every intermediate is a
+* :func:`run_dense` validates the inputs against the plan, then walks the plan's launch
+  sequence (:class:`DenseLaunches`: the specs and the :class:`~b12x.launch.host.GemmStep`
+  built at plan time) through :mod:`b12x.launch.host`'s ``launch_*`` into the bound buffers,
+  with no second validation and no spec rebuilt. It never allocates: every intermediate is a
   bound buffer, a row-prefix view of one (live ``M`` may be below the planned ``M``), or an
   in-place op (``copy_``, ``add_``).
 
@@ -58,8 +60,8 @@ validated and reserved for that kernel's locks.
 
 Invariants
 ----------
-* Paths, tiles and split-K are decided once, in the plan; ``run`` reads them and never re-decides
-  (plan fields equal launch fields, R15).
+* Paths, tiles, the geometry and split-K are decided once, in the plan; ``run`` launches the
+  plan's specs and never re-decides (plan fields equal launch fields, R15).
 * Every run-time check happens before the first launch.
 """
 
