@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from b12x.formats import FORMATS
-from b12x.launch.specs import KernelSpec, compile_spec, target_arch
+from b12x.kernels.geometry import GemmGeometry
+from b12x.launch.specs import KernelSpec, compile_spec, gemm_spec, target_arch
 
 __all__ = [
     "ARCHES",
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 ARCHES = ("sm_80", "sm_90", "sm_120")
-#: (m_tiles, n_tiles) per warp used by :func:`b12x.launch.host.choose_tiles`.
+#: (m_tiles, n_tiles) per warp used by :func:`b12x.ops.dense.tiles.choose_tiles`.
 GEMM_TILES = ((1, 4), (2, 4), (1, 2), (2, 2), (4, 2))
 COMPUTE_DTYPES = ("float16", "bfloat16")
 OP_NAMES = ("decode", "dense", "moe", "moe_gemm")
@@ -388,16 +389,9 @@ def kernel_specializations() -> list[KernelSpec]:
                 specs.append(KernelSpec("decode", fmt, bits, out_bf16=bf16))
                 for m_tiles, n_tiles in GEMM_TILES:
                     for partials in (False, True):
+                        geometry = GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles)
                         specs.append(
-                            KernelSpec(
-                                "gemm",
-                                fmt,
-                                bits,
-                                bf16=bf16,
-                                m_tiles=m_tiles,
-                                n_tiles=n_tiles,
-                                write_partials=partials,
-                            )
+                            gemm_spec(fmt, bits, geometry, bf16=bf16, write_partials=partials)
                         )
     for bf16 in (False, True):
         specs.append(KernelSpec("reduce", bf16=bf16))
@@ -413,12 +407,12 @@ def representative_specializations() -> list[KernelSpec]:
     return [
         KernelSpec("decode", "sqg_e4m3", 3),
         KernelSpec("decode", "sqg_fp16", 6),
-        KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=4),
-        KernelSpec("gemm", "mcg", 6, bf16=True, m_tiles=4, n_tiles=2, write_partials=True),
-        KernelSpec("gemm", "sqg_e4m3", 2, m_tiles=2, n_tiles=4, write_partials=True),
-        KernelSpec("gemm", "sqg_fp16", 5, bf16=True, m_tiles=1, n_tiles=4),
-        KernelSpec("gemm", "mul1", 8, m_tiles=1, n_tiles=4),
-        KernelSpec("gemm", "3inst", 3, m_tiles=1, n_tiles=2, write_partials=True),
+        gemm_spec("mcg", 4, GemmGeometry(m_tiles=1, n_tiles=4)),
+        gemm_spec("mcg", 6, GemmGeometry(m_tiles=4, n_tiles=2), bf16=True, write_partials=True),
+        gemm_spec("sqg_e4m3", 2, GemmGeometry(m_tiles=2, n_tiles=4), write_partials=True),
+        gemm_spec("sqg_fp16", 5, GemmGeometry(m_tiles=1, n_tiles=4), bf16=True),
+        gemm_spec("mul1", 8, GemmGeometry(m_tiles=1, n_tiles=4)),
+        gemm_spec("3inst", 3, GemmGeometry(m_tiles=1, n_tiles=2), write_partials=True),
         KernelSpec("reduce", bf16=True),
         KernelSpec("rotate_in", in_bf16=True, out_bf16=True),
         KernelSpec("rotate_out", in_bf16=False, out_bf16=False),

@@ -8,7 +8,7 @@ stages), and ``smem_stages`` = S > 0 (the cp.async ring of S slots, S - 1 rows i
 ``depth`` does not apply) — each × ``unroll`` of the K loop × ``split_k`` (``auto`` = the
 split the plan takes). The kernel geometry (M16 blocks and N16 tiles per warp, warps per CTA)
 and the ``auto`` split are those of ``plan_dense`` (what ``run_dense`` launches), or with
-``--geometry launcher`` the launcher's defaults (``host.choose_tiles``, 4 warps) and the split-K
+``--geometry launcher`` the launcher's defaults (``tiles.choose_tiles``, 4 warps) and the split-K
 table's split for them (:func:`b12x.ops.dense.split_k.split_k`). Every row shows the time, the
 ratio to cuBLAS bf16 on a dequantised weight of the same shape (same run) and the weight bytes
 per second; after each (bits, M) block the fastest variant is printed, and a summary of the
@@ -29,6 +29,7 @@ from bench_timing import median_us
 
 from b12x.launch import host
 from b12x.ops.dense import split_k as split_rule
+from b12x.ops.dense import tiles as dense_tiles
 from b12x.ops.dense.plan import plan_dense
 
 K, N = 8192, 28672
@@ -45,7 +46,7 @@ def _splits(text: str) -> list[int | None]:
 
 def _geometry(m: int, bits: int, codebook: str, planned: bool) -> dict:
     """Kernel geometry and split of the variants at ``M``: the one ``plan_dense`` picks (what
-    ``run_dense`` launches; ``planned``) or the launcher's defaults (``host.choose_tiles``, 4
+    ``run_dense`` launches; ``planned``) or the launcher's defaults (``tiles.choose_tiles``, 4
     warps) with the split-K rule's split for them."""
     if planned:
         plan = plan_dense(
@@ -59,8 +60,9 @@ def _geometry(m: int, bits: int, codebook: str, planned: bool) -> dict:
         )
         if plan.path != "generic":
             raise SystemExit(f"M={m} K{bits}: the plan takes path {plan.path}, not the GEMM")
-        return dict(tiles=(plan.m_tiles, plan.n_tiles), warps=plan.warps, split=plan.split_k)
-    m_tiles, n_tiles = host.choose_tiles(m, N)
+        g = plan.geometry
+        return dict(tiles=(g.m_tiles, g.n_tiles), warps=g.warps, split=plan.split_k)
+    m_tiles, n_tiles = dense_tiles.choose_tiles(m, N)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     split = split_rule.split_k(
         m=m, k=K, n=N, m_tiles=m_tiles, n_tiles=n_tiles, warps=4, sm_count=sms

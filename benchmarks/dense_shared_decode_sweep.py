@@ -108,6 +108,7 @@ def main(argv=None) -> int:
         print("dense_shared_decode_sweep.py: needs a CUDA device", file=sys.stderr)
         return 1
     from b12x.launch import host
+    from b12x.ops.dense import tiles as dense_tiles
 
     k, n = (int(v) for v in args.shape.split("x"))
     geos = [geometry(g) for g in args.geometries.split(",")]
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
                             mt, nt, warps, mw, tensor, swap, *_ = g
                             got = shared(x, p, g, split, rows, None, None, codebook)
                             if swap:  # the per-warp kernel's own tile at this M
-                                mt, nt = host.choose_tiles(m, n)
+                                mt, nt = dense_tiles.choose_tiles(m, n)
                                 warps = 4
                             base = host.trellis_matmul(
                                 x, p, codebook, split_k=split, tiles=(mt, nt), warps=warps
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
                     for _ in range(copies_for(2 * k * n))
                 ]
             cublas = graphed([partial(torch.mm, x, w, out=out) for w in weights])
-            mt, nt = host.choose_tiles(m, n)
+            mt, nt = dense_tiles.choose_tiles(m, n)
             auto = auto_split(m, k, n)
             most = max(auto, *args.splits)
             scratch = torch.empty(max(most * m * n, 8 << 20), device="cuda", dtype=torch.float32)

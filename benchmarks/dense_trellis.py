@@ -621,10 +621,10 @@ def dispatch_line(bits: int, m: int, picked: str, times: dict[str, float | None]
 
 def auto_split(m: int, k: int, n: int, tiles: tuple[int, int] | None = None) -> int:
     """The split the dense rule picks for ``M × K × N`` (the launcher takes what it is given)."""
-    from b12x.launch import host
     from b12x.ops.dense import split_k as split_rule
+    from b12x.ops.dense import tiles as dense_tiles
 
-    m_tiles, n_tiles = host.choose_tiles(m, n) if tiles is None else tiles
+    m_tiles, n_tiles = dense_tiles.choose_tiles(m, n) if tiles is None else tiles
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return split_rule.split_k(
         m=m, k=k, n=n, m_tiles=m_tiles, n_tiles=n_tiles, warps=4, sm_count=sms

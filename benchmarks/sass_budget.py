@@ -311,12 +311,14 @@ def budget(
     warpgroup HGMMAs cover the CTA width: one per M16 block and K16 row, while each thread
     decodes ``n_tiles`` tiles (8 weights each) per K16 row. ``stream_k``: either ``wgmma``
     mainloop as the stream-K kernel compiles it (:mod:`b12x.kernels.stream_k`)."""
-    from b12x.launch.specs import KernelSpec
+    from b12x.kernels.geometry import GemmGeometry
+    from b12x.launch.specs import gemm_spec
 
     tool = nvdisasm or find_nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-    mainloop = dict(write_partials=True, depth=depth, unroll=unroll, smem_stages=smem_stages)
+    mainloop = dict(depth=depth, unroll=unroll, smem_stages=smem_stages)
+    write_partials = not (swap_ab or wgmma)  # the per-warp loop as the split-K kernel has it
     if swap_ab:
         mainloop = dict(
             warps=8, m_warps=8, shared_rows=shared_rows, smem_stages=smem_stages or 6,
@@ -331,8 +333,8 @@ def budget(
         )  # fmt: skip
     if stream_k and not (swap_ab or wgmma):
         raise ValueError("stream_k: the stream-K kernel runs the wgmma mainloops only")
-    kind = "gemm_stream_k" if stream_k else "gemm"
-    spec = KernelSpec(kind, codebook, bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, **mainloop)
+    geometry = GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, stream_k=stream_k, **mainloop)
+    spec = gemm_spec(codebook, bits, geometry, bf16=bf16, write_partials=write_partials)
     comp = compile_cubin(spec, arch)
     sass = disassemble(comp.cubin, tool)
     if dump:
@@ -343,7 +345,7 @@ def budget(
     body = steady_loop(instrs, labels)
     opcodes = collections.Counter(i.opcode for i in body)
     regions = issuer_regions(body, labels)
-    warps = spec.warps
+    warps = spec.geometry.warps
     classes: dict[str, float] = collections.defaultdict(float)
     issuer = 0
     for ins in body:

@@ -82,7 +82,8 @@ def _dense(
     plan = plan_dense(m=m_plan, k=k, n=n, bits=bits, codebook=codebook, x_dtype=x_dtype, **plan_kw)
     if plan.path != expect_path:
         raise RuntimeError(f"planned path {plan.path!r}, expected {expect_path!r}")
-    got = {"wgmma": plan.wgmma, "stream_k": plan.stream_k, "cluster": plan.cluster}
+    g = plan.geometry
+    got = {"wgmma": g.wgmma, "stream_k": g.stream_k, "cluster": g.cluster}
     want = {"wgmma": expect_wgmma, "stream_k": expect_stream_k, "cluster": expect_cluster}
     wrong = {key: got[key] for key, value in want.items() if value not in (None, got[key])}
     if wrong:  # the case would sanitise another kernel than its name says

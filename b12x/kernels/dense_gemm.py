@@ -81,6 +81,7 @@ from b12x.abi import abi_entry, shared_body
 from b12x.formats import DecodeFormat
 from b12x.kernels import ptx
 from b12x.kernels.dependent_launch import await_upstream, launch_options
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.mainloop import (
     a_chunk_offset,
     a_fragment_offsets,
@@ -99,7 +100,6 @@ from b12x.kernels.shared_layout import (
     SMEM_LIMIT,
     SMEM_STAGES,
     WGMMA_SMEM_LIMIT,
-    check_dense_mainloop,
     check_shared_decode,
     shared_decode_layout,
 )
@@ -170,43 +170,30 @@ class DenseTrellisGemmKernel:
     """One compiled specialisation of the dense trellis GEMM (see the module docstring)."""
 
     def __init__(
-        self,
-        fmt: DecodeFormat,
-        bits: int,
-        *,
-        bf16: bool,
-        m_tiles: int,
-        n_tiles: int,
-        warps: int,
+        self, fmt: DecodeFormat, bits: int, geometry: GemmGeometry, *, bf16: bool,
         write_partials: bool,
-        unroll: int = 1,
-        depth: int = 1,
-        smem_stages: int = 0,
-        m_warps: int = 0,
-        shared_rows: int = 2,
-        wgmma: bool = False,
-        swap_ab: bool = False,
-        cluster: int = 1,
-    ):
+    ):  # fmt: skip
         fmt.check_bits(bits)
-        check_dense_mainloop(
-            swap_ab=swap_ab, wgmma=wgmma, bits=bits, m_tiles=m_tiles, n_tiles=n_tiles,
-            warps=warps, m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
-        )  # fmt: skip
+        if not isinstance(geometry, GemmGeometry):
+            raise TypeError(f"geometry: expected a GemmGeometry, got {type(geometry).__name__}")
+        geometry.check(bits=bits)
         self.fmt = fmt
         self.bits = bits
         self.bf16 = bf16
-        self.m_tiles = m_tiles
-        self.n_tiles = n_tiles
-        self.warps = warps
+        self.geometry = geometry
         self.write_partials = write_partials
-        self.unroll = unroll
-        self.depth = depth
-        self.smem_stages = smem_stages
-        self.m_warps = m_warps
-        self.shared_rows = shared_rows
-        self.swap_ab = swap_ab
-        self.cluster = cluster
+        # the geometry's fields, read by the device code as compile-time constants
+        self.m_tiles = m_tiles = geometry.m_tiles
+        self.n_tiles = n_tiles = geometry.n_tiles
+        self.warps = warps = geometry.warps
+        self.unroll = geometry.unroll
+        self.depth = geometry.depth
+        self.smem_stages = smem_stages = geometry.smem_stages
+        self.m_warps = m_warps = geometry.m_warps
+        self.shared_rows = shared_rows = geometry.shared_rows
+        self.swap_ab = swap_ab = geometry.swap_ab
+        self.cluster = cluster = geometry.cluster
+        wgmma = geometry.wgmma
         #: The shared-decode mainloop and its byte layout (None for the per-warp mainloops).
         self.shared = None
         self.layout = None

@@ -59,6 +59,7 @@ from b12x.abi import abi_entry
 from b12x.kernels import ptx
 from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
 from b12x.kernels.dependent_launch import await_upstream, launch_options
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.mainloop import lane_coords
 from b12x.kernels.stream_k_schedule import head_owner, stream_k_range, stream_k_units
 from b12x.kernels.trellis_decode import lane_ring_start
@@ -75,12 +76,10 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
     sharing each token tile take their K ranges together). No split-K partials: the output is
     the compute dtype."""
 
-    def __init__(self, fmt, bits: int, **geometry):
-        super().__init__(fmt, bits, write_partials=False, **geometry)
-        if not geometry.get("wgmma"):
-            raise ValueError("stream_k: only the wgmma mainloops run stream-K")
-        if self.m_warps != self.warps:
-            raise ValueError("stream_k: every warp must multiply (m_warps == warps)")
+    def __init__(self, fmt, bits: int, geometry: GemmGeometry, *, bf16: bool):
+        super().__init__(fmt, bits, geometry, bf16=bf16, write_partials=False)
+        if not geometry.stream_k:  # the geometry's rule: wgmma, every warp multiplies
+            raise ValueError("stream_k: the geometry is not on the stream-K schedule")
         #: K16 rows of one unit: one trip of the mainloop's unrolled body.
         self.span = self.layout.period * self.shared_rows
         #: Accumulators per thread (one partial holds ``threads`` of each).

@@ -3,17 +3,23 @@
 Layout
 ------
 * :func:`decode_weight` — payload ``int16[K/16, N/16, 16b]`` → fp16 (or bf16) ``[K, N]``.
-* :func:`trellis_matmul` — already-rotated activations ``[M, K]`` (fp16/bf16) × decoded Wq →
-  ``[M, N]`` in the activation dtype, with optional split-K over an fp32 scratch arena
-  ``[S, M, N]`` reduced deterministically. The split is the caller's (default 1): the split-K
-  rule is the plan's decision (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
+* :func:`gemm_step` builds a :class:`GemmStep` once (the GEMM spec of a
+  :class:`~b12x.kernels.geometry.GemmGeometry`, its K split and the split-K reduce);
+  :func:`launch_gemm`, :func:`launch_rotation` and :func:`launch_decode` launch prebuilt specs
+  into checked buffers: the dense plan's launch sequence (:mod:`b12x.ops.dense.plan`).
+* :func:`trellis_matmul` — a test and benchmark helper over the same step: already-rotated
+  activations ``[M, K]`` (fp16/bf16) × decoded Wq → ``[M, N]`` in the activation dtype, with
+  optional split-K over an fp32 scratch arena ``[S, M, N]`` reduced deterministically. The
+  split is the caller's (default 1): the split-K rule is the plan's decision
+  (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
 * :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
 * :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
 
 Invariants
 ----------
 * Every wrapper validates dtype, shape, contiguity, 16-byte alignment and device *before* any
-  launch and raises ``TypeError``/``ValueError`` naming the argument.
+  launch and raises ``TypeError``/``ValueError`` naming the argument; the ``launch_*``
+  functions validate nothing (their callers did).
 * Caller-provided ``out`` / ``scratch`` buffers are used as given (no allocation); missing ones
   are allocated here (this module is not the capture-safe runtime; b12x/runtime owns that).
 * Every kernel is resolved through :func:`_kernel`, i.e. :func:`b12x.launch.kinds.compiled`
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,7 +49,10 @@ from b12x.launch.records import (
     ReduceLaunch,
     StreamKGemmLaunch,
 )
-from b12x.launch.specs import KernelSpec
+from b12x.launch.specs import KernelSpec, gemm_spec
+
+if TYPE_CHECKING:
+    from b12x.kernels.geometry import GemmGeometry
 
 __all__ = [
     "device_arch",
@@ -51,7 +61,15 @@ __all__ = [
     "trellis_matmul",
     "rotate_input",
     "rotate_output",
-    "choose_tiles",
+    "DEFAULT_TILES",
+    "GemmStep",
+    "check_stream_k",
+    "gemm_step",
+    "launch_decode",
+    "launch_gemm",
+    "launch_rotation",
+    "stream_k_ctas",
+    "stream_k_partials",
 ]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -148,95 +166,164 @@ def decode_weight(trellis: torch.Tensor, codebook: str, *, out: torch.Tensor | N
     _check_tensor("out", out, dtypes=_HALF_DTYPES, ndim=2, device=trellis.device)
     if tuple(out.shape) != (k, n):
         raise ValueError(f"out: expected shape {(k, n)}, got {tuple(out.shape)}")
-    spec = KernelSpec("decode", fmt, bits, out_bf16=out.dtype == torch.bfloat16)
-    fn = _kernel(spec, trellis.device)
-    launch = DecodeLaunch(
-        payload=trellis.view(torch.int32),
-        out=out.view(torch.int16),
-        lut_addr=_lut_addr(fmt, trellis.device),
+    launch_decode(
+        KernelSpec("decode", fmt, bits, out_bf16=out.dtype == torch.bfloat16), trellis, out
     )
-    fn(*launch.args())
     return out
 
 
-def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
-    """(m_tiles, n_tiles) per warp. H200 sweep: 4 N16 tiles per warp is fastest when N allows;
-    4 M16 blocks pair with 2 N16 tiles (4×4 exceeds 255 registers for sqg_fp16). Without ``n``
-    the N-agnostic 2 is returned (valid for any N % 128 == 0)."""
-    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
-    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
-    return m_tiles, n_tiles
+def launch_decode(spec: KernelSpec, payload: torch.Tensor, out: torch.Tensor) -> None:
+    """Launch the decode ``spec`` on checked buffers (no validation here)."""
+    launch = DecodeLaunch(
+        payload=payload.view(torch.int32),
+        out=out.view(torch.int16),
+        lut_addr=_lut_addr(spec.fmt, payload.device),
+    )
+    _kernel(spec, payload.device)(*launch.args())
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmStep:
+    """One trellis GEMM launch, built once (by a plan or :func:`trellis_matmul`): the GEMM spec,
+    how it splits K (``splits`` slices of ``k_rows_per_split`` K16 rows; the ``reduce`` spec
+    when ``splits > 1``). :func:`launch_gemm` walks it without validating anything again."""
+
+    spec: KernelSpec
+    splits: int
+    k_rows_per_split: int
+    reduce: KernelSpec | None
+
+    @property
+    def geometry(self) -> GemmGeometry:
+        return self.spec.geometry
+
+    @property
+    def specs(self) -> tuple[KernelSpec, ...]:
+        return (self.spec,) if self.reduce is None else (self.spec, self.reduce)
+
+
+def gemm_step(
+    fmt: DecodeFormat, bits: int, geometry: GemmGeometry, *, k: int, bf16: bool, split_k: int
+) -> GemmStep:
+    """The :class:`GemmStep` of a ``[M, K] x [K, N]`` GEMM with ``split_k`` requested slices
+    (``rows = ceil(K16 / split_k)``, ``splits = ceil(K16 / rows)``; stream-K: one slice)."""
+    k_rows = k // 16
+    rows_per_split = -(-k_rows // split_k)
+    splits = -(-k_rows // rows_per_split)
+    if geometry.stream_k and splits != 1:
+        raise ValueError(f"split_k: the stream-K schedule splits K itself, got {split_k}")
+    spec = gemm_spec(fmt, bits, geometry, bf16=bf16, write_partials=splits > 1)
+    reduce = KernelSpec("reduce", bf16=bf16) if splits > 1 else None
+    return GemmStep(spec, splits, rows_per_split, reduce)
+
+
+def launch_gemm(
+    step: GemmStep,
+    *,
+    a: torch.Tensor,
+    payload: torch.Tensor,
+    out: torch.Tensor,
+    scratch: torch.Tensor | None,
+    flags: torch.Tensor | None,
+) -> None:
+    """Launch ``step`` on checked buffers (no validation here): ``a [M, K]`` and ``out [M, N]``
+    in the compute dtype, the int16 ``payload``; ``scratch`` holds the split-K slices (at least
+    ``splits·M·N`` fp32) or the stream-K partials, ``flags`` the stream-K hand-off flags (one per
+    CTA slot; the launch runs at most ``flags.numel()`` CTAs)."""
+    spec = step.spec
+    m, n = out.shape
+    lut = _lut_addr(spec.fmt, a.device)
+    if spec.geometry.stream_k:
+        ctas = stream_k_ctas(spec, m, a.shape[1], n, flags.numel())
+        need = stream_k_partials(spec, ctas)
+        launch = StreamKGemmLaunch(
+            a=a.view(torch.int32),
+            payload=payload.view(torch.int32),
+            out=out.view(torch.int32),
+            partials=scratch.view(-1)[:need].view(ctas, need // ctas),
+            flags=flags[:ctas],
+            lut_addr=lut,
+            ctas=ctas,
+        )
+        _kernel(spec, a.device)(*launch.args())
+        return
+    if step.splits == 1:
+        whole = GemmLaunch(
+            a=a.view(torch.int32),
+            payload=payload.view(torch.int32),
+            out=out.view(torch.int32),
+            lut_addr=lut,
+            k_rows_per_split=step.k_rows_per_split,
+            splits=1,
+        )
+        _kernel(spec, a.device)(*whole.args())
+        return
+    partials = scratch.view(-1)[: step.splits * m * n].view(step.splits, m, n)
+    split = GemmLaunch(
+        a=a.view(torch.int32),
+        payload=payload.view(torch.int32),
+        out=partials,
+        lut_addr=lut,
+        k_rows_per_split=step.k_rows_per_split,
+        splits=step.splits,
+    )
+    _kernel(spec, a.device)(*split.args())
+    reduce = ReduceLaunch(partials=partials, out=out.view(torch.int32))
+    _kernel(step.reduce, a.device)(*reduce.args())
+
+
+#: ``(m_tiles, n_tiles)`` :func:`trellis_matmul` runs without a geometry or tiles: the per-warp
+#: decode, one M16 block and two N16 tiles per warp (any N % 128 == 0).
+DEFAULT_TILES = (1, 2)
 
 
 def trellis_matmul(
     a: torch.Tensor,
     trellis: torch.Tensor,
     codebook: str,
+    geometry: GemmGeometry | None = None,
     *,
     split_k: int = 1,
     out: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
-    tiles: tuple[int, int] | None = None,
-    warps: int = 4,
-    unroll: int = 1,
-    depth: int = 1,
-    smem_stages: int = 0,
-    m_warps: int = 0,
-    shared_rows: int = 2,
-    wgmma: bool = False,
-    swap_ab: bool = False,
-    cluster: int = 1,
-    stream_k: bool = False,
     flags: torch.Tensor | None = None,
+    tiles: tuple[int, int] | None = None,
+    **fields,
 ) -> torch.Tensor:
-    """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype`` (fp16/bf16), fp32 accumulation.
+    """``a [M, K] @ decode(trellis) -> [M, N]`` in ``a.dtype``, fp32 accumulation: a test and
+    benchmark helper over the plan's own path (:func:`gemm_step`, :func:`launch_gemm`).
 
-    ``split_k`` K slices (default 1; :func:`b12x.ops.dense.split_k.split_k` is the rule that
-    picks one). ``smem_stages`` (opt-in, default 0 = register stages of ``depth`` rows) selects the
-    cp.async shared-memory ring with that many slots (2..4); ``depth`` is then unused.
-    ``m_warps`` >= 1 selects the shared-decode mainloop (the CTA decodes each K16 row once into
-    shared memory and multiplies it as ``m_warps`` x ``warps / m_warps`` warps, ``shared_rows``
-    K16 rows per step, ``smem_stages`` 3..4 cp.async slots; :mod:`b12x.kernels.dense_gemm`);
-    0 keeps the per-warp decode. ``wgmma`` (sm_90 only, ``m_warps == warps``) runs the shared
-    decode's MMAs as Hopper warpgroup MMAs (:mod:`b12x.kernels.wgmma_decode`). ``swap_ab``
-    (with ``wgmma``) runs the swap-AB mainloop instead: weights decoded into ``wgmma``'s register
-    A operand, ``16·m_tiles`` tokens per CTA, ``smem_stages`` 4..8 slots
-    (:mod:`b12x.kernels.wgmma_swap`); ``cluster`` 2 or 4 (with ``swap_ab``) makes that many CTAs
-    along N share each token tile by TMA multicast (N / (16·n_tiles·warps) must divide by it).
-    ``stream_k`` (with ``wgmma``, ``split_k`` 1) runs the ``wgmma`` mainloop (shared decode or
-    swap-AB) on a stream-K schedule (:mod:`b12x.kernels.stream_k`): one CTA per SM shares
-    every tile's K range;
-    ``scratch`` then holds the CTAs' fp32 partials and ``flags`` (int32, zero on entry and on
-    exit) their hand-off flags, one per CTA slot: the launch runs at most ``flags.numel()``
-    CTAs (default: one per SM; both allocated when omitted). A geometry the kernel would
-    refuse raises ``ValueError`` naming the field before anything else is checked.
+    The GEMM runs ``geometry`` (a :class:`~b12x.kernels.geometry.GemmGeometry`), or one built
+    from ``tiles=(m_tiles, n_tiles)`` and :class:`GemmGeometry`'s other fields as keywords
+    (default :data:`DEFAULT_TILES`; a ``wgmma`` geometry needs its tiles). ``split_k``
+    K slices; stream-K: ``scratch`` holds the CTAs' fp32 partials and ``flags`` (int32, zero)
+    their hand-off flags (default one per SM). Missing buffers are allocated. Everything is
+    validated before the first launch; a geometry the kernel would refuse raises ``ValueError``
+    naming the field first.
     """
-    from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
+    from b12x.kernels.geometry import GemmGeometry  # pure Python, no cutlass
 
-    if (swap_ab is True or wgmma is True) and tiles is None:
-        mainloop = "swap-AB" if swap_ab is True else "wgmma"
-        raise ValueError(f"tiles: the {mainloop} mainloop takes its (m_tiles, n_tiles) explicitly")
-    shaped = isinstance(trellis, torch.Tensor) and trellis.ndim == 3  # int16 [K/16, N/16, 16b]
-    check_dense_mainloop(
-        swap_ab=swap_ab, wgmma=wgmma, bits=trellis.shape[-1] // 16 if shaped else None,
-        m_tiles=tiles[0] if tiles else 1, n_tiles=tiles[1] if tiles else 1, warps=warps,
-        m_warps=m_warps, rows=shared_rows, stages=smem_stages, cluster=cluster,
-    )  # fmt: skip
-    if stream_k is not False and (
-        stream_k is not True or not wgmma or m_warps != warps or split_k != 1
-    ):
-        raise ValueError(
-            "stream_k: True runs a wgmma mainloop (wgmma=True, m_warps == warps) with split_k "
-            f"1; got stream_k={stream_k!r}, wgmma={wgmma!r}, m_warps={m_warps}, "
-            f"warps={warps}, split_k={split_k!r}"
-        )
-    if shaped and cluster > 1:  # the cluster's CTAs along N: refused before any device check
-        group = 16 * tiles[1] * warps
-        ctas = trellis.shape[1] * 16 // group
-        if ctas % cluster:
+    if geometry is None:
+        if tiles is None and (fields.get("swap_ab") is True or fields.get("wgmma") is True):
+            mainloop = "swap-AB" if fields.get("swap_ab") is True else "wgmma"
             raise ValueError(
-                f"cluster: N={trellis.shape[1] * 16} is {ctas} CTAs of {group} columns, not a "
-                f"multiple of the cluster of {cluster}"
+                f"tiles: the {mainloop} mainloop takes its (m_tiles, n_tiles) explicitly"
+            )
+        m_tiles, n_tiles = tiles if tiles is not None else DEFAULT_TILES
+        geometry = GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, **fields)
+    elif tiles is not None or fields:
+        raise ValueError("geometry: pass a GemmGeometry or its fields, not both")
+    shaped = isinstance(trellis, torch.Tensor) and trellis.ndim == 3  # int16 [K/16, N/16, 16b]
+    if shaped:
+        geometry.check(bits=trellis.shape[-1] // 16)
+    if geometry.stream_k and split_k != 1:
+        raise ValueError(f"split_k: the stream-K schedule takes 1, got split_k={split_k!r}")
+    if shaped and geometry.cluster > 1:  # the cluster's CTAs along N: before any device check
+        ctas = trellis.shape[1] * 16 // geometry.cta_n
+        if ctas % geometry.cluster:
+            raise ValueError(
+                f"cluster: N={trellis.shape[1] * 16} is {ctas} CTAs of {geometry.cta_n} columns, "
+                f"not a multiple of the cluster of {geometry.cluster}"
             )
     if not isinstance(a, torch.Tensor) or a.dtype not in _HALF_DTYPES:
         got = a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
@@ -249,83 +336,42 @@ def trellis_matmul(
         raise ValueError(f"a: K={k} does not match trellis K={trellis.shape[0] * 16}")
     if m == 0:
         raise ValueError("a: M must be positive")
-    m_tiles, n_tiles = tiles if tiles is not None else choose_tiles(m, n)
-    group = 16 * n_tiles * warps
-    if n % group != 0:
-        raise ValueError(f"trellis: N={n} must be a multiple of {group} for this tile shape")
+    if n % geometry.cta_n != 0:
+        raise ValueError(
+            f"trellis: N={n} must be a multiple of {geometry.cta_n} for this tile shape"
+        )
     if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
         raise ValueError(f"split_k: expected a positive int, got {split_k!r}")
-    k_rows = k // 16
-    rows_per_split = -(-k_rows // split_k)
-    splits = -(-k_rows // rows_per_split)
-    bf16 = a.dtype == torch.bfloat16
+    step = gemm_step(fmt, bits, geometry, k=k, bf16=a.dtype == torch.bfloat16, split_k=split_k)
     if out is None:
         out = _allocate("out", "output", (m, n), a.dtype, a.device)
     _check_tensor("out", out, dtypes=(a.dtype,), ndim=2, device=a.device)
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
-    lut = _lut_addr(fmt, a.device)
-    spec = KernelSpec(
-        "gemm",
-        fmt,
-        bits,
-        bf16=bf16,
-        m_tiles=m_tiles,
-        n_tiles=n_tiles,
-        warps=warps,
-        write_partials=splits > 1,
-        unroll=unroll,
-        depth=depth,
-        smem_stages=smem_stages,
-        m_warps=m_warps,
-        shared_rows=shared_rows,
-        wgmma=wgmma,
-        swap_ab=swap_ab,
-        cluster=cluster,
-    )
-    if stream_k:
-        return _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags)
-    if splits == 1:
-        whole = GemmLaunch(
-            a=a.view(torch.int32),
-            payload=trellis.view(torch.int32),
-            out=out.view(torch.int32),
-            lut_addr=lut,
-            k_rows_per_split=rows_per_split,
-            splits=1,
-        )
-        _kernel(spec, a.device)(*whole.args())
-        return out
-    if scratch is None:
-        scratch = _allocate("scratch", "scratch", (splits * m * n,), torch.float32, a.device)
-    _check_tensor("scratch", scratch, dtypes=(torch.float32,), device=a.device)
-    if scratch.numel() < splits * m * n:
-        raise ValueError(f"scratch: needs {splits * m * n} fp32 elements, has {scratch.numel()}")
-    partials = scratch.view(-1)[: splits * m * n].view(splits, m, n)
-    split = GemmLaunch(
-        a=a.view(torch.int32),
-        payload=trellis.view(torch.int32),
-        out=partials,
-        lut_addr=lut,
-        k_rows_per_split=rows_per_split,
-        splits=splits,
-    )
-    _kernel(spec, a.device)(*split.args())
-    reduce = ReduceLaunch(partials=partials, out=out.view(torch.int32))
-    _kernel(KernelSpec("reduce", bf16=bf16), a.device)(*reduce.args())
+    if geometry.stream_k:
+        scratch, flags = _stream_k_buffers(step.spec, a, n, scratch, flags)
+    elif step.splits > 1:
+        need = step.splits * m * n
+        if scratch is None:
+            scratch = _allocate("scratch", "scratch", (need,), torch.float32, a.device)
+        _check_tensor("scratch", scratch, dtypes=(torch.float32,), device=a.device)
+        if scratch.numel() < need:
+            raise ValueError(f"scratch: needs {need} fp32 elements, has {scratch.numel()}")
+    launch_gemm(step, a=a, payload=trellis, out=out, scratch=scratch, flags=flags)
     return out
 
 
 def _stream_k_layout(spec: KernelSpec):
     from b12x.kernels.shared_layout import shared_decode_layout, swap_ab_layout
 
+    g = spec.geometry
     geometry = dict(
-        bits=spec.bits, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps,
-        rows=spec.shared_rows, stages=spec.smem_stages,
+        bits=spec.bits, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps, rows=g.shared_rows,
+        stages=g.smem_stages,
     )  # fmt: skip
-    if spec.swap_ab:
-        return swap_ab_layout(**geometry, cluster=spec.cluster)
-    return shared_decode_layout(**geometry, m_warps=spec.m_warps)
+    if g.swap_ab:
+        return swap_ab_layout(**geometry, cluster=g.cluster)
+    return shared_decode_layout(**geometry, m_warps=g.m_warps)
 
 
 def _stream_k_units(spec: KernelSpec, m: int, k: int, n: int) -> int:
@@ -334,38 +380,48 @@ def _stream_k_units(spec: KernelSpec, m: int, k: int, n: int) -> int:
     from b12x.kernels.stream_k_schedule import stream_k_units
 
     lay = _stream_k_layout(spec)
-    tiles = (n // (16 * lay.cta_tiles * spec.cluster)) * -(-m // lay.cta_m)
-    return tiles * stream_k_units(k // 16, lay.period * spec.shared_rows)
+    g = spec.geometry
+    tiles = (n // (16 * lay.cta_tiles * g.cluster)) * -(-m // lay.cta_m)
+    return tiles * stream_k_units(k // 16, lay.period * g.shared_rows)
 
 
 def stream_k_ctas(spec: KernelSpec, m: int, k: int, n: int, sm_count: int) -> int:
     """CTAs of a stream-K launch: one per SM, in whole clusters, at most one cluster per unit of
     work (every cluster's range is then non-empty; :mod:`b12x.kernels.stream_k`)."""
-    return spec.cluster * min(sm_count // spec.cluster, _stream_k_units(spec, m, k, n))
+    cluster = spec.geometry.cluster
+    return cluster * min(sm_count // cluster, _stream_k_units(spec, m, k, n))
 
 
 def stream_k_partials(spec: KernelSpec, ctas: int) -> int:
     """fp32 elements of a stream-K launch's partials: one accumulator set per CTA."""
     lay = _stream_k_layout(spec)
-    return ctas * spec.m_tiles * lay.mma_tiles * 8 * 32 * spec.warps
+    g = spec.geometry
+    return ctas * g.m_tiles * lay.mma_tiles * 8 * 32 * g.warps
 
 
-def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
-    """The stream-K launch of :func:`trellis_matmul` (its buffers checked, or allocated)."""
+def check_stream_k(spec: KernelSpec, m: int, k: int, n: int, slots: int) -> int:
+    """The CTAs of a stream-K launch of ``slots`` CTA slots, or ``ValueError``: no whole cluster
+    fits, or the problem overflows the kernel's 32-bit unit math."""
+    cluster = spec.geometry.cluster
+    units = _stream_k_units(spec, m, k, n)
+    groups = min(slots // cluster, units)
+    if groups == 0:
+        raise ValueError(f"flags: {slots} flags hold no cluster of {cluster} CTAs")
+    if groups * (units + 1) >= 2**31:  # the kernel's 32-bit unit math (group x units)
+        raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
+    return cluster * groups
+
+
+def _stream_k_buffers(spec, a, n, scratch, flags):
+    """The stream-K launch's partials and flags for :func:`trellis_matmul` (checked, or
+    allocated: one CTA slot per SM of the device without ``flags``)."""
     m, k = a.shape
-    n = out.shape[1]
     if flags is None:  # one CTA per SM of the device
         slots = torch.cuda.get_device_properties(a.device).multi_processor_count
     else:  # the caller's flags: one per CTA it provisioned (a plan: per SM of its device)
         _check_tensor("flags", flags, dtypes=(torch.int32,), ndim=1, device=a.device)
         slots = flags.numel()
-    units = _stream_k_units(spec, m, k, n)
-    groups = min(slots // spec.cluster, units)
-    if groups == 0:
-        raise ValueError(f"flags: {slots} flags hold no cluster of {spec.cluster} CTAs")
-    if groups * (units + 1) >= 2**31:  # the kernel's 32-bit unit math (group x units)
-        raise ValueError(f"a: M={m}, K={k}, N={n} is too large for the stream-K schedule")
-    ctas = spec.cluster * groups
+    ctas = check_stream_k(spec, m, k, n, slots)
     need = stream_k_partials(spec, ctas)
     if scratch is None:
         scratch = _allocate("scratch", "scratch", (need,), torch.float32, a.device)
@@ -374,18 +430,7 @@ def _stream_k_matmul(spec, a, trellis, out, lut, scratch, flags):
         raise ValueError(f"scratch: stream-K needs {need} fp32 elements, has {scratch.numel()}")
     if flags is None:
         flags = torch.zeros(ctas, dtype=torch.int32, device=a.device)
-    launch = StreamKGemmLaunch(
-        a=a.view(torch.int32),
-        payload=trellis.view(torch.int32),
-        out=out.view(torch.int32),
-        partials=scratch.view(-1)[:need].view(ctas, need // ctas),
-        flags=flags[:ctas],
-        lut_addr=lut,
-        ctas=ctas,
-    )
-    stream_spec = dataclasses.replace(spec, kind="gemm_stream_k")
-    _kernel(stream_spec, a.device)(*launch.args())
-    return out
+    return scratch, flags
 
 
 def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: str, out):
@@ -403,13 +448,19 @@ def _rotate(kind: str, x: torch.Tensor, scale: torch.Tensor, out_dtype, name: st
     if out.shape != x.shape:
         raise ValueError(f"out: expected shape {tuple(x.shape)}, got {tuple(out.shape)}")
     spec = KernelSpec(kind, in_bf16=x.dtype == torch.bfloat16, out_bf16=out_dtype == torch.bfloat16)
+    launch_rotation(spec, x, scale, out)
+    return out
+
+
+def launch_rotation(spec: KernelSpec, x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor):
+    """Launch the rotation ``spec`` (``rotate_in``: scale = ``suh``; ``rotate_out``: ``svh``) on
+    checked buffers (no validation here)."""
     fn = _kernel(spec, x.device)
     x_words, scale_words, out_words = (t.view(torch.int32) for t in (x, scale, out))
-    if kind == "rotate_in":
+    if spec.kind == "rotate_in":
         fn(*InputRotationLaunch(x=x_words, suh=scale_words, out=out_words).args())
     else:
         fn(*OutputRotationLaunch(y=x_words, svh=scale_words, out=out_words).args())
-    return out
 
 
 def rotate_input(x, suh, *, out_dtype=torch.float16, out=None):

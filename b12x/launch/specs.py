@@ -4,8 +4,9 @@ Layout
 ------
 * :class:`KernelSpec` is a frozen dataclass holding *every* codegen input of one dense kernel
   specialisation (kind, the codebook's :class:`~b12x.formats.DecodeFormat` object, bits, dtype
-  flags, tile shape, unroll, register stages ``depth``, shared-memory ring stages
-  ``smem_stages``). Its ``kind`` is one of :data:`KERNEL_SPEC_KINDS`, each a kind of the
+  flags and, for a GEMM, its :class:`~b12x.kernels.geometry.GemmGeometry` and whether it writes
+  split-K partials; :func:`gemm_spec` picks the GEMM kind from the geometry's schedule). Its
+  ``kind`` is one of :data:`KERNEL_SPEC_KINDS`, each a kind of the
   registry :mod:`b12x.launch.kinds`, which makes the structural
   :class:`~b12x.runtime.compile_cache.CompileKey` from it: two specs that compile differently
   are never equal.
@@ -36,11 +37,13 @@ from b12x.launch.toolchain import CompileResult, compile_spill_free
 
 if TYPE_CHECKING:
     from b12x.formats import DecodeFormat
+    from b12x.kernels.geometry import GemmGeometry
 
 __all__ = [
     "KERNEL_SPEC_KINDS",
     "KernelSpec",
     "build_kernel",
+    "gemm_spec",
     "compile_spec",
 ]
 
@@ -51,6 +54,8 @@ KERNEL_SPEC_KINDS = ("decode", "gemm", "gemm_stream_k", "reduce", "rotate_in", "
 #: The kinds that run a trellis GEMM (``gemm_stream_k``: a ``wgmma`` mainloop on a stream-K
 #: schedule, :mod:`b12x.kernels.stream_k`).
 _GEMM_KINDS = ("gemm", "gemm_stream_k")
+#: Warps per CTA of the decode and rotation kernels.
+_ELEMENTWISE_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -66,55 +71,48 @@ class KernelSpec:
     bf16: bool = False
     in_bf16: bool = False
     out_bf16: bool = False
-    m_tiles: int = 1
-    n_tiles: int = 1
-    warps: int = 4
+    #: gemm kinds only (required there): the launch shape (:mod:`b12x.kernels.geometry`);
+    #: ``gemm_stream_k`` exactly when its ``stream_k`` is set.
+    geometry: GemmGeometry | None = None
+    #: gemm only: write fp32 split-K partials ``[S, M, N]`` instead of the output.
     write_partials: bool = False
-    unroll: int = 1
-    depth: int = 1
-    #: gemm only: 0 = register stages (``depth``), 2..4 = slots of the cp.async shared-memory
-    #: ring (``depth`` is then unused); see :mod:`b12x.kernels.dense_gemm`.
-    smem_stages: int = 0
-    #: gemm only: 0 = each warp decodes the weights it multiplies; >= 1 = the shared-decode
-    #: mainloop (the CTA copies each K16 row into ``smem_stages`` cp.async slots, decodes it
-    #: once into shared memory, then its warps multiply as an ``m_warps x (warps / m_warps)``
-    #: grid), ``shared_rows`` K16 rows per slot.
-    m_warps: int = 0
-    shared_rows: int = 2
-    #: gemm only: the shared decode's consumer is Hopper ``wgmma`` (sm_90a; ``m_warps ==
-    #: warps``, :mod:`b12x.kernels.wgmma_decode`) instead of per-warp ``mma.sync``.
-    wgmma: bool = False
-    #: gemm only (with ``wgmma``): the swap-AB mainloop, weights decoded into ``wgmma``'s
-    #: register A operand, ``16·m_tiles`` tokens per CTA as its B (:mod:`b12x.kernels.wgmma_swap`).
-    swap_ab: bool = False
-    #: gemm only (with ``swap_ab``): CTAs along N sharing each token tile by TMA multicast
-    #: (1, 2 or 4; :mod:`b12x.kernels.wgmma_swap`, "Token sharing").
-    cluster: int = 1
 
     def __post_init__(self):
         if self.kind not in KERNEL_SPEC_KINDS:
             raise ValueError(f"kind: expected one of {KERNEL_SPEC_KINDS}, got {self.kind!r}")
-        from b12x.kernels.shared_layout import check_dense_mainloop  # pure Python, no cutlass
+        from b12x.kernels.geometry import GemmGeometry  # pure Python, no cutlass
 
-        if self.swap_ab is not False and self.kind not in _GEMM_KINDS:
-            raise ValueError(f"swap_ab: only a gemm spec has the swap-AB mainloop, not {self.kind}")
-        check_dense_mainloop(
-            swap_ab=self.swap_ab, wgmma=self.wgmma, bits=self.bits, m_tiles=self.m_tiles,
-            n_tiles=self.n_tiles, warps=self.warps, m_warps=self.m_warps, rows=self.shared_rows,
-            stages=self.smem_stages, cluster=self.cluster,
-        )  # fmt: skip
-        if self.wgmma and self.kind not in _GEMM_KINDS:
-            raise ValueError(f"wgmma: only a gemm spec has the wgmma mainloop, not {self.kind}")
-        if self.kind == "gemm_stream_k" and (not self.wgmma or self.write_partials):
-            raise ValueError(
-                "kind: gemm_stream_k runs a wgmma mainloop only (wgmma, no write_partials)"
-            )
+        if self.kind in _GEMM_KINDS:
+            if not isinstance(self.geometry, GemmGeometry):
+                raise ValueError(f"geometry: a {self.kind} spec needs a GemmGeometry")
+            if type(self.geometry) is not GemmGeometry:  # a subclass's extra fields: not codegen
+                object.__setattr__(self, "geometry", self.geometry.geometry())
+            self.geometry.check(bits=self.bits)
+            if self.geometry.stream_k != (self.kind == "gemm_stream_k"):
+                raise ValueError(
+                    "kind: a geometry with stream_k compiles as gemm_stream_k, and only it; got "
+                    f"kind {self.kind} with stream_k={self.geometry.stream_k}"
+                )
+            if self.geometry.stream_k and self.write_partials:
+                raise ValueError("write_partials: the stream-K schedule keeps its own partials")
+        elif self.geometry is not None:
+            raise ValueError(f"geometry: only a gemm spec has one, not {self.kind}")
         if isinstance(self.fmt, str):
             from b12x.formats import resolve_format
 
             object.__setattr__(self, "fmt", resolve_format(self.fmt))
         if self.kind in ("decode", *_GEMM_KINDS) and (self.fmt is None or self.bits is None):
             raise ValueError(f"codebook/bits: a {self.kind} spec needs both")
+
+    @property
+    def m_tiles(self) -> int | None:
+        """The geometry's M16 blocks per warp (None without a geometry; for reports)."""
+        return None if self.geometry is None else self.geometry.m_tiles
+
+    @property
+    def n_tiles(self) -> int | None:
+        """The geometry's N16 tiles per warp (None without a geometry; for reports)."""
+        return None if self.geometry is None else self.geometry.n_tiles
 
     @property
     def codebook(self) -> str | None:
@@ -124,6 +122,16 @@ class KernelSpec:
     @property
     def uses_mma(self) -> bool:
         return self.kind in _GEMM_KINDS
+
+
+def gemm_spec(
+    fmt: DecodeFormat | str, bits: int, geometry: GemmGeometry, *, bf16: bool = False,
+    write_partials: bool = False,
+) -> KernelSpec:  # fmt: skip
+    """The GEMM spec of ``geometry``: kind ``gemm_stream_k`` on the stream-K schedule, else
+    ``gemm``."""
+    kind = "gemm_stream_k" if geometry.stream_k else "gemm"
+    return KernelSpec(kind, fmt, bits, bf16=bf16, geometry=geometry, write_partials=write_partials)
 
 
 def compile_spec(spec: KernelSpec, arch: str, *, ptx: bool = False) -> CompileResult:
@@ -137,7 +145,9 @@ def target_arch(spec: KernelSpec, arch: str) -> str:
     """The compile target of ``spec`` on a device of ``arch``: ``sm_90a`` for a ``wgmma`` spec on
     sm_90 (the warpgroup MMA exists only in the arch-specific target), else ``arch``. A
     ``wgmma`` spec for any other arch raises ``ValueError`` before a compile is attempted."""
-    if not getattr(spec, "wgmma", False):
+    geometry = getattr(spec, "geometry", None)  # a dense spec's; a MoE spec has its own flag
+    wgmma = getattr(spec, "wgmma", False) if geometry is None else geometry.wgmma
+    if not wgmma:
         return arch
     if arch not in ("sm_90", "sm_90a"):
         raise ValueError(f"wgmma: the warpgroup MMA needs an sm_90 device, got {arch}")
@@ -162,17 +172,17 @@ def build_kernel(spec: KernelSpec):
         payload = fake(Int32, (cute.sym_int(), cute.sym_int(), 8 * spec.bits))
         out = fake(Int16, (cute.sym_int(divisibility=16), cute.sym_int(divisibility=16)))
         kernel = TrellisDecodeKernel(
-            fmt, spec.bits, warps_per_cta=spec.warps, out_bf16=spec.out_bf16
+            fmt, spec.bits, warps_per_cta=_ELEMENTWISE_WARPS, out_bf16=spec.out_bf16
         )
         return kernel, (payload, out, Int64(0), stream)
     if spec.kind in _GEMM_KINDS:
         from b12x.kernels.dense_gemm import DenseTrellisGemmKernel
         from b12x.kernels.stream_k import DenseStreamKGemmKernel
 
-        fmt = spec.fmt
+        fmt, geometry = spec.fmt, spec.geometry
         m = cute.sym_int()
         a = fake(Int32, (m, cute.sym_int(divisibility=8)))
-        n_group = 16 * spec.n_tiles * spec.warps
+        n_group = geometry.cta_n
         payload = fake(
             Int32, (cute.sym_int(), cute.sym_int(divisibility=n_group // 16), 8 * spec.bits)
         )
@@ -180,19 +190,13 @@ def build_kernel(spec: KernelSpec):
             out = fake(Float32, (cute.sym_int(), m, cute.sym_int(divisibility=n_group)))
         else:
             out = fake(Int32, (m, cute.sym_int(divisibility=n_group // 2)))
-        geometry = dict(
-            bf16=spec.bf16, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps,
-            unroll=spec.unroll, depth=spec.depth, smem_stages=spec.smem_stages,
-            m_warps=spec.m_warps, shared_rows=spec.shared_rows, wgmma=spec.wgmma,
-            swap_ab=spec.swap_ab, cluster=spec.cluster,
-        )  # fmt: skip
         if spec.kind == "gemm_stream_k":
-            kernel = DenseStreamKGemmKernel(fmt, spec.bits, **geometry)
+            kernel = DenseStreamKGemmKernel(fmt, spec.bits, geometry, bf16=spec.bf16)
             partials = fake(Float32, (cute.sym_int(), kernel.acc_count * kernel.threads))
             flags = fake(Int32, (cute.sym_int(),))
             return kernel, (a, payload, out, partials, flags, Int64(0), Int32(1), stream)
         kernel = DenseTrellisGemmKernel(
-            fmt, spec.bits, write_partials=spec.write_partials, **geometry
+            fmt, spec.bits, geometry, bf16=spec.bf16, write_partials=spec.write_partials
         )
         return kernel, (a, payload, out, Int64(0), Int32(1), Int32(1), stream)
     if spec.kind == "reduce":
@@ -210,7 +214,7 @@ def build_kernel(spec: KernelSpec):
     x = fake(Int32, (m, half))
     scale = fake(Int32, (half,))
     out = fake(Int32, (m, half))
-    return cls(in_bf16=spec.in_bf16, out_bf16=spec.out_bf16, warps=spec.warps), (
+    return cls(in_bf16=spec.in_bf16, out_bf16=spec.out_bf16, warps=_ELEMENTWISE_WARPS), (
         x,
         scale,
         out,

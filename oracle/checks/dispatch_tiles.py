@@ -21,13 +21,15 @@ and simulated device and reports where the single predicate accepts or rejects i
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from oracle.cases import declared as declared_ops
 from oracle.judge.dispatch import Outcome
 from oracle.judge.dispatch import check_table as check_dispatch_table
-from oracle.judge.tiles import DEVICES, check_registry, find_duplicated_floors, parse_tile
+from oracle.judge.tiles import DEVICES, check_registry, find_duplicated_floors
+from oracle.judge.tiles import parse_tile as parse_shape
 from oracle.report.report import CheckResult
 
 __all__ = ["declared", "qualify_tile", "run"]
@@ -114,6 +116,33 @@ def _tile_results() -> list[CheckResult]:
 
 def run(ctx=None) -> list[CheckResult]:
     return _dispatch_results() + _tile_results()
+
+
+def parse_tile(text: str) -> tuple[int, ...]:
+    """A tile as ``run --tile`` takes it: an entry name (``"wave_fc2"``) → its serialised shape,
+    resolved by the declared registry's own parser (``parse``); a shape (``"32x512x256"``) as
+    :func:`oracle.judge.tiles.parse_tile` reads it."""
+    if isinstance(text, str) and re.fullmatch(r"\s*[A-Za-z_]\w*\s*", text):
+        return _named(text.strip())
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or a tile name)") from None
+
+
+def _named(name: str) -> tuple[int, ...]:
+    """The shape of the registry entry called ``name`` (``ValueError`` naming the known ones)."""
+    registries, why = declared("tile_registries")
+    reasons = []
+    for registry in registries or ():
+        parse = getattr(registry, "parse", None)
+        if not callable(parse):
+            continue
+        try:
+            return tuple(registry.serialize(parse(name)))
+        except ValueError as exc:
+            reasons.append(str(exc).removeprefix("tile: "))
+    raise ValueError(f"--tile: {'; '.join(reasons) or why or f'no registry names {name!r}'}")
 
 
 def qualify_tile(text: str, registries: Iterable[Any] | None = None) -> list[CheckResult]:

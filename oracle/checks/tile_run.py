@@ -27,8 +27,7 @@ from typing import Any
 from oracle import checks
 from oracle.checks import compile as compile_checks
 from oracle.checks import gpu
-from oracle.checks.dispatch_tiles import declared, qualify_tile
-from oracle.judge.tiles import parse_tile
+from oracle.checks.dispatch_tiles import declared, parse_tile, qualify_tile
 from oracle.report.report import CheckResult
 
 

@@ -40,8 +40,8 @@ from typing import Any, NoReturn
 
 from oracle import checks
 from oracle.arguments import nonempty, output_problem
+from oracle.checks.dispatch_tiles import parse_tile
 from oracle.contracts import cli as contracts_cli
-from oracle.judge.tiles import parse_tile
 from oracle.mutate import cli as mutate_cli
 from oracle.report.report import Report, plot_error_vs_shape, plot_points, plot_tile_error_map
 from oracle.report.results import load_case
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--case", type=nonempty, help="one case id (see `grid`)")
     run.add_argument(
-        "--tile", type=nonempty, help="qualify, compile and (on a GPU) run one tile: KxNxT"
+        "--tile", type=nonempty, help="qualify, compile and (on a GPU) run one tile: NAME or KxNxT"
     )
     run.add_argument(
         "--codebook", type=nonempty, help="with --tile: compile only this codebook's kernels"
@@ -454,11 +454,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.case and args.filter:
         raise UsageError("use --case or --filter, not both")
     if (args.codebook is not None or args.bits is not None) and not args.tile:
-        raise UsageError("--codebook and --bits narrow a --tile run; give --tile KxNxT")
+        raise UsageError("--codebook and --bits narrow a --tile run; give --tile NAME or KxNxT")
     if sum((args.shard is not None, args.gpus is not None, bool(args.tile))) > 1:
         raise UsageError("--shard, --gpus and --tile exclude each other")
     if args.tile:
         tile = _parse_tile(args.tile)
+        args.tile = "x".join(map(str, tile))  # one spelling downstream: the shape
         _validate_narrowing(args)
     tier, cuda = _resolve_tier(args)
     _validate_run_selection(args)
@@ -492,7 +493,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _parse_tile(text: str) -> tuple[int, int, int]:
-    """``KxNxT`` → three positive ints; anything else is a usage error (exit 2)."""
+    """A registry entry name or ``KxNxT`` → three positive ints; anything else is a usage error
+    (exit 2)."""
     try:
         spec = parse_tile(text)
     except ValueError as exc:
@@ -616,6 +618,10 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
         f"{sum(r.default_cases for r in records)} cases in the default job, "
         f"{len(found)} problem(s)"
     )
+    if not args.quiet:
+        for t in coverage.tile_coverage():
+            print(f"tile {t.name} {t.shape} ({t.registry}): qualifies on {t.qualified}/{t.points}"
+                  f" points, {t.specializations} kernel specialisation(s)")  # fmt: skip
     for problem in found:
         print(f"PROBLEM {problem}")
     if args.json:

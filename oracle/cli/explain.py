@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from b12x.ops.dense import dispatch, mainloop, split_k
+from b12x.ops.dense import dispatch, mainloop, split_k, tiles
 from b12x.ops.dense.plan import plan_dense
 from oracle.arguments import nonempty, output_problem
 from oracle.cli import refuse, write_json_or_refuse
@@ -125,6 +125,8 @@ class DenseExplanation:
     mainloop_row: str = ""
     mainloop_rows: tuple[TableRow, ...] = ()
     op: str = "dense"
+    #: The tile's registry name (``b12x.ops.dense.tiles``), ``None`` without a tile.
+    tile_name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **_plain(dataclasses.asdict(self))}
@@ -172,7 +174,8 @@ def _show_spec(spec: Any) -> str:
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
         if f.default is dataclasses.MISSING or value != f.default:
-            parts.append(f"{f.name}={_plain(value)}")
+            nested = dataclasses.is_dataclass(value) and f.name == "geometry"
+            parts.append(f"{f.name}={_show_spec(value) if nested else _plain(value)}")
     return f"{type(spec).__name__}(" + ", ".join(parts) + ")"
 
 
@@ -261,6 +264,7 @@ def explain_dense(
     x_dtype: str = "fp16",
     compute_dtype: str | None = None,
     rotation: str = "full",
+    tile: str | None = None,
 ) -> DenseExplanation:
     """The dense plan b12x makes for this problem on a simulated part (module docstring).
     ``compute_dtype`` defaults to ``x_dtype``. Raises :class:`PlanRefused` with the plan
@@ -275,7 +279,7 @@ def explain_dense(
     try:
         plan = plan_dense(
             m=m, k=k, n=n, bits=bits, codebook=codebook, x_dtype=xd, compute_dtype=cd,
-            external_rotation=external, device=part,
+            external_rotation=external, tile=tile, device=part,
         )  # fmt: skip
     except (ValueError, TypeError) as exc:
         raise PlanRefused(f"plan_dense: {exc}") from None
@@ -291,19 +295,18 @@ def explain_dense(
             "pair_kind": None,
             "compute_dtype": cd,
             "external_rotation": external,
-            "explicit_tile": None,
+            "explicit_tile": None if tile is None else tuple(tiles.serialize(plan.tile)),
         }
     )
     rows = _table_rows(dispatch.TABLE.paths, case)
     loop_case = mainloop.TABLE.schema.normalize(
-        {"path": plan.path, "m": p.m, "n": p.n, "bits": p.bits, "pinned": False}
+        {"path": plan.path, "m": p.m, "n": p.n, "bits": p.bits, "pinned": tile is not None}
     )
     loop = mainloop.TABLE.explain(loop_case)
     shared = loop.value
-    if (0 if shared is None else shared.m_warps) != plan.m_warps:  # the plan must agree too
-        raise RuntimeError(
-            f"mainloop table says {loop.path}, plan_dense has m_warps={plan.m_warps}"
-        )
+    g = plan.geometry
+    if (0 if shared is None else shared.m_warps) != g.m_warps:  # the plan must agree too
+        raise RuntimeError(f"mainloop table says {loop.path}, plan_dense has m_warps={g.m_warps}")
     split_case = split_k.normalize_case(
         {
             "path": plan.path,
@@ -312,9 +315,9 @@ def explain_dense(
             "m": p.m,
             "k": p.k,
             "n": p.n,
-            "m_tiles": plan.m_tiles * max(1, plan.m_warps),  # M16 blocks per CTA
-            "n_tiles": plan.n_tiles,
-            "warps": plan.warps,
+            "m_tiles": g.m_tiles * max(1, g.m_warps),  # M16 blocks per CTA
+            "n_tiles": g.n_tiles,
+            "warps": g.warps,
             "sm_count": plan.device.sm_count,
         }
     )
@@ -322,7 +325,7 @@ def explain_dense(
     taken = next(r.row for r in rows if r.status == "taken")
     if taken != plan.path:  # the table and the plan must agree; say so rather than hide it
         raise RuntimeError(f"dispatch table says {taken}, plan_dense chose {plan.path}")
-    tile = plan.tile
+    chosen = plan.tile
     return DenseExplanation(
         problem={
             "m": p.m, "k": p.k, "n": p.n, "codebook": p.codebook, "bits": p.bits,
@@ -332,13 +335,12 @@ def explain_dense(
         device=_device_dict(part),
         path=plan.path,
         rows=rows,
-        tile=None if tile is None else f"{tile.tile_k}x{tile.tile_n}x{tile.cta_threads}",
+        tile=None if chosen is None else chosen.shape,
+        tile_name=None if chosen is None else chosen.name,
         geometry={
-            "m_tiles": plan.m_tiles, "n_tiles": plan.n_tiles, "warps": plan.warps,
-            "m_warps": plan.m_warps, "shared_rows": plan.shared_rows,
-            "smem_stages": plan.smem_stages, "wgmma": int(plan.wgmma),
-            "swap_ab": int(plan.swap_ab), "cluster": plan.cluster,
-            "stream_k": int(plan.stream_k),
+            "m_tiles": g.m_tiles, "n_tiles": g.n_tiles, "warps": g.warps, "m_warps": g.m_warps,
+            "shared_rows": g.shared_rows, "smem_stages": g.smem_stages, "wgmma": int(g.wgmma),
+            "swap_ab": int(g.swap_ab), "cluster": g.cluster, "stream_k": int(g.stream_k),
         },
         mainloop_row=loop.path,
         mainloop_rows=_table_rows(mainloop.TABLE.paths, loop_case),
@@ -446,7 +448,12 @@ def format_dense(e: DenseExplanation) -> str:
         f"path: {e.path}",
         "dispatch rows (priority order):",
         *_rows_text(e.rows),
-        f"tile: {e.tile or f'none (the {e.path} path launches no generic-GEMM tile)'}"
+        "tile: "
+        + (
+            f"{e.tile_name} ({e.tile})"
+            if e.tile
+            else f"none (the {e.path} path launches no generic-GEMM tile)"
+        )
         + (
             " (qualified; the shared decode's geometry below replaces its warps and N tiles)"
             if e.geometry.get("m_warps")
@@ -496,7 +503,7 @@ class _Parser(argparse.ArgumentParser):
         refuse(PROG, f"{message} (see {PROG} --help)")
 
 
-DENSE_ONLY = ("k", "n", "rotation")
+DENSE_ONLY = ("k", "n", "rotation", "tile")
 MOE_ONLY = ("top_k", "hidden", "intermediate", "experts", "pair", "w13_layout")
 
 
@@ -514,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--x-dtype", choices=DTYPES, default="fp16")
     parser.add_argument("--compute-dtype", choices=DTYPES, help="default: the x dtype")
     parser.add_argument("--rotation", choices=ROTATIONS, help="dense: full (default) or none")
+    parser.add_argument("--tile", help="dense: pin a tile registry entry (NAME or KxNxT)")
     parser.add_argument("--top-k", type=int, help="moe: routes per token")
     parser.add_argument("--hidden", type=int, help="moe: hidden size H")
     parser.add_argument("--intermediate", type=int, help="moe: intermediate size I")
@@ -552,7 +560,9 @@ def explain_args(args: argparse.Namespace) -> DenseExplanation | MoeExplanation:
         x_dtype=args.x_dtype, compute_dtype=args.compute_dtype,
     )  # fmt: skip
     if args.op == "dense":
-        return explain_dense(k=args.k, n=args.n, rotation=args.rotation or "full", **common)
+        return explain_dense(
+            k=args.k, n=args.n, rotation=args.rotation or "full", tile=args.tile, **common
+        )
     return explain_moe(
         top_k=args.top_k, hidden=args.hidden, intermediate=args.intermediate,
         experts=args.experts, pair=args.pair, w13_layout=args.w13_layout or "packed", **common,

@@ -15,9 +15,14 @@
 JSON (``schema`` :data:`SCHEMA`): ``{"schema", "variants": [{"id", "declared", "runners",
 "default_cases", "reason"}], "unmapped": [{"declaration", "reason"}], "problems": [...]}``.
 
+Per tile of every declared tile registry (:func:`tile_coverage`): its name and shape, the
+(problem, simulated device) points where the one predicate qualifies it, and the kernel
+specialisations the registry maps it to (JSON ``tiles``).
+
 The coverage check of the default job (:func:`problems`) fails when a declared variant has no
-runner or no case in the default job, or when b12x declares something that maps onto no legal
-registry variant (it would ship a variant nothing can judge).
+runner or no case in the default job, when b12x declares something that maps onto no legal
+registry variant (it would ship a variant nothing can judge), or when a registered tile
+qualifies nowhere or maps to no kernel specialisation (nothing could ever judge it).
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from oracle.cases.variants import REGISTRY, unmapped
 from oracle.run.grid import select_grid
 from oracle.run.runners import runners_for
 
-__all__ = ["SCHEMA", "VariantCoverage", "coverage", "default_case_counts", "problems", "to_json"]
+__all__ = [
+    "SCHEMA",
+    "TileCoverage",
+    "VariantCoverage",
+    "coverage",
+    "default_case_counts",
+    "problems",
+    "tile_coverage",
+    "to_json",
+]
 
 SCHEMA = "oracle.coverage/1"
 
@@ -46,6 +60,40 @@ class VariantCoverage:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "runners": list(self.runners)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TileCoverage:
+    registry: str
+    name: str
+    shape: str
+    qualified: int  # (problem, device) points where the registry's predicate accepts it
+    points: int  # (problem, device) points tried
+    specializations: int  # kernel specs the registry maps it to (-1: the registry has no hook)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def tile_coverage() -> list[TileCoverage]:
+    """One record per entry of every declared tile registry (module docstring)."""
+    from oracle.checks.dispatch_tiles import declared
+    from oracle.tiles import DEVICES
+
+    registries, _ = declared("tile_registries")
+    out = []
+    for registry in registries or ():
+        hook = getattr(registry, "specializations", None)
+        points = [(p, d) for p in registry.problems for d in DEVICES]
+        for tile in registry.entries:
+            qualified = sum(bool(registry.qualify(tile, p, d)[0]) for p, d in points)
+            try:
+                specs = len(tuple(hook(tile))) if callable(hook) else -1
+            except (TypeError, ValueError):  # a shape the kernels cannot be built for
+                specs = 0
+            name = getattr(tile, "name", "") or repr(tile)
+            out.append(TileCoverage(registry.name, name, repr(tile), qualified, len(points), specs))
+    return out
 
 
 @functools.cache
@@ -73,9 +121,12 @@ def coverage() -> list[VariantCoverage]:
     return out
 
 
-def problems(records: list[VariantCoverage] | None = None) -> list[str]:
+def problems(
+    records: list[VariantCoverage] | None = None, tiles: list[TileCoverage] | None = None
+) -> list[str]:
     """What makes the coverage check fail (module docstring); empty when it passes."""
     records = coverage() if records is None else records
+    tiles = tile_coverage() if tiles is None else tiles
     found = []
     for r in records:
         if r.declared and not any(not name.startswith("graph:") for name in r.runners):
@@ -84,14 +135,21 @@ def problems(records: list[VariantCoverage] | None = None) -> list[str]:
             found.append(f"{r.id}: declared by b12x but the default job runs none of its cases")
     for declaration, why in unmapped():
         found.append(f"b12x declares {declaration!r}, which no registry variant names: {why}")
+    for t in tiles:
+        if t.qualified == 0:
+            found.append(f"tile {t.name} of {t.registry}: qualifies on none of {t.points} points")
+        if t.specializations == 0:
+            found.append(f"tile {t.name} of {t.registry}: maps to no kernel specialisation")
     return found
 
 
 def to_json(records: list[VariantCoverage] | None = None) -> dict[str, Any]:
     records = coverage() if records is None else records
+    tiles = tile_coverage()
     return {
         "schema": SCHEMA,
         "variants": [r.to_dict() for r in records],
+        "tiles": [t.to_dict() for t in tiles],
         "unmapped": [{"declaration": repr(d), "reason": why} for d, why in unmapped()],
-        "problems": problems(records),
+        "problems": problems(records, tiles),
     }

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from b12x.launch.host import choose_tiles
 from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
+from b12x.ops.dense.tiles import choose_tiles
 from oracle.cases.grids import needs_whole_gpu, parse_case_id
 from oracle.report.report import CheckResult, Report
 from oracle.run import grid as gpu_grid

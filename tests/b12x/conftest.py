@@ -11,8 +11,8 @@
   split_k)`` (a GPU GEMM); every element within half a bf16 ulp plus the fp32 accumulation
   bound of the float64 product, and bit-identical to the mma.sync shared decode. The ``wgmma``
   and swap-AB GPU tests judge their geometries with it.
-* ``fake_kernels`` — the dense linear's host launchers (``b12x.launch.host`` as seen by
-  ``b12x.ops.dense.plan``) replaced by in-place CPU stand-ins that record every launch
+* ``fake_kernels`` — the dense linear's host launches (``b12x.launch.host``'s ``launch_*`` as
+  seen by ``b12x.ops.dense.plan``) replaced by in-place CPU stand-ins that record every launch
   (:class:`FakeKernels`), so plan / bind / run orchestration is checked without a GPU.
 """
 
@@ -40,39 +40,40 @@ def moe_judge() -> Callable[..., None]:
 
 
 class FakeKernels:
-    """In-place CPU stand-ins for ``b12x.launch.host`` that record what each launch touched."""
+    """In-place CPU stand-ins for ``b12x.launch.host``'s unvalidated launches (what ``run_dense``
+    walks) that record what each launch touched: ``("rotate_input", x, out)``, ``("gemm", a,
+    out, scratch, step, flags)``, ``("rotate_output", y, out)``, ``("decode_weight", payload,
+    out)``."""
 
     def __init__(self):
         self.calls = []
-        self.mainloops = []  # the mainloop keywords of each trellis_matmul launch
 
-    def rotate_input(self, x, suh, *, out_dtype, out):
-        self.calls.append(("rotate_input", x, out))
+    def launch_rotation(self, spec, x, scale, out):
+        import torch  # lazy: the root conftest pins GPUs before torch loads
+
+        out_dtype = torch.bfloat16 if spec.out_bf16 else torch.float16
         assert out.dtype == out_dtype  # no allocation here: out is the scratch
-        out.copy_(x)
-        out.mul_(suh)
+        if spec.kind == "rotate_in":
+            self.calls.append(("rotate_input", x, out))
+            out.copy_(x)
+            out.mul_(scale)
+            return
+        self.calls.append(("rotate_output", x, out))
+        if out.dtype == scale.dtype:
+            out.copy_(x)
+            out.mul_(scale)
+        else:  # fp16(y · svh) cast to out's dtype; allocation-free, so y (scratch) is scaled
+            x.mul_(scale)
+            out.copy_(x)
 
-    def trellis_matmul(
-        self, a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps, **mainloop
-    ):
-        self.calls.append(("trellis_matmul", a, out, scratch, split_k, tiles, warps))
-        self.mainloops.append(mainloop)
+    def launch_gemm(self, step, *, a, payload, out, scratch, flags):
+        self.calls.append(("gemm", a, out, scratch, step, flags))
         out.copy_(a[:, : out.shape[1]])
         if scratch is not None:
             scratch.fill_(0.5)
 
-    def rotate_output(self, y, svh, *, out_dtype, out):
-        self.calls.append(("rotate_output", y, out))
-        assert out.dtype == out_dtype
-        if out.dtype == svh.dtype:
-            out.copy_(y)
-            out.mul_(svh)
-        else:  # fp16(y · svh) cast to out's dtype; allocation-free, so y (scratch) is scaled
-            y.mul_(svh)
-            out.copy_(y)
-
-    def decode_weight(self, trellis, codebook, *, out):
-        self.calls.append(("decode_weight", trellis, out))
+    def launch_decode(self, spec, payload, out):
+        self.calls.append(("decode_weight", payload, out))
         out.fill_(0.25)
 
 
@@ -113,6 +114,6 @@ def fake_kernels(monkeypatch) -> FakeKernels:
     from b12x.ops.dense import plan as plan_mod
 
     fake = FakeKernels()
-    for name in ("rotate_input", "trellis_matmul", "rotate_output", "decode_weight"):
+    for name in ("launch_rotation", "launch_gemm", "launch_decode"):
         monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
     return fake

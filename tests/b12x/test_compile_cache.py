@@ -22,15 +22,16 @@ import pytest
 import torch
 
 from b12x.abi import ABI_LOCK_PATH
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import kinds, toolchain
 from b12x.launch import specs as kernel_specs
-from b12x.launch.specs import KernelSpec
+from b12x.launch.specs import KernelSpec, gemm_spec
 from b12x.ops.dense import plan_dense
 from b12x.runtime import cache_cli, cache_keys, disk_store
 from b12x.runtime import compile_cache as cc
 from oracle.judge.tiles import DEVICES
 
-BASE = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
+BASE = KernelSpec("gemm", "mcg", 6, geometry=GemmGeometry(m_tiles=1, n_tiles=2, warps=4))
 
 # One alternative value per KernelSpec field; a new field without an entry fails the test below.
 MUTATIONS = {
@@ -40,10 +41,14 @@ MUTATIONS = {
     "bf16": True,
     "in_bf16": True,
     "out_bf16": True,
+    "geometry": GemmGeometry(m_tiles=2, n_tiles=2),  # each of its fields: GEOMETRY_MUTATIONS
+    "write_partials": True,
+}
+# One alternative value per GemmGeometry field (the spec embeds it; the key reads every field).
+GEOMETRY_MUTATIONS = {
     "m_tiles": 2,
     "n_tiles": 1,
     "warps": 8,
-    "write_partials": True,
     "unroll": 2,
     "depth": 2,
     "smem_stages": 3,
@@ -52,6 +57,7 @@ MUTATIONS = {
     "wgmma": True,
     "swap_ab": True,
     "cluster": 2,
+    "stream_k": True,
 }
 #: Fields whose mutation is only legal next to another change: the base they are mutated from.
 MUTATION_BASES = {
@@ -59,6 +65,7 @@ MUTATION_BASES = {
     "wgmma": {"smem_stages": 3, "m_warps": 4},  # a shared decode whose every warp multiplies
     "swap_ab": {"smem_stages": 4, "m_warps": 4, "wgmma": True},  # 4 slots: legal both ways
     "cluster": {"smem_stages": 4, "m_warps": 4, "wgmma": True, "swap_ab": True},
+    "stream_k": {"smem_stages": 4, "m_warps": 4, "wgmma": True},
 }
 
 
@@ -70,17 +77,38 @@ def _restore_freeze():
 
 def test_every_kernelspec_field_has_a_mutation():
     assert {f.name for f in dataclasses.fields(KernelSpec)} == set(MUTATIONS)
+    assert {f.name for f in dataclasses.fields(GemmGeometry)} == set(GEOMETRY_MUTATIONS)
+
+
+@pytest.mark.parametrize("field", sorted(GEOMETRY_MUTATIONS))
+def test_each_geometry_field_changes_the_key(field):
+    geometry = dataclasses.replace(BASE.geometry, **MUTATION_BASES.get(field, {}))
+    mutated = dataclasses.replace(geometry, **{field: GEOMETRY_MUTATIONS[field]})
+    base = gemm_spec(BASE.fmt, BASE.bits, geometry)
+    assert kinds.launch_key(gemm_spec(BASE.fmt, BASE.bits, mutated), "sm_90") != kinds.launch_key(
+        base, "sm_90"
+    )
+
+
+def _mutated(field: str, value) -> KernelSpec:
+    """:data:`BASE` with one spec field changed (a decode spec has no geometry)."""
+    also = {"geometry": None} if field == "kind" else {}
+    return dataclasses.replace(BASE, **{field: value}, **also)
+
+
+def _shaped(**changes) -> KernelSpec:
+    """:data:`BASE` with its geometry's fields changed."""
+    return dataclasses.replace(BASE, geometry=dataclasses.replace(BASE.geometry, **changes))
 
 
 @pytest.mark.parametrize("field", sorted(MUTATIONS))
 def test_each_codegen_field_changes_the_key(field):
-    base = dataclasses.replace(BASE, **MUTATION_BASES.get(field, {}))
-    mutated = dataclasses.replace(base, **{field: MUTATIONS[field]})
-    assert kinds.launch_key(mutated, "sm_90") != kinds.launch_key(base, "sm_90")
+    mutated = _mutated(field, MUTATIONS[field])
+    assert kinds.launch_key(mutated, "sm_90") != kinds.launch_key(BASE, "sm_90")
 
 
 def test_equal_specs_give_equal_keys_and_hashes():
-    twin = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
+    twin = KernelSpec("gemm", "mcg", 6, geometry=GemmGeometry(m_tiles=1, n_tiles=2, warps=4))
     assert kinds.launch_key(twin, "sm_90") == kinds.launch_key(BASE, "sm_90")
     assert hash(kinds.launch_key(twin, "sm_90")) == hash(kinds.launch_key(BASE, "sm_90"))
 
@@ -155,12 +183,12 @@ def test_frozen_miss_raises_naming_the_key_and_hit_still_works():
     cache = cc.CompileCache()
     warm = kinds.launch_key(BASE, "sm_90")
     cache.get_or_compile(warm, lambda: "warm")
-    cold = kinds.launch_key(dataclasses.replace(BASE, unroll=3), "sm_90")
+    cold = kinds.launch_key(_shaped(unroll=3), "sm_90")
     built = []
     with cc.frozen():
         assert cc.is_frozen()
         assert cache.get_or_compile(warm, lambda: "rebuilt") == "warm"
-        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: gemm\(.*unroll=3"):
+        with pytest.raises(cc.KernelResolutionFrozen, match=r"frozen: gemm\(.*'unroll', 3"):
             cache.get_or_compile(cold, lambda: built.append(1))
     assert not cc.is_frozen() and built == []
     assert cache.get_or_compile(cold, lambda: "now") == "now"
@@ -169,7 +197,7 @@ def test_frozen_miss_raises_naming_the_key_and_hit_still_works():
 def test_freeze_also_freezes_the_kernel_launch_door():
     cc.freeze()
     with pytest.raises(RuntimeError, match="frozen"):
-        kinds.compiled(dataclasses.replace(BASE, unroll=5), "sm_90")
+        kinds.compiled(_shaped(unroll=5), "sm_90")
     cc.unfreeze()
     assert not cc.is_frozen()
 
@@ -281,12 +309,7 @@ def test_disk_path_is_versioned_and_changes_with_every_key_part(disk, tmp_path, 
     assert path.parent == disk.root / f"v{cc.DISK_FORMAT}" / "gemm" and path.suffix == ".kobj"
     assert path.parent.parent.name == "v1"
     others = [
-        store.path_for(
-            kinds.launch_key(
-                dataclasses.replace(BASE, **{**MUTATION_BASES.get(f, {}), f: v}), "sm_90"
-            )
-        )
-        for f, v in MUTATIONS.items()
+        store.path_for(kinds.launch_key(_mutated(f, v), "sm_90")) for f, v in MUTATIONS.items()
     ]
     others.append(store.path_for(kinds.launch_key(BASE, "sm_120")))
     locked = json.loads(ABI_LOCK_PATH.read_text())["abi_version"]
@@ -348,7 +371,7 @@ def test_entries_are_written_by_rename_and_a_failed_write_is_only_a_warning(disk
     assert dst == disk().path_for(key) and src.parent == dst.parent
     assert src.name.startswith(".tmp-") and not src.exists()
 
-    other = kinds.launch_key(dataclasses.replace(BASE, unroll=4), "sm_90")
+    other = kinds.launch_key(_shaped(unroll=4), "sm_90")
 
     def crash(src, dst):
         raise OSError(28, "No space left on device")
@@ -387,7 +410,7 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
 def test_a_bad_entry_is_discarded_with_a_warning_and_recompiled(disk, how):
     key = kinds.launch_key(BASE, "sm_90")
-    other = kinds.launch_key(dataclasses.replace(BASE, warps=8), "sm_90")
+    other = kinds.launch_key(_shaped(warps=8), "sm_90")
     data, foreign = _entry_bytes(disk, key), _entry_bytes(disk, other)
     path = disk().path_for(key)
     path.write_bytes(CORRUPTIONS[how](data, foreign))
@@ -482,7 +505,7 @@ def test_concurrent_writers_and_readers_never_see_a_torn_entry(disk):
 
 def test_clear_removes_entries_and_dumps_but_nothing_else(disk, capsys):
     for unroll in (1, 2):
-        _entry_bytes(disk, kinds.launch_key(dataclasses.replace(BASE, unroll=unroll), "sm_90"))
+        _entry_bytes(disk, kinds.launch_key(_shaped(unroll=unroll), "sm_90"))
     (disk.root / "dumps" / "123-x").mkdir(parents=True)
     (disk.root / "v0" / "old").mkdir(parents=True)
     (disk.root / "v0" / "old" / "a.kobj").write_bytes(b"old format")
@@ -541,7 +564,8 @@ def test_a_ptx_compile_leaves_the_working_directory_empty(tmp_path, monkeypatch)
 _PROBE = """
 import sys, torch
 from b12x.launch import kinds
-from b12x.launch.specs import KernelSpec
+from b12x.kernels.geometry import GemmGeometry
+from b12x.launch.specs import KernelSpec, gemm_spec
 fn = kinds.compiled(KernelSpec("reduce"), sys.argv[1])
 try:  # CPU tensors: the tvm-ffi contract check answers, naming the kernel's parameters
     fn(torch.zeros(2, 4, 4), torch.zeros(4, 2, dtype=torch.int32))

@@ -193,7 +193,7 @@ def test_shared_decode_plans_match_references(m, bits, compute_dtype):
         m=m, k=k, n=n, bits=bits, codebook="mcg", x_dtype=torch.float16,
         compute_dtype=compute_dtype, device=torch.device("cuda"),
     )  # fmt: skip
-    assert plan.path == "generic" and plan.m_warps > 0, plan.mainloop_reasons
+    assert plan.path == "generic" and plan.geometry.m_warps > 0, plan.mainloop_reasons
     y = trellis_linear(
         x.cuda(), payload.cuda(), suh.cuda(), svh.cuda(), codebook="mcg",
         compute_dtype=compute_dtype,

@@ -21,7 +21,7 @@ import torch
 
 from b12x import support
 from b12x.formats import FORMATS
-from b12x.launch.specs import KernelSpec
+from b12x.launch.specs import KernelSpec, gemm_spec
 from b12x.ops.dense import mainloop as L
 from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.ops.dense.tiles import tensor_core_takes_decoder
@@ -135,12 +135,7 @@ def _geometry_spec(geometry, codebook: str, bits: int, *, bf16: bool) -> KernelS
     """The GEMM specialisation a plan of ``geometry`` (a mainloop table value) launches at
     ``bits``: its slots at that rate, stream-K or not, as ``plan_dense`` builds it."""
     g = L.slots_for(bits, geometry)
-    return KernelSpec(
-        "gemm_stream_k" if g.stream_k else "gemm", codebook, bits, bf16=bf16, m_tiles=g.m_tiles,
-        n_tiles=g.n_tiles, warps=g.warps, write_partials=g.split_k > 1, m_warps=g.m_warps,
-        shared_rows=g.shared_rows, smem_stages=g.smem_stages, wgmma=g.wgmma, swap_ab=g.swap_ab,
-        cluster=g.cluster,
-    )  # fmt: skip
+    return gemm_spec(codebook, bits, g.geometry(), bf16=bf16, write_partials=g.split_k > 1)
 
 
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
@@ -184,8 +179,8 @@ def _profiled_kernels() -> str:
 
 
 def _loop(m_warps, rows, stages, *, wgmma=False, swap_ab=False, cluster=1) -> dict:
-    """The mainloop keywords a plan passes to ``trellis_matmul`` (besides the stream-K flags
-    buffer): every ``wgmma`` row runs on the stream-K schedule."""
+    """The mainloop fields of the geometry a plan launches: every ``wgmma`` row runs on the
+    stream-K schedule."""
     return dict(m_warps=m_warps, shared_rows=rows, smem_stages=stages, wgmma=wgmma,
                 swap_ab=swap_ab, cluster=cluster, stream_k=wgmma)  # fmt: skip
 
@@ -215,14 +210,14 @@ def test_the_planned_mainloop_is_the_launched_one(fake_kernels, m, mainloop, til
     x = torch.randn(m, 8192, generator=torch.Generator().manual_seed(m)).to(f16)
     trellis = torch.zeros(512, 64, 64, dtype=torch.int16)
     run_dense(bound, x, trellis, torch.ones(8192, dtype=f16), torch.ones(1024, dtype=f16))
-    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
-    (launched,) = fake_kernels.mainloops
-    flags = launched.pop("flags")
-    assert launched == mainloop
-    assert flags is (buffers["stream_k_flags"] if plan.stream_k else None)
-    assert (gemm[5], gemm[6], gemm[4]) == ((plan.m_tiles, plan.n_tiles), plan.warps, plan.split_k)
+    (gemm,) = [c for c in fake_kernels.calls if c[0] == "gemm"]
+    step, flags = gemm[4], gemm[5]
+    g = step.geometry
+    assert {name: getattr(g, name) for name in mainloop} == mainloop
+    assert flags is (buffers["stream_k_flags"] if g.stream_k else None)
+    assert step is plan.launches.gemm and g == plan.geometry and step.splits == plan.split_k
     if tiles is not None:
-        assert (gemm[5], gemm[6], gemm[4]) == (tiles, warps, split)
+        assert ((g.m_tiles, g.n_tiles), g.warps, step.splits) == (tiles, warps, split)
 
 
 def test_the_gpu_default_job_judges_the_tensor_core_rows():
@@ -239,7 +234,7 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
         for c in runnable
         if c.variant.op == "dense"
     }
-    tensor = [c for c in runnable if id(c) in plans and plans[id(c)].wgmma]
+    tensor = [c for c in runnable if id(c) in plans and plans[id(c)].geometry.wgmma]
     rows = {plans[id(c)].mainloop_reasons[-1] for c in tensor}
     assert rows == {"tensor_core_deep: selected", "tensor_swap: selected"}, rows
     assert len(tensor) >= 40, len(tensor)
@@ -249,9 +244,9 @@ def test_the_gpu_default_job_judges_the_tensor_core_rows():
     assert {c.variant.bits for c in tensor} == set(range(1, 9))
     assert {33 <= c.m <= 256 for c in tensor} == {True}
     # both swap-AB geometries (128 tokens x 256 weight rows, 256 x 128), with partial token tiles
-    swap = [plans[id(c)] for c in tensor if plans[id(c)].swap_ab]
-    assert {(p.m_tiles, p.n_tiles) for p in swap} == {(8, 2), (16, 1)}
-    assert {c.m % 128 for c in tensor if plans[id(c)].swap_ab} - {0}, "no partial token tile"
+    swap = [plans[id(c)].geometry for c in tensor if plans[id(c)].geometry.swap_ab]
+    assert {(g.m_tiles, g.n_tiles) for g in swap} == {(8, 2), (16, 1)}
+    assert {c.m % 128 for c in tensor if plans[id(c)].geometry.swap_ab} - {0}, "no partial tile"
 
 
 def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels):
@@ -261,7 +256,7 @@ def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels):
     split-K request keeps the split (and the plain kernel)."""
     f16 = torch.float16
     plan = plan_dense(device=H200, m=64, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
-    assert plan.stream_k and plan.split_k == 1
+    assert plan.geometry.stream_k and plan.split_k == 1
     assert [s.kind for s in plan.kernel_specs if "gemm" in s.kind] == ["gemm_stream_k"]
     specs = {b.name: b for b in plan.buffers}
     assert specs["stream_k_flags"].shape == (128,) and specs["stream_k_flags"].zeroed
@@ -271,16 +266,15 @@ def test_a_stream_k_row_plans_its_scratch_and_launches_with_it(fake_kernels):
     x = torch.randn(64, 8192, generator=torch.Generator().manual_seed(1)).to(f16)
     trellis = torch.zeros(512, 64, 64, dtype=torch.int16)
     run_dense(bound, x, trellis, torch.ones(8192, dtype=f16), torch.ones(1024, dtype=f16))
-    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
+    (gemm,) = [c for c in fake_kernels.calls if c[0] == "gemm"]
     assert gemm[3] is buffers["stream_k_partials"]
-    (launched,) = fake_kernels.mainloops
-    assert launched["stream_k"] is True and launched["flags"] is buffers["stream_k_flags"]
+    assert gemm[4].geometry.stream_k is True and gemm[5] is buffers["stream_k_flags"]
     split = plan_dense(device=H200, m=64, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16,
                        split_k=2)  # fmt: skip
-    assert not split.stream_k and split.split_k == 2
+    assert not split.geometry.stream_k and split.split_k == 2
     assert not {"stream_k_flags", "stream_k_partials"} & {b.name for b in split.buffers}
     pair = plan_dense(device=H200, m=256, k=8192, n=1024, bits=4, codebook="mcg", x_dtype=f16)
-    assert pair.stream_k and pair.cluster == 2  # 4 pair tiles x 32 units over 66 CTA pairs
+    assert pair.geometry.stream_k and pair.geometry.cluster == 2  # 4 pair tiles x 32 units
     assert {b.name: b.shape for b in pair.buffers}["stream_k_flags"] == (132,)
 
 
@@ -295,9 +289,10 @@ def test_a_decoder_that_spills_in_the_tensor_core_mainloops_keeps_the_shared_dec
         d3l = plan_dense(device=H200, m=m, k=8192, n=28672, bits=6, codebook="sqg_fp16",
                          x_dtype=f16)  # fmt: skip
         mcg = plan_dense(device=H200, m=m, k=8192, n=28672, bits=6, codebook="mcg", x_dtype=f16)
-        assert mcg.wgmma and mcg.stream_k, m
-        assert (d3l.path, d3l.wgmma, d3l.stream_k) == ("generic", False, False), m
-        assert (d3l.m_tiles, d3l.n_tiles, d3l.warps, d3l.m_warps) == (2, 1, 8, 4), m  # WIDE
+        assert mcg.geometry.wgmma and mcg.geometry.stream_k, m
+        g = d3l.geometry
+        assert (d3l.path, g.wgmma, g.stream_k) == ("generic", False, False), m
+        assert (g.m_tiles, g.n_tiles, g.warps, g.m_warps) == (2, 1, 8, 4), m  # WIDE
         assert d3l.mainloop_reasons[-1] == "shared_wide: selected", d3l.mainloop_reasons
     for m in (129, 256):
         assert plan_dense(device=H200, m=m, k=8192, n=28672, bits=5, codebook="sqg_fp16",

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from b12x.kernels import dependent_launch
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.moe_boundary import MoeBoundarySpec
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import kinds
@@ -32,20 +33,25 @@ from b12x.support import compile_specialization
 #: One spec per kernel class (every kind of the registry; both MoE GEMMs, all four boundaries).
 SPECS = (
     KernelSpec("decode", "mcg", 4),
-    KernelSpec("gemm", "sqg_e4m3", 3, m_tiles=2, n_tiles=2, write_partials=True),
+    KernelSpec(
+        "gemm", "sqg_e4m3", 3, geometry=GemmGeometry(m_tiles=2, n_tiles=2), write_partials=True
+    ),
     KernelSpec(
         "gemm_stream_k",
         "mcg",
         4,
-        m_tiles=16,
-        n_tiles=1,
-        warps=8,
-        m_warps=8,
-        shared_rows=4,
-        smem_stages=4,
-        wgmma=True,
-        swap_ab=True,
-        cluster=2,
+        geometry=GemmGeometry(
+            m_tiles=16,
+            n_tiles=1,
+            warps=8,
+            m_warps=8,
+            shared_rows=4,
+            smem_stages=4,
+            wgmma=True,
+            swap_ab=True,
+            cluster=2,
+            stream_k=True,
+        ),
     ),  # fmt: skip
     KernelSpec("reduce", bf16=True),
     KernelSpec("rotate_in"),

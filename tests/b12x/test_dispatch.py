@@ -255,23 +255,22 @@ def test_custom_op_launches_the_table_path(monkeypatch, m, launched):
         assert kw.pop("device") == torch.device("cpu")
         return plan_dense(device=h200, **kw)
 
-    def fused(a, trellis, codebook, *, split_k, out, scratch=None, tiles, warps, **mainloop):
+    def fused(step, *, a, payload, out, scratch, flags):
         seen.append("fused")
         out.zero_()
 
-    def decode(trellis, codebook, *, out):
+    def decode(spec, payload, out):
         seen.append("decode")
         out.zero_()
 
-    def rotate(x, s, *, out_dtype, out):
+    def rotate(spec, x, s, out):
         out.copy_(x)
 
     host = plan_mod.launchers
     monkeypatch.setattr(ops, "plan_dense", on_h200)
-    monkeypatch.setattr(host, "rotate_input", rotate)
-    monkeypatch.setattr(host, "rotate_output", rotate)
-    monkeypatch.setattr(host, "trellis_matmul", fused)
-    monkeypatch.setattr(host, "decode_weight", decode)
+    monkeypatch.setattr(host, "launch_rotation", rotate)
+    monkeypatch.setattr(host, "launch_gemm", fused)
+    monkeypatch.setattr(host, "launch_decode", decode)
     x = torch.zeros(m, k, dtype=torch.float16)
     trellis = torch.zeros(k // 16, n // 16, 64, dtype=torch.int16)
     ones = torch.ones(k, dtype=torch.float16)
@@ -288,21 +287,16 @@ class _InPlaceKernels:
     def __init__(self):
         self.calls = []
 
-    def rotate_input(self, x, suh, *, out_dtype, out):
-        self.calls.append("rotate_input")
+    def launch_rotation(self, spec, x, scale, out):
+        self.calls.append("rotate_input" if spec.kind == "rotate_in" else "rotate_output")
         out.copy_(x)
-        out.mul_(suh)
+        out.mul_(scale)
 
-    def rotate_output(self, y, svh, *, out_dtype, out):
-        self.calls.append("rotate_output")
-        out.copy_(y)
-        out.mul_(svh)
-
-    def decode_weight(self, trellis, codebook, *, out):
-        self.calls.append(("decode_weight", codebook, out.data_ptr()))
+    def launch_decode(self, spec, payload, out):
+        self.calls.append(("decode_weight", spec.codebook, out.data_ptr()))
         out.fill_(0.25)
 
-    def trellis_matmul(self, *args, **kwargs):
+    def launch_gemm(self, *args, **kwargs):
         raise AssertionError("the decode_matmul path launched the fused GEMM")
 
 
@@ -323,7 +317,7 @@ def test_decode_matmul_at_m_257_is_planned_and_capture_safe(monkeypatch, compute
     from oracle.run.graph_protocol import ConsumerFixture, GraphProtocol, SimulatedBackend
 
     fake = _InPlaceKernels()
-    for name in ("rotate_input", "rotate_output", "decode_weight", "trellis_matmul"):
+    for name in ("launch_rotation", "launch_decode", "launch_gemm"):
         monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
     backend = SimulatedBackend()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: backend.capturing)

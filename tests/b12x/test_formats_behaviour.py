@@ -200,18 +200,20 @@ def test_device_decode_is_the_formats_own():
 
 
 def test_kernel_spec_holds_the_format_object():
+    from b12x.kernels.geometry import GemmGeometry
     from b12x.launch.kinds import launch_key
     from b12x.launch.specs import KernelSpec
 
     fmt = FORMATS["sqg_fp16"]
-    by_object = KernelSpec("gemm", fmt, 5, bf16=True)
-    by_name = KernelSpec("gemm", "sqg_fp16", 5, bf16=True)  # external callers: resolved once
+    geometry = GemmGeometry()
+    by_object = KernelSpec("gemm", fmt, 5, bf16=True, geometry=geometry)
+    by_name = KernelSpec("gemm", "sqg_fp16", 5, bf16=True, geometry=geometry)  # resolved once
     assert by_object.fmt is fmt and by_name.fmt is fmt and by_object == by_name
     assert by_object.codebook == "sqg_fp16"
     assert "fmt" in {f for f, _ in launch_key(by_object, "sm_90").codegen}
     assert KernelSpec("reduce").fmt is None
     with pytest.raises(ValueError, match="codebook"):
-        KernelSpec("gemm", "no_such_codebook", 4)
+        KernelSpec("gemm", "no_such_codebook", 4, geometry=geometry)
 
 
 def test_declared_and_planned_specs_carry_registry_objects():

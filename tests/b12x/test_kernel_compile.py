@@ -18,8 +18,9 @@ import torch
 import b12x.ops.dense.custom_op  # noqa: F401 - registers torch.ops.b12x.trellis_dense_linear
 from b12x import support
 from b12x.formats import FORMATS
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import host
-from b12x.launch.specs import KernelSpec
+from b12x.launch.specs import KernelSpec, gemm_spec
 
 
 @functools.cache
@@ -62,7 +63,7 @@ def test_every_specialization_compiles(arch, request):
 def test_decoder_families_emit_their_instructions():
     ptx = {
         name: _report(
-            KernelSpec("gemm", name, fmt.legal_bits[0], m_tiles=1, n_tiles=2), "sm_90"
+            gemm_spec(name, fmt.legal_bits[0], GemmGeometry(m_tiles=1, n_tiles=2)), "sm_90"
         ).ptx
         for name, fmt in FORMATS.items()
     }
@@ -103,7 +104,9 @@ def test_kernel_spec_rejects_incomplete_specs():
     with pytest.raises(ValueError, match="kind"):
         KernelSpec("conv")
     with pytest.raises(ValueError, match="codebook"):
-        KernelSpec("gemm", "mcg")
+        KernelSpec("gemm", "mcg", geometry=GemmGeometry())
+    with pytest.raises(ValueError, match="geometry"):
+        KernelSpec("gemm", "mcg", 4)
 
 
 def test_compile_specialization_rejects_bad_arguments():
@@ -184,14 +187,16 @@ def test_host_wrappers_reject_bad_inputs():
 # --- the opt-in cp.async shared-memory ring of the dense GEMM (smem_stages) ------------------
 
 RING_SPECS = [
-    KernelSpec("gemm", "mcg", bits, m_tiles=1, n_tiles=4, smem_stages=stages)
+    gemm_spec("mcg", bits, GemmGeometry(m_tiles=1, n_tiles=4, smem_stages=stages))
     for bits in (4, 6)
     for stages in (2, 3)
 ]
 
 
 @pytest.mark.parametrize("arch", support.ARCHES)
-@pytest.mark.parametrize("spec", RING_SPECS, ids=lambda s: f"K{s.bits}-stages{s.smem_stages}")
+@pytest.mark.parametrize(
+    "spec", RING_SPECS, ids=lambda s: f"K{s.bits}-stages{s.geometry.smem_stages}"
+)
 def test_smem_ring_mainloop_compiles_with_cp_async(spec, arch):
     report = _report(spec, arch)
     _check_report(spec, arch, report)
@@ -202,8 +207,9 @@ def test_smem_ring_mainloop_compiles_with_cp_async(spec, arch):
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
     assert "cp.async.commit_group" in ptx
     # One wait per K16 row of the loop body (stages rows), plus the drain (a wait_group 0).
-    steady = ptx.count(f"cp.async.wait_group {spec.smem_stages - 2};")
-    assert steady >= spec.smem_stages + (spec.smem_stages == 2), steady
+    stages = spec.geometry.smem_stages
+    steady = ptx.count(f"cp.async.wait_group {stages - 2};")
+    assert steady >= stages + (stages == 2), steady
     assert "cp.async.wait_group 0;" in ptx
     assert "bar.warp.sync" in ptx
     # Every ring word and A word comes from shared memory: MCG reads no table, so no global
@@ -213,7 +219,7 @@ def test_smem_ring_mainloop_compiles_with_cp_async(spec, arch):
 
 
 def test_register_mainloop_has_no_cp_async():
-    ptx = _report(KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=4), "sm_90").ptx
+    ptx = _report(gemm_spec("mcg", 4, GemmGeometry(m_tiles=1, n_tiles=4)), "sm_90").ptx
     assert "cp.async" not in ptx and "ld.shared" not in ptx
     assert "ld.global.nc.u32" in ptx
 
@@ -221,8 +227,9 @@ def test_register_mainloop_has_no_cp_async():
 def test_smem_ring_partial_chunk_round_is_predicated():
     # K6 x 4 N16 tiles: 48 chunks of 16 B per warp and row, so the second copy round is issued
     # by lanes 0..15 only (a PTX predicate); K4 x 4 tiles is exactly one chunk per lane.
-    k6 = _report(KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=4, smem_stages=2), "sm_90")
-    k4 = _report(KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=4, smem_stages=2), "sm_90")
+    ring = GemmGeometry(m_tiles=1, n_tiles=4, smem_stages=2)
+    k6 = _report(gemm_spec("mcg", 6, ring), "sm_90")
+    k4 = _report(gemm_spec("mcg", 4, ring), "sm_90")
     assert "@p cp.async.cg" in k6.ptx
     assert "@p cp.async.cg" not in k4.ptx
 
@@ -240,8 +247,9 @@ def test_ring_smem_bytes_budget():
     assert largest == 4 * 4 * (2 * 256 + 4 * 512) == 40960 <= SMEM_LIMIT
     for spec in support.kernel_specializations():
         if spec.kind == "gemm":
+            g = spec.geometry
             need = ring_smem_bytes(
-                spec.bits, m_tiles=spec.m_tiles, n_tiles=spec.n_tiles, warps=spec.warps, stages=4
+                spec.bits, m_tiles=g.m_tiles, n_tiles=g.n_tiles, warps=g.warps, stages=4
             )
             assert need <= SMEM_LIMIT, spec
 
@@ -254,26 +262,14 @@ def test_smem_stages_rejected_before_launch():
     for bad in (1, 5, -1):
         with pytest.raises(ValueError, match="smem_stages"):
             DenseTrellisGemmKernel(
-                fmt,
-                4,
-                bf16=False,
-                m_tiles=1,
-                n_tiles=4,
-                warps=4,
+                fmt, 4, GemmGeometry(m_tiles=1, n_tiles=4, smem_stages=bad), bf16=False,
                 write_partials=False,
-                smem_stages=bad,
-            )
+            )  # fmt: skip
     with pytest.raises(ValueError, match="smem_stages"):
         DenseTrellisGemmKernel(
-            fmt,
-            4,
-            bf16=False,
-            m_tiles=4,
-            n_tiles=16,
-            warps=8,
+            fmt, 4, GemmGeometry(m_tiles=4, n_tiles=16, warps=8, smem_stages=4), bf16=False,
             write_partials=False,
-            smem_stages=4,
-        )
+        )  # fmt: skip
     payload, _, _ = _layer()
     a = torch.zeros(1, 256, dtype=torch.float16)
     for bad in (1, 5, True):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.moe_boundary import MoeBoundarySpec
 from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import kinds
@@ -30,18 +31,21 @@ B12X = Path(kinds.__file__).resolve().parents[1]
 #: One spec per kernel class the builders can make (both MoE GEMMs, all three boundaries).
 SAMPLE_SPECS = (
     KernelSpec("decode", "mcg", 4),
-    KernelSpec("gemm", "sqg_e4m3", 3, m_tiles=2, n_tiles=2),
+    KernelSpec("gemm", "sqg_e4m3", 3, geometry=GemmGeometry(m_tiles=2, n_tiles=2)),
     KernelSpec(
         "gemm_stream_k",
         "mcg",
         4,
-        m_tiles=1,
-        n_tiles=2,
-        warps=8,
-        m_warps=8,
-        shared_rows=4,
-        smem_stages=4,
-        wgmma=True,
+        geometry=GemmGeometry(
+            m_tiles=1,
+            n_tiles=2,
+            warps=8,
+            m_warps=8,
+            shared_rows=4,
+            smem_stages=4,
+            wgmma=True,
+            stream_k=True,
+        ),
     ),  # fmt: skip
     KernelSpec("reduce", bf16=True),
     KernelSpec("rotate_in"),

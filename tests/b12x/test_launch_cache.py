@@ -21,6 +21,7 @@ import torch
 
 from b12x.abi import ABI_LOCK_PATH
 from b12x.formats import resolve_format
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import kinds
 from b12x.launch import specs as kernel_specs
 from b12x.launch.specs import KernelSpec
@@ -28,7 +29,7 @@ from b12x.runtime import cache_keys
 from b12x.runtime import compile_cache as cc
 
 #: A dense GEMM spec for the kind-door tests.
-SPEC = KernelSpec("gemm", "mcg", 6, m_tiles=1, n_tiles=2, warps=4)
+SPEC = KernelSpec("gemm", "mcg", 6, geometry=GemmGeometry(m_tiles=1, n_tiles=2, warps=4))
 
 
 #: Modules a key's sources must hold (the registry derives the whole list from imports).
@@ -135,18 +136,8 @@ def test_launch_path_compiles_once_into_the_runtime_cache(launch_path):
         "bf16": False,
         "in_bf16": False,
         "out_bf16": False,
-        "m_tiles": 1,
-        "n_tiles": 1,
-        "warps": 4,
+        "geometry": None,  # a GEMM's launch shape (b12x.kernels.geometry); a decode has none
         "write_partials": False,
-        "unroll": 1,
-        "depth": 1,
-        "smem_stages": 0,
-        "m_warps": 0,
-        "shared_rows": 2,
-        "wgmma": False,
-        "swap_ab": False,
-        "cluster": 1,
     }
     assert "--gpu-arch sm_90" in builds[0][1] and "--enable-tvm-ffi" in builds[0][1]
     fn = cache.lookup(key)

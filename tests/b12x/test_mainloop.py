@@ -126,7 +126,7 @@ def _compile_dense(arch: str) -> str:
     (spec,) = [
         s
         for s in support.representative_specializations()
-        if s.kind == "gemm" and s.smem_stages == 0
+        if s.kind == "gemm" and s.geometry.smem_stages == 0
     ][:1]
     return support.compile_specialization(spec, arch).ptx
 

@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch.specs import KernelSpec
 from b12x.ops.dense import allocate_dense_buffers, bind_dense, plan_dense, run_dense
 from b12x.ops.dense import plan as plan_mod
@@ -158,10 +159,12 @@ def test_plan_rejects_bad_arguments_naming_them():
 
 def test_pinned_tile_sets_the_kernel_geometry():
     plan = _plan(device=H200, m=129, tile=[64, 128, 128])
-    assert (plan.tile.tile_k, plan.tile.tile_n, plan.warps, plan.n_tiles) == (64, 128, 4, 2)
+    g = plan.geometry
+    assert (plan.tile.tile_k, plan.tile.tile_n, g.warps, g.n_tiles) == (64, 128, 4, 2)
     gemm = [s for s in plan.kernel_specs if s.kind == "gemm"]
+    geometry = GemmGeometry(m_tiles=4, n_tiles=2, warps=4)
     assert gemm == [
-        KernelSpec("gemm", "mcg", 6, m_tiles=4, n_tiles=2, warps=4, write_partials=plan.split_k > 1)
+        KernelSpec("gemm", "mcg", 6, geometry=geometry, write_partials=plan.split_k > 1)
     ]
 
 
@@ -336,12 +339,13 @@ def test_k6_run_launches_into_caller_buffers(fake_kernels):
     out = _run(bound, inputs)
     ptr = {name: t.data_ptr() for name, t in buffers.items()}
     kinds = [c[0] for c in fake_kernels.calls]
-    assert kinds == ["rotate_input", "trellis_matmul", "rotate_output"]
+    assert kinds == ["rotate_input", "gemm", "rotate_output"]
     rot_in, gemm, rot_out = fake_kernels.calls
     # The input rotation reads the caller's bf16 x (it rounds to fp16 itself) ...
     assert rot_in[1] is inputs["x"] and rot_in[2].data_ptr() == ptr["rotated_f16"]
     assert (gemm[1].data_ptr(), gemm[2].data_ptr()) == (ptr["rotated_f16"], ptr["output_f16"])
-    assert gemm[3] is None and gemm[4] == 1  # no split-K scratch on the K6 path
+    assert gemm[3] is None and gemm[4].splits == 1  # no split-K scratch on the K6 path
+    assert gemm[4] is plan.launches.gemm  # the plan's step, launched as built
     # ... and, without a bias, the output rotation writes the bf16 output itself (no copy).
     assert rot_out[1].data_ptr() == ptr["output_f16"] and rot_out[2].data_ptr() == ptr["output"]
     assert out.data_ptr() == ptr["output"]
@@ -366,15 +370,15 @@ def test_generic_run_uses_c_tmp_and_converting_rotations(fake_kernels):
     buffers = allocate_dense_buffers(plan, "cpu")
     bound = bind_dense(plan, **buffers)
     _run(bound, _inputs(x_dtype=BF16))
-    gemm = next(c for c in fake_kernels.calls if c[0] == "trellis_matmul")
+    gemm = next(c for c in fake_kernels.calls if c[0] == "gemm")
     assert gemm[1].data_ptr() == buffers["rotated_compute"].data_ptr()
     assert gemm[2].data_ptr() == buffers["gemm_output"].data_ptr()
-    assert gemm[3] is buffers["c_tmp"] and gemm[4] == plan.split_k == 2
-    assert (gemm[5], gemm[6]) == ((plan.m_tiles, plan.n_tiles), plan.warps)
+    assert gemm[3] is buffers["c_tmp"] and gemm[4].splits == plan.split_k == 2
+    assert gemm[4].geometry == plan.geometry and gemm[4].reduce is not None
     rot_in, rot_out = fake_kernels.calls[0], fake_kernels.calls[-1]
     # The rotations convert on their own: bf16 x in, the bf16 operand out, the bf16 GEMM output
     # in, the bf16 output out (no fp16 staging and no copy).
-    assert [c[0] for c in fake_kernels.calls] == ["rotate_input", "trellis_matmul", "rotate_output"]
+    assert [c[0] for c in fake_kernels.calls] == ["rotate_input", "gemm", "rotate_output"]
     assert rot_in[2].data_ptr() == buffers["rotated_compute"].data_ptr()
     assert rot_out[1].data_ptr() == buffers["gemm_output"].data_ptr()
     assert rot_out[2].data_ptr() == buffers["output"].data_ptr()
@@ -398,7 +402,7 @@ def test_external_h128_callback_gets_the_contract_arguments(fake_kernels):
     assert seen[0][2] is inputs["suh"] and seen[0][3:] == (None, 1.0)
     assert seen[1][:2] == (buffers["gemm_output"].data_ptr(), buffers["output"].data_ptr())
     assert seen[1][2] is None and seen[1][3] is inputs["svh"] and seen[1][4] == 1.0
-    assert [c[0] for c in fake_kernels.calls] == ["trellis_matmul"]
+    assert [c[0] for c in fake_kernels.calls] == ["gemm"]
 
 
 def test_dense_op_hands_its_h128_callback_to_every_run(fake_kernels):
@@ -417,7 +421,7 @@ def test_dense_op_hands_its_h128_callback_to_every_run(fake_kernels):
     for _ in range(2):
         op.run(bound, inputs)
     assert seen == [(True, False, 1.0), (False, True, 1.0)] * 2
-    assert [c[0] for c in fake_kernels.calls] == ["trellis_matmul"] * 2
+    assert [c[0] for c in fake_kernels.calls] == ["gemm"] * 2
     with pytest.raises(TypeError, match="hadamard_128"):
         DenseOp(H200, hadamard_128=42)
     with pytest.raises(ValueError, match="external_rotation"):
@@ -525,10 +529,10 @@ def test_cpu_protocol_generic_with_placeholder_fails_naming_the_buffer(simulated
 def test_cpu_protocol_catches_an_allocating_run(simulated, monkeypatch):
     """Mutant: a run that allocates its own rotated buffer is caught (the mutation gate)."""
 
-    def allocating_rotate(x, suh, *, out_dtype, out):
-        out.copy_(x * suh)  # x * suh allocates a fresh tensor
+    def allocating_rotate(spec, x, scale, out):
+        out.copy_(x * scale)  # x * scale allocates a fresh tensor
 
-    monkeypatch.setattr(plan_mod.launchers, "rotate_input", allocating_rotate)
+    monkeypatch.setattr(plan_mod.launchers, "launch_rotation", allocating_rotate)
     problem = dict(SMALL, x_dtype=F16)
     op = DenseOp(RTX)
     fixture = _consumer(op.plan(problem), "cpu", placeholders={})

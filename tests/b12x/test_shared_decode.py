@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from b12x import support
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec
 
@@ -65,9 +66,11 @@ def test_bad_geometry_refused_by_spec_launcher_and_kernel(change, field):
 
     geo = {**HEADLINE, **change}
     with pytest.raises(ValueError, match=field):
-        KernelSpec("gemm", "mcg", 4, **geo)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(**geo))
     with pytest.raises(ValueError, match=field):
-        DenseTrellisGemmKernel(resolve_format("mcg", 4), 4, bf16=True, write_partials=False, **geo)
+        DenseTrellisGemmKernel(
+            resolve_format("mcg", 4), 4, GemmGeometry(**geo), bf16=True, write_partials=False
+        )
     # the launcher refuses before it looks at a device (CPU tensors here)
     a = torch.zeros(16, 256, dtype=torch.bfloat16)
     payload = torch.zeros(16, 8, 64, dtype=torch.int16)
@@ -85,13 +88,16 @@ def test_oversized_layout_refused():
     # 2 x 2 tiles per warp, 2 rows per slot, 3 slots: 68 KB, past the 48 KB a launch gets
     with pytest.raises(ValueError, match="69632 B of shared memory"):
         DenseTrellisGemmKernel(
-            resolve_format("mcg", 4), 4, bf16=True, write_partials=False,
-            **{**HEADLINE, "n_tiles": 2},
-        )  # fmt: skip
+            resolve_format("mcg", 4),
+            4,
+            GemmGeometry(**{**HEADLINE, "n_tiles": 2}),
+            bf16=True,
+            write_partials=False,
+        )
 
 
 def test_compiled_shape():
-    spec = KernelSpec("gemm", "mcg", 4, bf16=True, **HEADLINE)
+    spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(**HEADLINE), bf16=True)
     report = support.compile_specialization(spec, "sm_90")
     assert report.spill_bytes == 0, report.spill_bytes
     assert report.registers is not None and report.registers <= 128  # 2 CTAs of 256 per SM

@@ -147,8 +147,8 @@ def test_plan_dense_asks_the_table(monkeypatch):
             "k": 8192,
             "n": 28672,
             "m_tiles": 1,
-            "n_tiles": plan.n_tiles,
-            "warps": plan.warps,
+            "n_tiles": plan.geometry.n_tiles,
+            "warps": plan.geometry.warps,
             "sm_count": 132,
         }
     ]

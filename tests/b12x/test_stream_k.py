@@ -3,6 +3,8 @@ and its compile. The GPU half is ``tests/b12x/test_dense_stream_k_gpu.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,14 +12,14 @@ from hypothesis import strategies as st
 
 from b12x.kernels.stream_k_schedule import head_owner, segments, stream_k_range, stream_k_units
 from b12x.launch import host
-from b12x.launch.specs import KernelSpec
+from b12x.launch.specs import KernelSpec, gemm_spec
 from b12x.ops.dense import mainloop as mainloop_table
 from oracle.pytest_plugin import scaled_examples
 
 DEEP = mainloop_table.TENSOR_DEEP
 DEEP_GEOMETRY = dict(
-    m_tiles=DEEP.m_tiles, n_tiles=DEEP.n_tiles, warps=DEEP.warps, m_warps=DEEP.m_warps,
-    shared_rows=DEEP.shared_rows, smem_stages=DEEP.smem_stages, wgmma=True,
+    warps=DEEP.warps, m_warps=DEEP.m_warps, shared_rows=DEEP.shared_rows,
+    smem_stages=DEEP.smem_stages, wgmma=True,
 )  # fmt: skip
 
 
@@ -72,7 +74,7 @@ def test_the_ranges_are_even_and_head_owner_inverts_them():
 def test_the_deep_row_at_m64_runs_0_87_of_a_tile_per_sm():
     """The case this kernel exists for (8192 x 28672, M = 64, 132 SMs): 112 tiles of 32 units
     over 132 CTAs, at most 28 units (0.875 of a tile) each instead of 32."""
-    spec = KernelSpec("gemm", "mcg", 4, **DEEP_GEOMETRY)
+    spec = gemm_spec("mcg", 4, DEEP.geometry())
     ctas = host.stream_k_ctas(spec, 64, 8192, 28672, 132)
     assert ctas == 132
     total = 112 * 32
@@ -87,10 +89,12 @@ def test_segments_refuses_more_ctas_than_units():
 
 def test_spec_refuses_what_stream_k_does_not_run():
     no_wgmma = {"wgmma": False, "m_warps": 4, "smem_stages": 3, "shared_rows": 2}
+    with pytest.raises(ValueError, match="stream_k: the stream-K schedule runs a wgmma"):
+        dataclasses.replace(DEEP.geometry(), **no_wgmma)
+    with pytest.raises(ValueError, match="write_partials"):
+        KernelSpec("gemm_stream_k", "mcg", 4, geometry=DEEP.geometry(), write_partials=True)
     with pytest.raises(ValueError, match="gemm_stream_k"):
-        KernelSpec("gemm_stream_k", "mcg", 4, **{**DEEP_GEOMETRY, **no_wgmma})
-    with pytest.raises(ValueError, match="gemm_stream_k"):
-        KernelSpec("gemm_stream_k", "mcg", 4, write_partials=True, **DEEP_GEOMETRY)
+        KernelSpec("gemm", "mcg", 4, geometry=DEEP.geometry())
 
 
 @pytest.mark.parametrize(
@@ -119,7 +123,7 @@ def test_the_flags_set_the_launched_ctas(monkeypatch):
     monkeypatch.setattr(host, "_lut_addr", lambda fmt, device: 0)
     a = torch.zeros(64, 1280, dtype=torch.bfloat16)
     payload = torch.zeros(80, 32, 64, dtype=torch.int16)  # 2 tiles x 5 units
-    geometry = {k: v for k, v in DEEP_GEOMETRY.items() if k not in ("m_tiles", "n_tiles")}
+    geometry = DEEP_GEOMETRY
     for slots, ctas in [(7, 7), (132, 10)]:
         flags = torch.zeros(slots, dtype=torch.int32)
         scratch = torch.zeros(132 * 128 * 256)
@@ -141,7 +145,7 @@ def test_the_32_bit_guard_refuses_only_what_would_overflow(monkeypatch):
     monkeypatch.setattr(host, "_kernel", lambda spec, device: lambda *a: launched.append(a))
     monkeypatch.setattr(host, "_check_tensor", lambda *a, **k: None)
     monkeypatch.setattr(host, "_lut_addr", lambda fmt, device: 0)
-    geometry = {k: v for k, v in DEEP_GEOMETRY.items() if k not in ("m_tiles", "n_tiles")}
+    geometry = DEEP_GEOMETRY
 
     def run(m, k, n):
         a = torch.empty(m, k, dtype=torch.bfloat16, device="meta")

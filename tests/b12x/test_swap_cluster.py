@@ -17,6 +17,7 @@ import re
 import pytest
 import torch
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.shared_layout import (
     SWAP_CLUSTERS,
     TOKEN_TILE_ALIGN,
@@ -81,12 +82,15 @@ def test_bad_cluster_refused_by_spec_launcher_and_kernel(geometry, field):
             stages=geo["smem_stages"], cluster=geo["cluster"],
         )  # fmt: skip
     with pytest.raises(ValueError, match=field):
-        KernelSpec("gemm", "mcg", 4, wgmma=True, swap_ab=True, **geo)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, swap_ab=True, **geo))
     with pytest.raises(ValueError, match=field):
         DenseTrellisGemmKernel(
-            resolve_format("mcg", 4), 4, bf16=True, write_partials=False, wgmma=True,
-            swap_ab=True, **geo,
-        )  # fmt: skip
+            resolve_format("mcg", 4),
+            4,
+            GemmGeometry(wgmma=True, swap_ab=True, **geo),
+            bf16=True,
+            write_partials=False,
+        )
     a = torch.zeros(16, 256, dtype=torch.bfloat16)  # CPU tensors: refused before any device
     payload = torch.zeros(16, 32, 64, dtype=torch.int16)
     with pytest.raises(ValueError, match=field):
@@ -100,8 +104,14 @@ def test_bad_cluster_refused_by_spec_launcher_and_kernel(geometry, field):
 def test_cluster_needs_the_swap_ab_mainloop():
     assert SWAP_CLUSTERS == (1, 2, 4)
     with pytest.raises(ValueError, match="cluster"):
-        KernelSpec("gemm", "mcg", 4, m_tiles=2, n_tiles=1, warps=8, m_warps=4, shared_rows=2,
-                   smem_stages=3, cluster=2)  # fmt: skip
+        KernelSpec(
+            "gemm",
+            "mcg",
+            4,
+            geometry=GemmGeometry(
+                m_tiles=2, n_tiles=1, warps=8, m_warps=4, shared_rows=2, smem_stages=3, cluster=2
+            ),
+        )
 
 
 def test_cluster_must_divide_the_ctas_along_n():
@@ -119,8 +129,13 @@ def test_cluster_must_divide_the_ctas_along_n():
 def test_compiled_shape(cluster):
     from b12x.launch.toolchain import compile_with_remarks
 
-    spec = KernelSpec("gemm", "mcg", 4, bf16=True, wgmma=True, swap_ab=True, cluster=cluster,
-                      **TALL)  # fmt: skip
+    spec = KernelSpec(
+        "gemm",
+        "mcg",
+        4,
+        geometry=GemmGeometry(wgmma=True, swap_ab=True, cluster=cluster, **TALL),
+        bf16=True,
+    )
     remarks = compile_with_remarks(*build_kernel(spec), target_arch(spec, "sm_90"), ptx=True)
     assert remarks.spills and max(remarks.spills) == 0, remarks.spills
     for remark in ("C7510", "C7520", "serialized"):

@@ -21,9 +21,8 @@ def _launched(plan) -> list[KernelSpec]:
     p = plan.problem
     bf16 = p.compute_dtype == torch.bfloat16
     gemm = KernelSpec(
-        "gemm", p.fmt, p.bits, bf16=bf16, m_tiles=plan.m_tiles, n_tiles=plan.n_tiles,
-        warps=plan.warps, write_partials=plan.split_k > 1,
-    )  # fmt: skip
+        "gemm", p.fmt, p.bits, bf16=bf16, geometry=plan.geometry, write_partials=plan.split_k > 1
+    )
     return [gemm] + ([KernelSpec("reduce", bf16=bf16)] if plan.split_k > 1 else [])
 
 
@@ -53,7 +52,7 @@ def test_hook_covers_split_k_and_every_m_block():
     gemm = [s for s in specs if s.kind == "gemm"]
     assert {s.m_tiles for s in gemm} == {1, 2, 4}
     assert {s.write_partials for s in gemm} == {False, True}
-    assert {(s.warps, s.n_tiles) for s in gemm} == {(8, 2)}
+    assert {(s.geometry.warps, s.n_tiles) for s in gemm} == {(8, 2)}
     assert {s.bf16 for s in specs if s.kind == "reduce"} == {False, True}
     assert len(set(specs)) == len(specs)
 

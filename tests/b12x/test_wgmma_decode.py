@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from b12x import support
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.shared_layout import check_wgmma_geometry, fitting_slots
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec, build_kernel, target_arch
@@ -84,10 +85,14 @@ def test_bad_wgmma_geometry_refused_by_spec_launcher_and_kernel(geometry, field)
         check_wgmma_geometry(**geometry, helpers=True)
     geo = {**HEADLINE, **geometry, "smem_stages": 4, "shared_rows": 1}
     with pytest.raises(ValueError, match=field):
-        KernelSpec("gemm", "mcg", 4, wgmma=True, **geo)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, **geo))
     with pytest.raises(ValueError, match=field):
         DenseTrellisGemmKernel(
-            resolve_format("mcg", 4), 4, bf16=True, write_partials=False, wgmma=True, **geo
+            resolve_format("mcg", 4),
+            4,
+            GemmGeometry(wgmma=True, **geo),
+            bf16=True,
+            write_partials=False,
         )
     a = torch.zeros(16, 256, dtype=torch.bfloat16)  # CPU tensors: refused before any device
     payload = torch.zeros(16, 16 * geo["n_tiles"] * geo["warps"] // 16, 64, dtype=torch.int16)
@@ -112,18 +117,21 @@ def test_the_launcher_wants_explicit_tiles_for_wgmma():
 
 
 def test_wgmma_is_a_gemm_shared_decode_only():
+    with pytest.raises(ValueError, match="geometry: only a gemm"):
+        KernelSpec("decode", "mcg", 4, geometry=GemmGeometry(wgmma=True, **HEADLINE))
     with pytest.raises(ValueError, match="wgmma"):
-        KernelSpec("decode", "mcg", 4, wgmma=True)
-    with pytest.raises(ValueError, match="wgmma"):
-        KernelSpec("gemm", "mcg", 4, wgmma=1)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=1))
     with pytest.raises(ValueError, match="m_warps"):  # the per-warp decode has no wgmma
-        KernelSpec("gemm", "mcg", 4, wgmma=True, warps=8)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, warps=8))
 
 
 def test_target_arch():
-    spec = KernelSpec("gemm", "mcg", 4, wgmma=True, **HEADLINE)
+    spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, **HEADLINE))
     assert target_arch(spec, "sm_90") == "sm_90a"
-    assert target_arch(KernelSpec("gemm", "mcg", 4, **HEADLINE), "sm_90") == "sm_90"
+    assert (
+        target_arch(KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(**HEADLINE)), "sm_90")
+        == "sm_90"
+    )
     for arch in ("sm_80", "sm_120"):
         with pytest.raises(ValueError, match="sm_90"):
             target_arch(spec, arch)
@@ -136,7 +144,7 @@ def _remarks(spec):
 
 
 def test_compiled_shape():
-    spec = KernelSpec("gemm", "mcg", 4, bf16=True, wgmma=True, **HEADLINE)
+    spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, **HEADLINE), bf16=True)
     remarks = _remarks(spec)
     assert remarks.spills and max(remarks.spills) == 0, remarks.spills
     assert remarks.registers and max(remarks.registers) <= 128  # 2 CTAs of 256 per SM
@@ -161,9 +169,20 @@ def test_tall_and_wide_geometries_compile_spill_free():
     for m_tiles, n_tiles, n in ((2, 1, 128), (1, 2, 256)):
         rows, stages = fitting_slots(bits=4, m_tiles=m_tiles, n_tiles=n_tiles, warps=8, m_warps=8)
         spec = KernelSpec(
-            "gemm", "mcg", 4, bf16=False, wgmma=True, m_tiles=m_tiles, n_tiles=n_tiles, warps=8,
-            m_warps=8, shared_rows=rows, smem_stages=stages,
-        )  # fmt: skip
+            "gemm",
+            "mcg",
+            4,
+            geometry=GemmGeometry(
+                wgmma=True,
+                m_tiles=m_tiles,
+                n_tiles=n_tiles,
+                warps=8,
+                m_warps=8,
+                shared_rows=rows,
+                smem_stages=stages,
+            ),
+            bf16=False,
+        )
         report = support.compile_specialization(spec, "sm_90")
         assert report.spill_bytes == 0, (m_tiles, n_tiles, report.spill_bytes)
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in report.ptx
@@ -216,9 +235,14 @@ def test_helper_geometry_compiles_warp_specialised():
     meets the CTA barrier and fences its shared-memory writes once per step (a role that
     skipped one would deadlock or race), and no MMA is serialized (C7520)."""
     spec = KernelSpec(
-        "gemm", "mcg", 4, bf16=True, wgmma=True, m_tiles=1, n_tiles=1, warps=16, m_warps=8,
-        shared_rows=2, smem_stages=4,
-    )  # fmt: skip
+        "gemm",
+        "mcg",
+        4,
+        geometry=GemmGeometry(
+            wgmma=True, m_tiles=1, n_tiles=1, warps=16, m_warps=8, shared_rows=2, smem_stages=4
+        ),
+        bf16=True,
+    )
     remarks = _remarks(spec)
     assert remarks.spills and max(remarks.spills) == 0, remarks.spills
     assert remarks.registers and max(remarks.registers) <= 128  # 512 threads: 128 at launch

@@ -18,6 +18,7 @@ import re
 import pytest
 import torch
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.shared_layout import check_swap_ab, swap_ab_layout
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec, build_kernel, target_arch
@@ -100,12 +101,15 @@ def test_bad_swap_geometry_refused_by_spec_launcher_and_kernel(geometry, field):
             stages=geo["smem_stages"],
         )  # fmt: skip
     with pytest.raises(ValueError, match=field):
-        KernelSpec("gemm", "mcg", 4, wgmma=True, swap_ab=True, **geo)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, swap_ab=True, **geo))
     with pytest.raises(ValueError, match=field):
         DenseTrellisGemmKernel(
-            resolve_format("mcg", 4), 4, bf16=True, write_partials=False, wgmma=True,
-            swap_ab=True, **geo,
-        )  # fmt: skip
+            resolve_format("mcg", 4),
+            4,
+            GemmGeometry(wgmma=True, swap_ab=True, **geo),
+            bf16=True,
+            write_partials=False,
+        )
     a = torch.zeros(16, 256, dtype=torch.bfloat16)  # CPU tensors: refused before any device
     payload = torch.zeros(16, 8 * geo["n_tiles"] * geo["warps"] // 8, 64, dtype=torch.int16)
     with pytest.raises(ValueError, match=field):
@@ -118,17 +122,18 @@ def test_bad_swap_geometry_refused_by_spec_launcher_and_kernel(geometry, field):
 
 def test_swap_ab_needs_wgmma_a_bool_and_a_gemm():
     with pytest.raises(ValueError, match="wgmma"):
-        KernelSpec("gemm", "mcg", 4, swap_ab=True, **HEADLINE)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(swap_ab=True, **HEADLINE))
     with pytest.raises(ValueError, match="swap_ab"):
-        KernelSpec("gemm", "mcg", 4, wgmma=True, swap_ab=1, **HEADLINE)
-    with pytest.raises(ValueError, match="swap_ab"):
-        KernelSpec("decode", "mcg", 4, swap_ab=True)
+        KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, swap_ab=1, **HEADLINE))
+    swap = GemmGeometry(wgmma=True, swap_ab=True, **{**HEADLINE, "smem_stages": 6})
+    with pytest.raises(ValueError, match="geometry: only a gemm"):
+        KernelSpec("decode", "mcg", 4, geometry=swap)
     a = torch.zeros(16, 256, dtype=torch.bfloat16)
     payload = torch.zeros(16, 8, 64, dtype=torch.int16)
     with pytest.raises(ValueError, match="tiles"):
         host.trellis_matmul(a, payload, "mcg", warps=8, m_warps=8, smem_stages=6, wgmma=True,
                             swap_ab=True)  # fmt: skip
-    spec = KernelSpec("gemm", "mcg", 4, wgmma=True, swap_ab=True, **HEADLINE)
+    spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, swap_ab=True, **HEADLINE))
     assert target_arch(spec, "sm_90") == "sm_90a"
     with pytest.raises(ValueError, match="sm_90"):
         target_arch(spec, "sm_120")
@@ -150,9 +155,14 @@ REGISTER_A = re.compile(
 @pytest.mark.parametrize(("m_tiles", "n_tiles"), [(8, 1), (4, 2)])
 def test_compiled_shape(m_tiles, n_tiles):
     spec = KernelSpec(
-        "gemm", "mcg", 4, bf16=True, wgmma=True, swap_ab=True,
-        **{**HEADLINE, "m_tiles": m_tiles, "n_tiles": n_tiles},
-    )  # fmt: skip
+        "gemm",
+        "mcg",
+        4,
+        geometry=GemmGeometry(
+            wgmma=True, swap_ab=True, **{**HEADLINE, "m_tiles": m_tiles, "n_tiles": n_tiles}
+        ),
+        bf16=True,
+    )
     remarks = _remarks(spec)
     assert remarks.spills and max(remarks.spills) == 0, remarks.spills
     # ptxas serializes a wgmma it cannot prove safe (its A registers or accumulators touched

@@ -7,6 +7,8 @@ import argparse
 
 import pytest
 
+from b12x.kernels.geometry import GemmGeometry
+
 
 def test_geometry_argument(shared_sweep):
     assert shared_sweep.geometry("2x1x8x4") == (2, 1, 8, 4, False, False, 1, False)
@@ -30,9 +32,13 @@ def test_default_geometries_are_legal(shared_sweep):
     for text in shared_sweep.DEFAULT_GEOMETRIES:
         mt, nt, w, mw, tensor, *_ = shared_sweep.geometry(text)
         KernelSpec(
-            "gemm", "mcg", 4, m_tiles=mt, n_tiles=nt, warps=w, m_warps=mw, smem_stages=3,
-            wgmma=tensor,
-        )  # fmt: skip
+            "gemm",
+            "mcg",
+            4,
+            geometry=GemmGeometry(
+                m_tiles=mt, n_tiles=nt, warps=w, m_warps=mw, smem_stages=3, wgmma=tensor
+            ),
+        )
 
 
 def test_refuses_without_cuda(shared_sweep, monkeypatch, capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from b12x.kernels.geometry import GemmGeometry
 from oracle.cases.grids import cases, parse_case_id
 from oracle.cli import main
 from oracle.report.report import CheckResult, Report
@@ -438,7 +439,7 @@ def test_a_real_tile_specialisation_compiles_for_every_arch(tmp_path, capsys, mo
     from b12x.launch.specs import KernelSpec
     from b12x.ops.dense import tiles
 
-    spec = KernelSpec("gemm", "mcg", 4, m_tiles=1, n_tiles=2, warps=8)
+    spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(m_tiles=1, n_tiles=2, warps=8))
     assert spec in tiles.REGISTRY.specializations(tiles.Tile(64, 256, 256))
     monkeypatch.setattr(type(tiles.REGISTRY), "specializations", lambda s, t: [spec])
     code, checks = _tile_run(tmp_path, capsys, "--tile", "64x256x256", "--tier", "cpu")

@@ -209,7 +209,8 @@ REFUSALS = [
     (["--only", ","], "--only: unknown families"),
     (["--only", "layout", "grid"], "--only selects families of the default job"),
     # tiles
-    (["run", "--tile", "foo"], "--tile: expected integers joined by 'x'"),
+    (["run", "--tile", "foo"], "--tile: unknown tile 'foo'; known: square, narrow, deep, wide"),
+    (["run", "--tile", "32x-1"], "--tile: expected a tile name or integers joined by 'x'"),
     (["run", "--tile", "32x512"], "expected three positive integers"),
     (["run", "--tile", "0x512x256"], "expected three positive integers"),
     (["run", "--tile", "32x512x256", "--codebook", "MCG"], "--codebook: unknown codebook 'MCG'"),

@@ -103,9 +103,10 @@ def test_mainloop_rows_and_the_split_they_plan(capsys, m, row, m_warps, split_ro
         device=next(d for d in DEVICES if d.capability == (9, 0)),
     )  # fmt: skip
     assert e.split_requested == e.split_k == plan.split_k
-    assert (plan.split_k, plan.m_warps) == ({16: 8, 32: 4, 64: 1, 128: 1, 256: 1}[m], m_warps)
-    assert plan.swap_ab == (row == "tensor_swap") == e.geometry.get("swap_ab", False)
-    assert plan.stream_k == (m >= 64) == e.geometry["stream_k"]  # the tensor-core rows
+    g = plan.geometry
+    assert (plan.split_k, g.m_warps) == ({16: 8, 32: 4, 64: 1, 128: 1, 256: 1}[m], m_warps)
+    assert g.swap_ab == (row == "tensor_swap") == e.geometry.get("swap_ab", False)
+    assert g.stream_k == (m >= 64) == e.geometry["stream_k"]  # the tensor-core rows
     assert {"stream_k_flags", "stream_k_partials"} <= {b.name for b in e.buffers} or m < 64
     assert explain_mod.main(["--m", str(m), "--k", "8192", "--n", "28672", "--codebook", "mcg",
                              "--bits", "4", "--arch", "sm_90"]) == 0  # fmt: skip

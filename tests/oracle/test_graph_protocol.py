@@ -456,7 +456,7 @@ def test_the_shared_decode_targets_capture_the_wgmma_mainloops_on_an_h200():
     h200 = SimulatedDevice("H200", 132, 232448, (9, 0))
     targets = {t.name: t for t in graph.TARGETS}
     d = targets["dense.shared_decode"].case(1)
-    assert plan_dense(**dense.dense_problem(d), device=h200).wgmma
+    assert plan_dense(**dense.dense_problem(d), device=h200).geometry.wgmma
     target = targets["moe.shared_decode"]
     assert target.on_device
     c = target.case(1)

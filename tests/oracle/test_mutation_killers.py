@@ -43,16 +43,16 @@ class CodebookSpy:
     def __init__(self):
         self.seen = []
 
-    def trellis_matmul(self, *args, **kwargs):
-        self.seen.append(("trellis_matmul", kwargs.get("codebook", args[2:3] or None)))
-        kwargs["out"].zero_()
+    def launch_gemm(self, step, *, out, **buffers):
+        self.seen.append(("gemm", step.spec.codebook))
+        out.zero_()
 
-    def decode_weight(self, *args, **kwargs):
-        self.seen.append(("decode_weight", kwargs.get("codebook", args[1:2] or None)))
-        kwargs["out"].zero_()
+    def launch_decode(self, spec, payload, out):
+        self.seen.append(("decode_weight", spec.codebook))
+        out.zero_()
 
     @staticmethod
-    def rotate(y, s, *, out_dtype, out):
+    def rotate(spec, y, s, out):
         out.copy_(y)
 
 
@@ -60,10 +60,9 @@ class CodebookSpy:
 def spy(monkeypatch):
     fake = CodebookSpy()
     host = plan_mod.launchers
-    monkeypatch.setattr(host, "trellis_matmul", fake.trellis_matmul)
-    monkeypatch.setattr(host, "decode_weight", fake.decode_weight)
-    monkeypatch.setattr(host, "rotate_input", fake.rotate)
-    monkeypatch.setattr(host, "rotate_output", fake.rotate)
+    monkeypatch.setattr(host, "launch_gemm", fake.launch_gemm)
+    monkeypatch.setattr(host, "launch_decode", fake.launch_decode)
+    monkeypatch.setattr(host, "launch_rotation", fake.rotate)
     return fake
 
 

@@ -61,7 +61,8 @@ def test_the_tensor_core_cases_plan_the_kernels_they_name(monkeypatch):
             driver.CASES[name]()
         except Planned as planned:
             plan = planned.args[0]
-        assert (plan.wgmma, plan.stream_k, plan.cluster) == (True, True, cluster), name
+        g = plan.geometry
+        assert (g.wgmma, g.stream_k, g.cluster) == (True, True, cluster), name
         assert {"stream_k_partials", "stream_k_flags"} <= set(plan.buffer_names), name
 
 

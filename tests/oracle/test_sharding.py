@@ -126,8 +126,8 @@ def test_custom_group_key_and_cost_are_honoured():
 
 
 def test_kernel_group_depends_on_m_only_through_the_tile():
-    from b12x.launch.host import choose_tiles
     from b12x.ops.dense.dispatch import DECODE_MATMUL_MIN_M
+    from b12x.ops.dense.tiles import choose_tiles
 
     dense = [c for c in sample_cases() if c.variant.op == "dense"]
 

@@ -181,11 +181,11 @@ class DecodeOp:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: DecodePlan) -> None:
-        """Ask for a decode specialisation no run launches (``unroll=2``): it must raise once
+        """Ask for a decode specialisation no run launches (bf16 output): it must raise once
         frozen or under capture."""
         from b12x.ops.dense.plan import device_limits
 
         p = BUFFERS.check_plan(plan).problem
         major, minor = device_limits(self.device).capability
-        never_launched = KernelSpec("decode", p.fmt, p.bits, unroll=2)
+        never_launched = KernelSpec("decode", p.fmt, p.bits, out_bf16=True)
         compiled(never_launched, f"sm_{major}{minor}")

@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.kernels.shared_layout import SLOT_CHOICES, WGMMA_CAPABILITY, fitting_slots
 from b12x.ops import tables
 from b12x.ops.dense.dispatch import PATH_NAMES, check_capability
@@ -82,32 +83,14 @@ TENSOR_CTA_N = 256
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedDecode:
-    """A shared-decode launch: the kernel geometry, its slots and the split it was measured at."""
+class SharedDecode(GemmGeometry):
+    """A named shared-decode :class:`~b12x.kernels.geometry.GemmGeometry` and the split it was
+    measured at (a planning fact: :meth:`~b12x.kernels.geometry.GemmGeometry.geometry` drops
+    it for the kernel spec)."""
 
-    m_tiles: int
-    n_tiles: int
-    warps: int
-    m_warps: int
-    split_k: int
+    split_k: int = 1
     shared_rows: int = 2
     smem_stages: int = 3
-    #: The MMAs are Hopper warpgroup MMAs (sm_90, :mod:`b12x.kernels.wgmma_decode`).
-    wgmma: bool = False
-    #: The swap-AB mainloop (:mod:`b12x.kernels.wgmma_swap`): weights decoded into the
-    #: ``wgmma`` A registers, ``16·m_tiles`` tokens per CTA.
-    swap_ab: bool = False
-    #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = each copies its own).
-    cluster: int = 1
-    #: The ``wgmma`` shared decode on a stream-K schedule (:mod:`b12x.kernels.stream_k`: one
-    #: CTA per SM shares every tile's K range; fp32 partials and flags as scratch).
-    stream_k: bool = False
-
-    @property
-    def cta_m(self) -> int:
-        if self.swap_ab:
-            return 16 * self.m_tiles
-        return 16 * self.m_tiles * self.m_warps
 
 
 #: 4 warps as 2 (M) x 2 (N): 32 rows x 128 columns per CTA, 4 N16 tiles per MMA warp.

@@ -16,8 +16,11 @@ Layout:
 * :func:`bind_dense` only checks the caller's buffers (exact shape, dtype, device, contiguity,
   16-byte alignment) and keeps them by identity; a missing or placeholder buffer raises naming
   it ("scratch `c_tmp` is not initialized for CUDA graph capture" while capturing).
-* :func:`run_dense` validates the inputs against the plan, then launches :mod:`b12x.launch.host`
-  kernels into the bound buffers; it never allocates (bound buffers, views, in-place ops).
+* :func:`run_dense` validates the inputs against the plan, then walks the plan's launch sequence
+  (:class:`DenseLaunches`: the specs and the :class:`~b12x.launch.host.GemmStep` built at plan
+  time, each with its :class:`~b12x.kernels.geometry.GemmGeometry`) through
+  :mod:`b12x.launch.host`'s ``launch_*``: no second validation, no spec rebuilt. It never
+  allocates (bound buffers, views, in-place ops).
 
 Buffers per path: ``output`` always; ``gemm_output`` (generic, decode_matmul), ``c_tmp`` (split
 slices), fp16 / bf16 staging copies by compute dtype and external H128, ``weight_f16`` /
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 
 from b12x.formats import DecodeFormat, resolve_format
+from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import host as launchers
 from b12x.launch.kinds import compiled
 from b12x.launch.specs import KernelSpec
@@ -61,6 +65,7 @@ __all__ = [
     "BUFFER_NAMES",
     "BUFFERS",
     "BoundDense",
+    "DenseLaunches",
     "DenseOp",
     "DensePlan",
     "DenseProblem",
@@ -113,6 +118,27 @@ class DenseProblem:
 
 
 @dataclasses.dataclass(frozen=True)
+class DenseLaunches:
+    """The kernels :func:`run_dense` launches, built once by the plan (in launch order): the
+    internal input rotation, the trellis GEMM (generic and K6 paths) or the decode
+    (decode_matmul), and the internal output rotation writing ``x.dtype`` (no bias) or fp16 (a
+    bias follows). ``None`` where the path or the external H128 launches no such kernel."""
+
+    rotate_in: KernelSpec | None
+    gemm: launchers.GemmStep | None
+    decode: KernelSpec | None
+    rotate_out: KernelSpec | None
+    rotate_out_f16: KernelSpec | None
+
+    @property
+    def specs(self) -> tuple[KernelSpec, ...]:
+        """Every spec, each once, in launch order (fp16 output rotation first)."""
+        specs = [self.rotate_in, self.decode, *(self.gemm.specs if self.gemm else ())]
+        specs += [self.rotate_out_f16, self.rotate_out]
+        return tuple(dict.fromkeys(spec for spec in specs if spec is not None))
+
+
+@dataclasses.dataclass(frozen=True)
 class DensePlan(PlannedBuffers):
     """Everything ``run`` needs, decided once (module docstring)."""
 
@@ -121,26 +147,14 @@ class DensePlan(PlannedBuffers):
     path: str
     reasons: tuple[str, ...]
     tile: dense_tiles.Tile | None
-    m_tiles: int
-    n_tiles: int
-    warps: int
+    #: The GEMM's geometry (the K6 stand-in's, or decode_matmul's recorded one: it launches no
+    #: trellis GEMM).
+    geometry: GemmGeometry
     split_k: int
     buffers: tuple[BufferSpec, ...]
+    launches: DenseLaunches
     split_reasons: tuple[str, ...] = ()  # the split-K table's explain (b12x.ops.dense.split_k)
-    #: The GEMM's mainloop (b12x.ops.dense.mainloop): 0 = per-warp decode; else the shared
-    #: decode's M warps, K16 rows per slot and cp.async slots.
-    m_warps: int = 0
-    shared_rows: int = 2
-    smem_stages: int = 0
     mainloop_reasons: tuple[str, ...] = ()
-    #: The shared decode multiplies with Hopper ``wgmma`` (sm_90).
-    wgmma: bool = False
-    #: The swap-AB mainloop (weights in the ``wgmma`` A registers, sm_90).
-    swap_ab: bool = False
-    #: CTAs along N sharing each swap-AB token tile by TMA multicast (1 = unshared).
-    cluster: int = 1
-    #: The ``wgmma`` shared decode runs on a stream-K schedule (:mod:`b12x.kernels.stream_k`).
-    stream_k: bool = False
 
     @property
     def buffer_owner(self) -> str:
@@ -149,40 +163,25 @@ class DensePlan(PlannedBuffers):
     @property
     def kernel_specs(self) -> tuple[KernelSpec, ...]:
         """The kernel specialisations ``run`` launches (the warm-up set)."""
-        p = self.problem
-        bf16 = p.compute_dtype == torch.bfloat16
-        x_bf16 = p.x_dtype == torch.bfloat16
-        specs: list[KernelSpec] = []
-        if not p.external_rotation:  # reads x, writes the GEMM's A in the compute dtype
-            specs.append(KernelSpec("rotate_in", in_bf16=x_bf16, out_bf16=bf16))
-        if self.path == "decode_matmul":
-            specs.append(KernelSpec("decode", p.fmt, p.bits, out_bf16=bf16))
-        else:
-            specs.append(
-                KernelSpec(
-                    "gemm_stream_k" if self.stream_k else "gemm",
-                    p.fmt,
-                    p.bits,
-                    bf16=bf16,
-                    m_tiles=self.m_tiles,
-                    n_tiles=self.n_tiles,
-                    warps=self.warps,
-                    write_partials=self.split_k > 1,
-                    m_warps=self.m_warps,
-                    shared_rows=self.shared_rows,
-                    smem_stages=self.smem_stages,
-                    wgmma=self.wgmma,
-                    swap_ab=self.swap_ab,
-                    cluster=self.cluster,
-                )
-            )
-            if self.split_k > 1:
-                specs.append(KernelSpec("reduce", bf16=bf16))
-        if not p.external_rotation:  # the K6 GEMM writes fp16; a bias add needs an fp16 result
-            gemm_bf16 = bf16 and self.path != "k6_mcg_small_m"
-            for out_bf16 in sorted({x_bf16, False}):  # x.dtype without a bias, fp16 with one
-                specs.append(KernelSpec("rotate_out", in_bf16=gemm_bf16, out_bf16=out_bf16))
-        return tuple(specs)
+        return self.launches.specs
+
+
+def _launches(problem: DenseProblem, path: str, step) -> DenseLaunches:
+    """The plan's launch sequence (:class:`DenseLaunches`) for ``path`` and its GEMM step."""
+    bf16 = problem.compute_dtype == torch.bfloat16
+    x_bf16 = problem.x_dtype == torch.bfloat16
+    internal = not problem.external_rotation
+    rotate_in = rotate_out = rotate_out_f16 = None
+    if internal:  # reads x, writes the GEMM's A in the compute dtype
+        rotate_in = KernelSpec("rotate_in", in_bf16=x_bf16, out_bf16=bf16)
+        # the K6 GEMM writes fp16; a bias add needs an fp16 result
+        gemm_bf16 = bf16 and path != "k6_mcg_small_m"
+        rotate_out = KernelSpec("rotate_out", in_bf16=gemm_bf16, out_bf16=x_bf16)
+        rotate_out_f16 = KernelSpec("rotate_out", in_bf16=gemm_bf16, out_bf16=False)
+    decode = None
+    if path == "decode_matmul":
+        decode = KernelSpec("decode", problem.fmt, problem.bits, out_bf16=bf16)
+    return DenseLaunches(rotate_in, step, decode, rotate_out, rotate_out_f16)
 
 
 def device_limits(device: Any = None) -> dense_tiles.DeviceLimits:
@@ -228,17 +227,11 @@ def device_limits(device: Any = None) -> dense_tiles.DeviceLimits:
     )
 
 
-def _stream_k_buffers(problem: DenseProblem, shared, sm_count: int) -> tuple:
+def _stream_k_buffers(problem: DenseProblem, spec: KernelSpec, sm_count: int) -> tuple:
     """The stream-K GEMM's scratch: one fp32 accumulator set per CTA and one flag per CTA
     (zeroed; every launch leaves it zero), for the CTAs the launch will run at the planned M
     (a live M below it runs no more CTAs)."""
-    spec = KernelSpec(
-        "gemm_stream_k", problem.fmt, problem.bits, m_tiles=shared.m_tiles,
-        n_tiles=shared.n_tiles, warps=shared.warps, m_warps=shared.m_warps,
-        shared_rows=shared.shared_rows, smem_stages=shared.smem_stages, wgmma=True,
-        swap_ab=shared.swap_ab, cluster=shared.cluster,
-    )  # fmt: skip
-    ctas = launchers.stream_k_ctas(spec, problem.m, problem.k, problem.n, sm_count)
+    ctas = launchers.check_stream_k(spec, problem.m, problem.k, problem.n, sm_count)
     return (
         BufferSpec("stream_k_partials", (launchers.stream_k_partials(spec, ctas),), torch.float32),
         BufferSpec("stream_k_flags", (ctas,), torch.int32, zeroed=True),
@@ -301,7 +294,7 @@ def check_dense_problem(
     :func:`dense_problem_from_tensors`) so tracing rejects exactly what planning rejects. One
     validator per argument kind: positive ints (``m``, ``k``, ``n``, ``split_k``), the kernel
     registry's (codebook, bits) legality, the fp16/bf16 dtype choices, a real ``bool`` for
-    ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.deserialize`.
+    ``external_rotation``, and the tile registry's :func:`~b12x.ops.dense.tiles.parse_tile`.
     """
     for name, value in (("m", m), ("k", k), ("n", n)):
         check_extent(name, check_positive_int(name, value))
@@ -315,7 +308,7 @@ def check_dense_problem(
         check_positive_int("split_k", split_k)
     pinned = None
     if tile is not None:
-        pinned = tile if isinstance(tile, dense_tiles.Tile) else dense_tiles.deserialize(tile)
+        pinned = dense_tiles.parse_tile(tile)
     return codebook, bits, pinned
 
 
@@ -417,8 +410,9 @@ def plan_dense(
 ) -> DensePlan:
     """Plan one dense trellis linear of ``M`` rows (the capacity); see the module docstring.
 
-    ``tile`` pins the generic GEMM tile (a :class:`~b12x.ops.dense.tiles.Tile` or its serialised
-    ``[tile_k, tile_n, cta_threads]``); ``device`` is a CUDA device or a simulated one.
+    ``tile`` pins the generic GEMM tile (a :class:`~b12x.ops.dense.tiles.Tile`, a registry name,
+    or its serialised ``[tile_k, tile_n, cta_threads]``: :func:`~b12x.ops.dense.tiles.parse_tile`);
+    ``device`` is a CUDA device or a simulated one.
     Validation: :func:`check_dense_problem`, then :func:`device_limits`. The path comes from the
     dispatch table (:mod:`b12x.ops.dense.dispatch`), the tile from the tile registry, the split-K
     request from the split-K table (:mod:`b12x.ops.dense.split_k`).
@@ -441,19 +435,19 @@ def plan_dense(
         "explicit_tile": None if pinned is None else tuple(dense_tiles.serialize(pinned)),
     }
     choice = dense_dispatch.explain(case)
-    m_tiles = launchers.choose_tiles(m)[0]
+    m_tiles = dense_tiles.choose_tiles(m)[0]
     chosen_tile = None
     if choice.path != "generic":  # K6: no split-K scratch; decode_matmul: no trellis GEMM
         if split_k is not None:
             raise ValueError(f"split_k: only the generic path splits K; this plan is {choice.path}")
-        warps, n_tiles = K6_WARPS, K6_N_TILES
+        geometry = GemmGeometry(m_tiles=m_tiles, n_tiles=K6_N_TILES, warps=K6_WARPS)
     else:
         tile_problem = dense_tiles.TileProblem("dense", m, k, n, bits)
         if pinned is not None:
             chosen_tile = dense_tiles.pin(pinned, tile_problem, limits)
         else:
             chosen_tile = dense_tiles.auto_select(tile_problem, limits)
-        warps, n_tiles = dense_tiles.kernel_geometry(chosen_tile)
+        geometry = dense_tiles.gemm_geometry(chosen_tile, m_tiles=m_tiles)
     loop = mainloop_table.explain(
         {
             "path": choice.path,
@@ -466,10 +460,8 @@ def plan_dense(
         }
     )
     shared = loop.value  # a SharedDecode, or None: the per-warp decode
-    cta_m_blocks = m_tiles
     if shared is not None:
-        m_tiles, n_tiles, warps = shared.m_tiles, shared.n_tiles, shared.warps
-        cta_m_blocks = shared.cta_m // 16
+        geometry = shared.geometry()
     split = split_table.explain(
         {
             "path": choice.path,
@@ -478,36 +470,37 @@ def plan_dense(
             "m": m,
             "k": k,
             "n": n,
-            "m_tiles": cta_m_blocks,
-            "n_tiles": n_tiles,
-            "warps": warps,
+            "m_tiles": geometry.cta_m // 16,
+            "n_tiles": geometry.n_tiles,
+            "warps": geometry.warps,
             "sm_count": limits.sm_count,
         }
     )
     splits = _launched_splits(k, split.split_k)
     # an explicit split-K request keeps the split (the stream-K schedule splits K itself)
-    stream_k = shared is not None and shared.stream_k and splits == 1
+    if geometry.stream_k and splits != 1:
+        geometry = dataclasses.replace(geometry, stream_k=False)
+    buffers = _buffers(problem, choice.path, splits, limits.sm_count)
+    step = None
+    if choice.path != "decode_matmul":
+        step = launchers.gemm_step(
+            problem.fmt, bits, geometry, k=k, bf16=compute_dtype == torch.bfloat16,
+            split_k=1 if choice.path != "generic" else splits,
+        )  # fmt: skip
+        if geometry.stream_k:
+            buffers += _stream_k_buffers(problem, step.spec, limits.sm_count)
     return DensePlan(
         problem=problem,
         device=limits,
         path=choice.path,
         reasons=choice.reasons,
         tile=chosen_tile,
-        m_tiles=m_tiles,
-        n_tiles=n_tiles,
-        warps=warps,
+        geometry=geometry,
         split_k=splits,
-        buffers=_buffers(problem, choice.path, splits, limits.sm_count)
-        + (_stream_k_buffers(problem, shared, limits.sm_count) if stream_k else ()),
+        buffers=buffers,
+        launches=_launches(problem, choice.path, step),
         split_reasons=split.reasons,
-        m_warps=0 if shared is None else shared.m_warps,
-        shared_rows=2 if shared is None else shared.shared_rows,
-        smem_stages=0 if shared is None else shared.smem_stages,
         mainloop_reasons=loop.reasons,
-        wgmma=shared is not None and shared.wgmma,
-        swap_ab=shared is not None and shared.swap_ab,
-        cluster=1 if shared is None else shared.cluster,
-        stream_k=stream_k,
     )
 
 
@@ -579,8 +572,9 @@ def run_dense(
     # rounding point) and a bf16 operand from the fp16 rotation (the rotated_f16 ->
     # rotated_compute copy), so it writes the compute dtype directly.
     a = rows("rotated_compute") if bf16_compute else rows("rotated_f16")
+    steps = plan.launches
     if had is None:
-        launchers.rotate_input(x, suh, out_dtype=p.compute_dtype, out=a)
+        launchers.launch_rotation(steps.rotate_in, x, suh, a)
     else:
         x16 = x
         if p.x_dtype == torch.bfloat16:
@@ -595,46 +589,28 @@ def run_dense(
     # external H128, both of which act on the fp16 output.
     direct = had is None and bias is None
     out16 = output if p.x_dtype == torch.float16 else rows("output_f16")
-    final, final_dtype = (output, p.x_dtype) if direct else (out16, torch.float16)
+    final, rotate_out = (output, steps.rotate_out) if direct else (out16, steps.rotate_out_f16)
 
     if plan.path == "k6_mcg_small_m":
-        launchers.trellis_matmul(
-            a,
-            trellis,
-            p.codebook,
-            split_k=1,
-            out=out16,
-            tiles=(plan.m_tiles, plan.n_tiles),
-            warps=plan.warps,
-        )
-        launchers.rotate_output(out16, svh, out_dtype=final_dtype, out=final)
+        launchers.launch_gemm(steps.gemm, a=a, payload=trellis, out=out16, scratch=None, flags=None)
+        launchers.launch_rotation(rotate_out, out16, svh, final)
     else:
         gemm = rows("gemm_output")
         if plan.path == "decode_matmul":  # the decode writes the compute dtype (bf16 from fp16)
             weight = buf["weight_compute" if bf16_compute else "weight_f16"]
-            launchers.decode_weight(trellis, p.codebook, out=weight)
+            launchers.launch_decode(steps.decode, trellis, weight)
             torch.mm(a, weight, out=gemm)
         else:
-            launchers.trellis_matmul(
-                a,
-                trellis,
-                p.codebook,
-                split_k=plan.split_k,
+            launchers.launch_gemm(
+                steps.gemm,
+                a=a,
+                payload=trellis,
                 out=gemm,
                 scratch=_gemm_scratch(plan, buf),
-                flags=buf["stream_k_flags"] if plan.stream_k else None,
-                stream_k=plan.stream_k,
-                tiles=(plan.m_tiles, plan.n_tiles),
-                warps=plan.warps,
-                m_warps=plan.m_warps,
-                shared_rows=plan.shared_rows,
-                smem_stages=plan.smem_stages,
-                wgmma=plan.wgmma,
-                swap_ab=plan.swap_ab,
-                cluster=plan.cluster,
+                flags=buf["stream_k_flags"] if plan.geometry.stream_k else None,
             )
         if had is None:  # a bf16 GEMM output is rounded to fp16 first (gemm_output_f16, §3.3)
-            launchers.rotate_output(gemm, svh, out_dtype=final_dtype, out=final)
+            launchers.launch_rotation(rotate_out, gemm, svh, final)
         else:
             gemm16 = gemm
             if bf16_compute:
@@ -650,7 +626,7 @@ def run_dense(
 
 def _gemm_scratch(plan: DensePlan, buf) -> torch.Tensor | None:
     """The generic GEMM's fp32 scratch: split-K slices or the stream-K CTAs' partials."""
-    if plan.stream_k:
+    if plan.geometry.stream_k:
         return buf["stream_k_partials"]
     return buf["c_tmp"] if plan.split_k > 1 else None
 
@@ -723,5 +699,5 @@ class DenseOp:
             raise TypeError(f"plan: expected DensePlan, got {type(plan).__name__}")
         major, minor = plan.device.capability
         p = plan.problem
-        never_launched = KernelSpec("gemm", p.fmt, p.bits, unroll=2, depth=2)
+        never_launched = KernelSpec("gemm", p.fmt, p.bits, geometry=GemmGeometry(unroll=2, depth=2))
         compiled(never_launched, f"sm_{major}{minor}")

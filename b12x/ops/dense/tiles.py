@@ -1,7 +1,9 @@
 """The tile registry: ONE list of tile configurations and ONE qualification predicate (spec §5.4).
 
 Layout:
-* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` (positive ints, checked at construction);
+* :class:`Tile` ``(tile_k, tile_n, cta_threads)`` (positive ints, checked at construction) with
+  its registry ``name`` (not part of its identity); :func:`parse_tile` finds an entry by name or
+  shape, once, for every consumer (qualify, pin, ``explain``, ``run --tile``, the FC2 plan).
   :data:`ENTRIES`: the small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the
   large-batch / dense default ``(64,256,256)`` and the FC2-only wave-balanced tile
   :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
@@ -27,9 +29,11 @@ checked first. The full rules: docs/notes/b12x.md.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from b12x.kernels.geometry import GemmGeometry
 from b12x.runtime.validate import check_positive_int
 
 __all__ = [
@@ -45,10 +49,14 @@ __all__ = [
     "TileProblem",
     "auto_select",
     "check_device",
+    "choose_tiles",
+    "gemm_geometry",
     "deserialize",
+    "entry",
     "footprint",
     "kernel_geometry",
     "key",
+    "parse_tile",
     "pin",
     "qualify",
     "serialize",
@@ -68,9 +76,13 @@ SMEM_RESERVE = 512  # bytes of the per-block opt-in maximum that a tile may not 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Tile:
+    """A tile shape; a registry entry also carries its ``name`` (not part of its identity: a
+    deserialised ``[tile_k, tile_n, cta_threads]`` equals the entry of that shape)."""
+
     tile_k: int
     tile_n: int
     cta_threads: int
+    name: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         for name in ("tile_k", "tile_n", "cta_threads"):
@@ -79,18 +91,43 @@ class Tile:
                 raise TypeError(f"tile: {name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"tile: {name} must be a positive int, got {value}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"tile: name must be a str, got {type(self.name).__name__}")
+
+    @property
+    def shape(self) -> str:
+        """``"KxNxT"``, the shape spelling ``run --tile`` also accepts."""
+        return f"{self.tile_k}x{self.tile_n}x{self.cta_threads}"
 
     def __repr__(self) -> str:
-        return f"Tile({self.tile_k}x{self.tile_n}x{self.cta_threads})"
+        return f"Tile({self.shape})"
 
 
-SMALL_BATCH = (Tile(128, 128, 256), Tile(64, 128, 128), Tile(128, 64, 128))
-LARGE_BATCH = (Tile(64, 256, 256), Tile(64, 128, 128), Tile(128, 64, 128))
-DENSE_DEFAULTS = (Tile(64, 256, 256), Tile(64, 128, 128))
-WAVE_BALANCED_FC2 = Tile(32, 512, 256)
+#: The registry: every named tile (one entry each; :func:`parse_tile` finds them by name).
+ENTRIES: tuple[Tile, ...] = (
+    Tile(128, 128, 256, name="square"),
+    Tile(64, 128, 128, name="narrow"),
+    Tile(128, 64, 128, name="deep"),
+    Tile(64, 256, 256, name="wide"),
+    Tile(32, 512, 256, name="wave_fc2"),
+)
+
+
+def entry(name: str) -> Tile:
+    """The registry entry called ``name`` (``ValueError`` listing the known names)."""
+    for tile in ENTRIES:
+        if tile.name == name:
+            return tile
+    known = ", ".join(tile.name for tile in ENTRIES)
+    raise ValueError(f"tile: unknown tile {name!r}; known: {known}")
+
+
+SMALL_BATCH = (entry("square"), entry("narrow"), entry("deep"))
+LARGE_BATCH = (entry("wide"), entry("narrow"), entry("deep"))
+DENSE_DEFAULTS = (entry("wide"), entry("narrow"))
+WAVE_BALANCED_FC2 = entry("wave_fc2")
 #: Register stages of the wave-balanced FC2 launch (``b12x.ops.moe.dispatch``'s FC2_TILE value).
 WAVE_BALANCED_FC2_DEPTH = 2
-ENTRIES: tuple[Tile, ...] = tuple(dict.fromkeys(SMALL_BATCH + LARGE_BATCH + (WAVE_BALANCED_FC2,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +243,10 @@ def qualify(tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
         return False, f"tile_k={tile.tile_k} is below the floor 64"
     if tile.cta_threads < 128:
         return False, f"cta_threads={tile.cta_threads} is below the floor 128"
-    if tile.cta_threads not in (128, 256) or tile.cta_threads * 64 != tile.tile_n * tile.tile_k:
-        return False, f"cta_threads={tile.cta_threads} must be tile_n*tile_k/64 and 128 or 256"
+    threads = sorted({t.cta_threads for t in ENTRIES})
+    if tile.cta_threads not in threads or tile.cta_threads * 64 != tile.tile_n * tile.tile_k:
+        allowed = " or ".join(map(str, threads))
+        return False, f"cta_threads={tile.cta_threads} must be tile_n*tile_k/64 and {allowed}"
     if tile not in ENTRIES:
         return False, f"{tile!r} is not a registry entry"
     need = footprint(tile, problem)
@@ -268,6 +307,24 @@ def auto_select(problem: TileProblem, device: Any) -> Tile:
     return chosen
 
 
+def parse_tile(spec: Any) -> Tile:
+    """THE parser of a tile argument: a registry name (``"wide"``), a shape ``"KxNxT"`` (or
+    ``"K,N,T"``), a ``[tile_k, tile_n, cta_threads]`` list, or a :class:`Tile`. A shape of a
+    registry entry gives that entry; another shape gives an unnamed :class:`Tile` (which
+    :func:`qualify` then refuses); an unknown name raises ``ValueError`` listing the known
+    ones."""
+    if isinstance(spec, Tile):
+        found = spec
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not re.fullmatch(r"\d+(\s*[x,]\s*\d+)*", text):
+            return entry(text)
+        found = deserialize([int(v) for v in re.split(r"\s*[x,]\s*", text)])
+    else:
+        found = deserialize(spec)
+    return next((tile for tile in ENTRIES if tile == found), found)
+
+
 def serialize(tile: Tile) -> list[int]:
     """``[tile_k, tile_n, cta_threads]`` for the custom-op schema (``int[]``)."""
     if not isinstance(tile, Tile):
@@ -291,6 +348,7 @@ def pin(spec: Any, problem: TileProblem, device: Any) -> Tile:
     check_device(device)
     tile = spec if isinstance(spec, Tile) else deserialize(spec)
     ok, reason = qualify(tile, problem, device)
+    tile = parse_tile(tile)  # the registry entry (its name) of an accepted shape
     if not ok:
         raise ValueError(f"tile: pinned {tile!r} rejected: {reason}")
     return tile
@@ -302,6 +360,22 @@ def kernel_geometry(tile: Tile) -> tuple[int, int]:
         raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
     warps = tile.cta_threads // 32
     return warps, tile.tile_n // (16 * warps)
+
+
+def gemm_geometry(tile: Tile, *, m_tiles: int) -> GemmGeometry:
+    """The per-warp :class:`~b12x.kernels.geometry.GemmGeometry` a dense launch on ``tile``
+    runs with ``m_tiles`` M16 blocks per warp (:func:`kernel_geometry`)."""
+    warps, n_tiles = kernel_geometry(tile)
+    return GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, warps=warps)
+
+
+def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
+    """(m_tiles, n_tiles) per warp of the per-warp decode at ``m`` rows. H200 sweep: 4 N16 tiles
+    per warp is fastest when N allows; 4 M16 blocks pair with 2 N16 tiles (4×4 exceeds 255
+    registers for sqg_fp16). Without ``n`` the N-agnostic 2 is returned (any N % 128 == 0)."""
+    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
+    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
+    return m_tiles, n_tiles
 
 
 def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
@@ -352,26 +426,22 @@ def specializations(tile: Tile) -> tuple[Any, ...]:
         raise TypeError(f"tile: expected a Tile, got {type(tile).__name__}")
     if tile not in ENTRIES:
         raise ValueError(f"tile: {tile!r} is not a registry entry")
+    tile = parse_tile(tile)
     from b12x.formats import FORMATS, resolve_format
 
     legal = [(fmt.name, bits) for fmt in FORMATS.values() for bits in fmt.legal_bits]
     if tile == WAVE_BALANCED_FC2:
         return _fc2_specializations(legal)
-    from b12x.launch.host import choose_tiles
-    from b12x.launch.specs import KernelSpec
+    from b12x.launch.specs import KernelSpec, gemm_spec
 
-    warps, n_tiles = kernel_geometry(tile)
     # choose_tiles(m)[0] is 1, 2, 4 by M and constant above M = 32
     m_tiles_values = sorted({choose_tiles(m)[0] for m in range(1, 257)})
     specs: list[Any] = [
-        KernelSpec(
-            "gemm",
+        gemm_spec(
             resolve_format(codebook, bits),
             bits,
+            gemm_geometry(tile, m_tiles=m_tiles),
             bf16=bf16,
-            m_tiles=m_tiles,
-            n_tiles=n_tiles,
-            warps=warps,
             write_partials=partials,
         )  # fmt: skip
         for codebook, bits in legal
@@ -440,8 +510,14 @@ class _Registry:
     """The registry object :mod:`oracle.judge.tiles` checks (module docstring)."""
 
     name: str = "dense_trellis_tiles"
-    entries: tuple[Tile, ...] = ENTRIES
     problems: tuple[TileProblem, ...] = dataclasses.field(default_factory=_problems)
+
+    @property
+    def entries(self) -> tuple[Tile, ...]:
+        return ENTRIES  # read at every call: a test may register an entry
+
+    def parse(self, spec: Any) -> Tile:
+        return parse_tile(spec)
 
     def qualify(self, tile: Any, problem: TileProblem, device: Any) -> tuple[bool, str]:
         return qualify(tile, problem, device)
