@@ -1,4 +1,4 @@
-"""The dense GEMM's geometry: one frozen value, validated once (design §4, "One geometry object").
+"""The dense GEMM's geometry: one frozen value, validated once.
 
 Layout
 ------

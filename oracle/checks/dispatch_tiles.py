@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from oracle.cases import declared as declared_ops
+from oracle.cases.declared import declared
 from oracle.judge.dispatch import Outcome
 from oracle.judge.dispatch import check_table as check_dispatch_table
 from oracle.judge.tiles import DEVICES, check_registry, find_duplicated_floors
@@ -33,23 +33,6 @@ from oracle.judge.tiles import parse_tile as parse_shape
 from oracle.report.report import CheckResult
 
 __all__ = ["declared", "qualify_tile", "run"]
-
-
-def declared(hook: str) -> tuple[list[Any] | None, str]:
-    """``(objects, "")``: every distinct dispatch table (``hook == "dispatch_tables"``) or tile
-    registry (``"tile_registries"``) of b12x's op contracts, or ``(None, reason)`` when no op
-    declares one."""
-    if hook not in ("dispatch_tables", "tile_registries"):
-        raise ValueError(f"hook: expected dispatch_tables or tile_registries, got {hook!r}")
-    found: dict[int, Any] = {}
-    for contract in declared_ops.ops():
-        items = contract.dispatch if hook == "dispatch_tables" else (contract.tiles,)
-        for item in items:
-            if item is not None:
-                found.setdefault(id(item), item)
-    if not found:
-        return None, f"no op of b12x.support declares {hook.replace('_', ' ')}"
-    return list(found.values()), ""
 
 
 def _to_result(prefix: str, outcome: Outcome) -> CheckResult:

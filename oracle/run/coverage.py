@@ -77,8 +77,8 @@ class TileCoverage:
 
 def tile_coverage() -> list[TileCoverage]:
     """One record per entry of every declared tile registry (module docstring)."""
-    from oracle.checks.dispatch_tiles import declared
-    from oracle.tiles import DEVICES
+    from oracle.cases.declared import declared
+    from oracle.judge.tiles import DEVICES
 
     registries, _ = declared("tile_registries")
     out = []

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle.tiles import DEVICES
 
 from b12x.kernels.geometry import GemmGeometry
 from b12x.ops.dense import tiles
 from b12x.ops.dense.plan import plan_dense
+from oracle.judge.tiles import DEVICES
 
 #: 16 warps of the per-warp decode, two N16 tiles each: 512 columns per CTA.
 THROWAWAY = tiles.Tile(64, 512, 512, name="throwaway_512")
@@ -49,7 +49,7 @@ def test_the_planner_pins_it_and_launches_its_geometry(throwaway):
 
 
 def test_explain_names_it(throwaway):
-    from oracle.explain import explain_dense, format_dense
+    from oracle.cli.explain import explain_dense, format_dense
 
     e = explain_dense(m=64, k=4096, n=1024, codebook="mcg", bits=4, tile="throwaway_512")
     assert (e.tile_name, e.tile, e.geometry["warps"]) == ("throwaway_512", "64x512x512", 16)
@@ -68,7 +68,7 @@ def test_the_tile_checks_judge_it(throwaway):
 
 
 def test_coverage_lists_it(throwaway):
-    from oracle import coverage
+    from oracle.run import coverage
 
     (row,) = [t for t in coverage.tile_coverage() if t.name == "throwaway_512"]
     assert row.shape == "Tile(64x512x512)" and row.qualified > 0 and row.specializations > 0
@@ -78,7 +78,7 @@ def test_coverage_lists_it(throwaway):
 def test_coverage_flags_an_entry_nothing_could_judge(monkeypatch):
     """A registered shape that qualifies nowhere (cta_threads 512 with 128 columns is not the
     §5.4 shape rule's) is a coverage problem, not a silent entry."""
-    from oracle import coverage
+    from oracle.run import coverage
 
     orphan = tiles.Tile(64, 128, 512, name="orphan")
     monkeypatch.setattr(tiles, "ENTRIES", (*tiles.ENTRIES, orphan))
