@@ -109,8 +109,10 @@ def parse_tile(text: str) -> tuple[int, ...]:
         return _named(text.strip())
     try:
         return parse_shape(text)
-    except ValueError as exc:
-        raise ValueError(f"{exc} (or a tile name)") from None
+    except ValueError:
+        raise ValueError(
+            f"--tile: expected a tile name or integers joined by 'x', e.g. 32x512x256, got {text!r}"
+        ) from None
 
 
 def _named(name: str) -> tuple[int, ...]:

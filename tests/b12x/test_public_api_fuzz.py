@@ -53,6 +53,11 @@ def _pos(v: Any) -> bool:
     return _isint(v) and v > 0
 
 
+def _extent(v: Any) -> bool:
+    """A dimension the kernels can index: positive and within 32-bit shapes (2**31 - 1)."""
+    return _pos(v) and v <= 2**31 - 1
+
+
 # --------------------------------------------------------------------------- the hostile pool
 # key -> factory(base) where base is the argument's baseline value; a factory may return
 # MISSING (drop the argument) or raise NotApplicable for a base it cannot derive from.
@@ -198,9 +203,9 @@ def _tile_ok(value, problem):
 def _dense_valid(arg, key, v, base):
     dtypes = (F16, BF16)
     rules = {
-        "m": lambda: _pos(v),
-        "k": lambda: _pos(v) and v % 128 == 0,
-        "n": lambda: _pos(v) and v % 128 == 0,
+        "m": lambda: _extent(v),
+        "k": lambda: _extent(v) and v % 128 == 0,
+        "n": lambda: _extent(v) and v % 128 == 0,
         "bits": lambda: _isint(v) and 1 <= v <= 8,
         "codebook": lambda: v in ("3inst", "mcg", "mul1", "sqg_e4m3"),
         "x_dtype": lambda: any(v is d for d in dtypes),
@@ -334,8 +339,8 @@ def _decode_valid(arg, key, v, base):
     if v is MISSING:
         return False
     return {
-        "k": lambda: _pos(v) and v % 16 == 0,
-        "n": lambda: _pos(v) and v % 16 == 0,
+        "k": lambda: _extent(v) and v % 16 == 0,
+        "n": lambda: _extent(v) and v % 16 == 0,
         "bits": lambda: _isint(v) and 1 <= v <= 8,
         "codebook": lambda: v in ("3inst", "mcg", "mul1", "sqg_e4m3"),
     }[arg]()
@@ -361,7 +366,7 @@ def _moe_valid(arg, key, v, base):
     optional = ("compute_dtype", "num_global_experts", "m_tiles", "fc1_pair", "fc2_pair", "device")
     if v is MISSING:
         return arg in optional
-    mult = lambda: _pos(v) and v % 128 == 0  # noqa: E731
+    mult = lambda: _extent(v) and v % 128 == 0  # noqa: E731
     return {
         "m": lambda: _pos(v) and (v < 10**6 or None),
         "top_k": lambda: _pos(v) and v <= 4,
@@ -395,14 +400,15 @@ def _tier_valid(arg, key, v, base):
     return {
         "m": lambda: _pos(v) and (v < 10**6 or None),
         "top_k": lambda: _pos(v) and (v <= 4 or None),
-        "hidden": lambda: _pos(v) and v % 128 == 0,
-        "intermediate": lambda: _pos(v) and v % 128 == 0,
+        "hidden": lambda: _extent(v) and v % 128 == 0,
+        "intermediate": lambda: _extent(v) and v % 128 == 0,
         "codebook": lambda: v == "mcg",
         "tier0_bits": lambda: _isint(v) and 1 <= v <= 8,
         "tier1_bits": lambda: _isint(v) and 1 <= v <= 8,
         "tier0_experts": lambda: _pos(v) and v <= 256,
         "tier1_experts": lambda: _pos(v) and v <= 256,
-        "num_global_experts": lambda: _pos(v),
+        # at least tier0 + tier1 experts (<= 256 each): below 512 it depends on the other edits
+        "num_global_experts": lambda: _pos(v) and (None if v < 512 else True),
         "w13_layout": lambda: v in ("packed", "proj"),
         "x_dtype": lambda: v is F16 or v is BF16,
         "compute_dtype": lambda: v is F16 or v is BF16,
