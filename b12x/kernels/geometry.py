@@ -8,6 +8,7 @@ Layout
   ``shared_rows`` per slot and ``smem_stages`` slots, ``wgmma`` / ``swap_ab``, the swap-AB
   ``cluster`` and the ``stream_k`` schedule. :attr:`GemmGeometry.mainloop` names the mainloop
   these select (:data:`MAINLOOPS`).
+* :func:`choose_tiles` is the per-warp tiling by M (and N) the planner and the launcher share.
 * The planner chooses one (:mod:`b12x.ops.dense.plan`), the kernel spec embeds it
   (:class:`b12x.launch.specs.KernelSpec`, so the compile-cache key reads every field), and the
   kernels are built from it (:class:`b12x.kernels.dense_gemm.DenseTrellisGemmKernel`).
@@ -26,7 +27,7 @@ import dataclasses
 
 from b12x.kernels.shared_layout import check_dense_mainloop
 
-__all__ = ["MAINLOOPS", "GemmGeometry"]
+__all__ = ["MAINLOOPS", "GemmGeometry", "choose_tiles"]
 
 #: The mainloops a geometry selects (:attr:`GemmGeometry.mainloop`).
 MAINLOOPS = ("per_warp", "shared_decode", "wgmma", "swap_ab")
@@ -106,3 +107,12 @@ class GemmGeometry:
         """This geometry as a plain :class:`GemmGeometry` (a subclass's extra fields dropped)."""
         names = [f.name for f in dataclasses.fields(GemmGeometry)]
         return GemmGeometry(**{name: getattr(self, name) for name in names})
+
+
+def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
+    """(m_tiles, n_tiles) per warp of the per-warp decode at ``m`` rows (the planner's rule and the
+    launcher's default): 4 N16 tiles per warp when N allows (the fastest), 4 M16 blocks with 2
+    N16 tiles (4×4 exceeds 255 registers for sqg_fp16). Without ``n``: the N-agnostic 2."""
+    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
+    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
+    return m_tiles, n_tiles

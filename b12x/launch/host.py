@@ -9,9 +9,8 @@ Layout
   into checked buffers: the dense plan's launch sequence (:mod:`b12x.ops.dense.plan`).
 * :func:`trellis_matmul` — a test and benchmark helper over the same step: already-rotated
   activations ``[M, K]`` (fp16/bf16) × decoded Wq → ``[M, N]`` in the activation dtype, with
-  optional split-K over an fp32 scratch arena ``[S, M, N]`` reduced deterministically. The
-  split is the caller's (default 1): the split-K rule is the plan's decision
-  (:func:`b12x.ops.dense.split_k.split_k`), not a launcher's.
+  optional split-K over an fp32 scratch arena ``[S, M, N]`` reduced deterministically (the
+  split is the caller's, default 1: choosing it is the plan's job).
 * :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
 * :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
 
@@ -61,7 +60,6 @@ __all__ = [
     "trellis_matmul",
     "rotate_input",
     "rotate_output",
-    "DEFAULT_TILES",
     "GemmStep",
     "check_stream_k",
     "gemm_step",
@@ -272,11 +270,6 @@ def launch_gemm(
     _kernel(step.reduce, a.device)(*reduce.args())
 
 
-#: ``(m_tiles, n_tiles)`` :func:`trellis_matmul` runs without a geometry or tiles: the per-warp
-#: decode, one M16 block and two N16 tiles per warp (any N % 128 == 0).
-DEFAULT_TILES = (1, 2)
-
-
 def trellis_matmul(
     a: torch.Tensor,
     trellis: torch.Tensor,
@@ -295,13 +288,14 @@ def trellis_matmul(
 
     The GEMM runs ``geometry`` (a :class:`~b12x.kernels.geometry.GemmGeometry`), or one built
     from ``tiles=(m_tiles, n_tiles)`` and :class:`GemmGeometry`'s other fields as keywords
-    (default :data:`DEFAULT_TILES`; a ``wgmma`` geometry needs its tiles). ``split_k``
+    (default :func:`~b12x.kernels.geometry.choose_tiles` of M and N, as before the geometry
+    object; a ``wgmma`` geometry needs its tiles). ``split_k``
     K slices; stream-K: ``scratch`` holds the CTAs' fp32 partials and ``flags`` (int32, zero)
     their hand-off flags (default one per SM). Missing buffers are allocated. Everything is
     validated before the first launch; a geometry the kernel would refuse raises ``ValueError``
     naming the field first.
     """
-    from b12x.kernels.geometry import GemmGeometry  # pure Python, no cutlass
+    from b12x.kernels.geometry import GemmGeometry, choose_tiles  # pure Python, no cutlass
 
     if geometry is None:
         if tiles is None and (fields.get("swap_ab") is True or fields.get("wgmma") is True):
@@ -309,7 +303,8 @@ def trellis_matmul(
             raise ValueError(
                 f"tiles: the {mainloop} mainloop takes its (m_tiles, n_tiles) explicitly"
             )
-        m_tiles, n_tiles = tiles if tiles is not None else DEFAULT_TILES
+        m, n = a.shape[0], trellis.shape[1] * 16
+        m_tiles, n_tiles = tiles if tiles is not None else choose_tiles(m, n)
         geometry = GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, **fields)
     elif tiles is not None or fields:
         raise ValueError("geometry: pass a GemmGeometry or its fields, not both")

@@ -5,22 +5,17 @@ Layout:
   of :mod:`b12x.ops.dense.custom_op` and its fake): :func:`check_dense_problem` (the scalar
   problem, metadata only), :func:`check_dense_inputs` (the tensors), :func:`payload_geometry` (K,
   N, bits of a payload), :func:`dense_problem_from_tensors` (the op's tensors → plan keywords).
-* :func:`plan_dense` (host only, no device allocation) validates the problem, asks the dispatch
-  table (:mod:`b12x.ops.dense.dispatch`) for the path, picks or validates the tile through THE
-  tile predicate (:mod:`b12x.ops.dense.tiles`), asks the mainloop table
-  (:mod:`b12x.ops.dense.mainloop`) and the split-K table (:mod:`b12x.ops.dense.split_k`), fixes
-  split-K exactly as the launcher will (``rows = ceil(K16/split)``, ``splits = ceil(K16/rows)``)
-  and lists the path's buffers as :class:`~b12x.runtime.scratch.BufferSpec` s: a frozen
-  :class:`DensePlan`.
+* :func:`plan_dense` (host only) validates the problem and asks the dispatch, tile, mainloop
+  and split-K tables (:mod:`b12x.ops.dense`) for the path, the tile, the
+  :class:`~b12x.kernels.geometry.GemmGeometry` and the split (fixed as the launcher does it); a
+  frozen :class:`DensePlan` holds them, its launch sequence and its buffer specs.
 * :func:`allocate_dense_buffers` is the plan-time allocator (outside capture only).
 * :func:`bind_dense` only checks the caller's buffers (exact shape, dtype, device, contiguity,
   16-byte alignment) and keeps them by identity; a missing or placeholder buffer raises naming
   it ("scratch `c_tmp` is not initialized for CUDA graph capture" while capturing).
 * :func:`run_dense` validates the inputs against the plan, then walks the plan's launch sequence
-  (:class:`DenseLaunches`: the specs and the :class:`~b12x.launch.host.GemmStep` built at plan
-  time, each with its :class:`~b12x.kernels.geometry.GemmGeometry`) through
-  :mod:`b12x.launch.host`'s ``launch_*``: no second validation, no spec rebuilt. It never
-  allocates (bound buffers, views, in-place ops).
+  (:class:`DenseLaunches`: specs and the :class:`~b12x.launch.host.GemmStep` built at plan time)
+  through :mod:`b12x.launch.host`: no second validation, no spec rebuilt, no allocation.
 
 Buffers per path: ``output`` always; ``gemm_output`` (generic, decode_matmul), ``c_tmp`` (split
 slices), fp16 / bf16 staging copies by compute dtype and external H128, ``weight_f16`` /

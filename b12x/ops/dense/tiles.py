@@ -2,22 +2,22 @@
 
 Layout:
 * :class:`Tile` ``(tile_k, tile_n, cta_threads)`` (positive ints, checked at construction) with
-  its registry ``name`` (not part of its identity); :func:`parse_tile` finds an entry by name or
-  shape, once, for every consumer (qualify, pin, ``explain``, ``run --tile``, the FC2 plan).
-  :data:`ENTRIES`: the small-batch table ``(128,128,256) (64,128,128) (128,64,128)``, the
-  large-batch / dense default ``(64,256,256)`` and the FC2-only wave-balanced tile
-  :data:`WAVE_BALANCED_FC2` ``(32,512,256)``.
+  its registry ``name`` (not part of its identity). :data:`ENTRIES` are the named entries:
+  ``square`` ``(128,128,256)``, ``narrow`` ``(64,128,128)``, ``deep`` ``(128,64,128)``, the
+  dense default ``wide`` ``(64,256,256)`` and the FC2-only ``wave_fc2`` ``(32,512,256)``.
+  :func:`entry` finds one by name; :func:`parse_tile` is the one parser of a tile argument
+  (name, ``KxNxT``, list) for qualify, pin, ``explain``, ``run --tile`` and the FC2 plan.
+  Adding one: docs/adding_a_tile.md.
 * :class:`TileProblem`: phase (``"dense"``, ``"fc1"``, ``"fc2"``), M, K, N, bits, the K/32 scale
   group, ``cta_m_blocks`` and, for FC2, the FC1 launch it follows (the wave rule reads it).
 * :func:`footprint` is the §5.4 shared-memory model; :func:`qualify` is the ONLY predicate
   (membership, phase, divisibility, floors, threads, shared memory against
   ``device.max_shared_mem - 512``); :func:`auto_select` and :func:`pin` both go through it.
 * :func:`serialize` / :func:`deserialize` carry a tile across the custom-op schema;
-  :func:`check_device` validates the device facts every entry point reads; :data:`REGISTRY`
-  bundles it all for :mod:`oracle.judge.tiles`; :func:`kernel_geometry` maps a tile to ``warps`` and
-  ``n_tiles``; :func:`specializations` lists every kernel specialisation a pinned launch
-  compiles (``python -m oracle run --tile``). Imports are lazy; nothing here imports
-  :mod:`b12x.ops.moe` (it imports this module), so the FC2 facts the MoE tables read live here.
+  :func:`check_device` validates the device facts; :data:`REGISTRY` bundles it all for
+  :mod:`oracle.judge.tiles`; :func:`gemm_geometry` maps a tile to its
+  :class:`~b12x.kernels.geometry.GemmGeometry`; :func:`specializations` lists every kernel
+  specialisation a pinned launch compiles. Nothing here imports :mod:`b12x.ops.moe`.
 
 The wave-balanced FC2 tile follows PR #146 (the merged contract, spec §7 item 6), not PR #137: it
 waives the ``tile_k >= 64`` floor for FC2 only. Selection: dense takes ``(64,256,256)`` when it
@@ -33,7 +33,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from b12x.kernels.geometry import GemmGeometry
+from b12x.kernels.geometry import GemmGeometry, choose_tiles
 from b12x.runtime.validate import check_positive_int
 
 __all__ = [
@@ -367,15 +367,6 @@ def gemm_geometry(tile: Tile, *, m_tiles: int) -> GemmGeometry:
     runs with ``m_tiles`` M16 blocks per warp (:func:`kernel_geometry`)."""
     warps, n_tiles = kernel_geometry(tile)
     return GemmGeometry(m_tiles=m_tiles, n_tiles=n_tiles, warps=warps)
-
-
-def choose_tiles(m: int, n: int | None = None) -> tuple[int, int]:
-    """(m_tiles, n_tiles) per warp of the per-warp decode at ``m`` rows. H200 sweep: 4 N16 tiles
-    per warp is fastest when N allows; 4 M16 blocks pair with 2 N16 tiles (4×4 exceeds 255
-    registers for sqg_fp16). Without ``n`` the N-agnostic 2 is returned (any N % 128 == 0)."""
-    m_tiles = 1 if m <= 16 else 2 if m <= 32 else 4
-    n_tiles = 4 if n is not None and n % 256 == 0 and m_tiles < 4 else 2
-    return m_tiles, n_tiles
 
 
 def wave_fc2_fits(m_tiles: int, k_split: int) -> bool:
