@@ -405,8 +405,9 @@ def _tier_valid(arg, key, v, base):
         "codebook": lambda: v == "mcg",
         "tier0_bits": lambda: _isint(v) and 1 <= v <= 8,
         "tier1_bits": lambda: _isint(v) and 1 <= v <= 8,
-        "tier0_experts": lambda: _pos(v) and v <= 256,
-        "tier1_experts": lambda: _pos(v) and v <= 256,
+        # both tiers' experts must fit the 8 global ids of the base (the other tier's 2 or <= 4)
+        "tier0_experts": lambda: _pos(v) and v <= 256 and (True if v <= 4 else None),
+        "tier1_experts": lambda: _pos(v) and v <= 256 and (True if v <= 4 else None),
         # at least tier0 + tier1 experts (<= 256 each): below 512 it depends on the other edits
         "num_global_experts": lambda: _pos(v) and (None if v < 512 else True),
         "w13_layout": lambda: v in ("packed", "proj"),
