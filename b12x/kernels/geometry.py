@@ -32,7 +32,7 @@ __all__ = ["MAINLOOPS", "GemmGeometry", "choose_tiles"]
 #: The mainloops a geometry selects (:attr:`GemmGeometry.mainloop`).
 MAINLOOPS = ("per_warp", "shared_decode", "wgmma", "swap_ab")
 
-_POSITIVE = ("m_tiles", "n_tiles", "warps", "unroll", "depth")
+_POSITIVE = ("m_tiles", "n_tiles", "warps", "unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,10 @@ class GemmGeometry:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
+            raise ValueError(
+                f"depth: expected an int >= 0 (0: no register stage), got {self.depth!r}"
+            )
         self.check(bits=None)
         if not isinstance(self.stream_k, bool):
             raise ValueError(f"stream_k: expected a bool, got stream_k={self.stream_k!r}")

@@ -165,11 +165,8 @@ def _main(argv: list[str] | None) -> int:
             json.dumps({"schema": SCHEMA, **report.to_json()}, indent=2) + "\n", encoding="utf-8"
         )
     status = 0 if report.ok else 1
-    if entries.total == 0:
-        print(
-            f"FAIL: contracts judged nothing: no call into a marked kernel entry or shared body "
-            f"under {_display_path(str(root))}"
-        )
+    if counts["calls"] == 0:
+        print(f"FAIL: contracts judged nothing: no call to bind under {_display_path(str(root))}")
         status = 1
     minimum = args.min_entry_calls
     if minimum is not None and entries.below(minimum):

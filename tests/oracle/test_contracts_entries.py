@@ -298,11 +298,25 @@ def test_cli_refuses_a_bad_percentage(tmp_path, capsys, bad):
 
 
 def test_no_entry_calls_reads_as_complete(tmp_path, capsys):
-    root = tmp_path / "empty"
+    """0/0 entry calls is 100 %: a package whose calls bind passes without marked entries."""
+    root = tmp_path / "plain"
     root.mkdir()
-    (root / "__init__.py").write_text("def f(x):\n    return x\n", encoding="utf-8")
+    (root / "__init__.py").write_text("def f(x):\n    return x\n\nf(1)\n", encoding="utf-8")
     assert main(["--root", str(root), "--min-entry-calls", "100"]) == 0
     assert "entry calls: 0/0 resolved (100%)" in capsys.readouterr().out
+
+
+def test_a_root_with_no_call_to_bind_judged_nothing(tmp_path, capsys):
+    """A root with no call at all (an empty directory, or functions never called) is a gate that
+    judged nothing: exit 1 with a line saying so, never "0/0 resolved (100%)" and exit 0."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    uncalled = tmp_path / "uncalled"
+    uncalled.mkdir()
+    (uncalled / "__init__.py").write_text("def f(x):\n    return x\n", encoding="utf-8")
+    for root in (empty, uncalled):
+        assert main(["--root", str(root)]) == 1
+        assert "FAIL: contracts judged nothing" in capsys.readouterr().out
 
 
 def test_b12x_entry_calls_are_counted():

@@ -181,11 +181,12 @@ class DecodeOp:
         return compile_cache.frozen()
 
     def compile_unwarmed(self, plan: DecodePlan) -> None:
-        """Ask for a decode specialisation no run launches (bf16 output): it must raise once
-        frozen or under capture."""
+        """Ask for a decode specialisation no run launches (``in_bf16``, a field the decode
+        kernel ignores: a key of its own that no run requests, whereas a bf16-output decode is
+        launched by the bf16 decode-then-GEMM path): it must raise once frozen or under capture."""
         from b12x.ops.dense.plan import device_limits
 
         p = BUFFERS.check_plan(plan).problem
         major, minor = device_limits(self.device).capability
-        never_launched = KernelSpec("decode", p.fmt, p.bits, out_bf16=True)
+        never_launched = KernelSpec("decode", p.fmt, p.bits, in_bf16=True)
         compiled(never_launched, f"sm_{major}{minor}")
