@@ -69,11 +69,15 @@ def key(case) -> str:
 
 
 def spec_of(case):
-    """The :class:`~b12x.launch.specs.KernelSpec` of one case."""
-    from b12x.kernels.geometry import GemmGeometry
+    """The :class:`~b12x.launch.specs.KernelSpec` of one case (a tree from before the geometry
+    object took the launch-shape fields flat on the spec: its PTX is the baseline)."""
     from b12x.launch.specs import KernelSpec
 
     _arch, kind, codebook, bits, fields = case
+    try:
+        from b12x.kernels.geometry import GemmGeometry
+    except ImportError:  # the pre-geometry tree
+        return KernelSpec(kind, codebook, bits, **fields)
     shape = {name: value for name, value in fields.items() if name in _GEOMETRY_FIELDS}
     rest = {name: value for name, value in fields.items() if name not in _GEOMETRY_FIELDS}
     if kind.startswith("gemm"):
