@@ -7,8 +7,9 @@
   directory is, lies
   under a regular file, or its nearest existing directory is not writable. Parents that do not
   exist yet are created when writing, so a missing parent is not a problem.
-* :func:`seconds` — an ``argparse`` ``type=`` for a positive finite number of seconds (``nan`` and
-  ``inf`` are refused: every comparison with ``nan`` is false, so a ``nan`` limit never fires).
+* :func:`seconds` / :func:`budget_seconds` — ``argparse`` types for a positive (a budget: a
+  non-negative, 0 = none) finite number of seconds (``nan`` and ``inf`` are refused: every
+  comparison with ``nan`` is false, so a ``nan`` limit never fires); :func:`positive_int`.
 * :func:`read_json` — a JSON file, or ``ValueError`` with one line: unreadable, not JSON, or
   nested too deeply for the decoder (a ``RecursionError`` otherwise).
 """
@@ -22,7 +23,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["nonempty", "output_problem", "read_json", "seconds"]
+__all__ = [
+    "budget_seconds",
+    "nonempty",
+    "output_problem",
+    "positive_int",
+    "read_json",
+    "seconds",
+]
 
 
 def nonempty(value: str) -> str:
@@ -40,6 +48,28 @@ def seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
     if not math.isfinite(number) or number <= 0:
         raise argparse.ArgumentTypeError(f"expected positive finite seconds, got {value!r}")
+    return number
+
+
+def budget_seconds(value: str) -> float:
+    """A finite number of seconds >= 0 (``argparse`` type; 0 means no budget)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (>= 0), got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"expected finite seconds >= 0, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    """A positive integer (``argparse`` type)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
     return number
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from oracle import checks
-from oracle.arguments import nonempty, output_problem
+from oracle.arguments import budget_seconds, nonempty, output_problem, positive_int
 from oracle.checks.dispatch_tiles import parse_tile
 from oracle.contracts import cli as contracts_cli
 from oracle.mutate import cli as mutate_cli
@@ -128,33 +128,12 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 def _add_workers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
-        type=positive_int_arg,
+        type=positive_int,
         default=None,
         metavar="N",
         help="GPU grid: N worker processes on the one GPU (compiles are CPU-bound); default "
         "half the cores, at most 8; 1 runs in-process",
     )
-
-
-def positive_int_arg(text: str) -> int:
-    """argparse ``type=`` for a positive integer (the delegated commands use it too)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (>= 0), got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected finite seconds >= 0, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,10 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--codebook", type=nonempty, help="with --tile: compile only this codebook's kernels"
     )
-    run.add_argument("--bits", type=positive_int_arg, help="with --tile: only this bit rate")
+    run.add_argument("--bits", type=positive_int, help="with --tile: only this bit rate")
     run.add_argument(
         "--max-cases",
-        type=positive_int_arg,
+        type=positive_int,
         default=None,
         help="a stratified sample of N grid cases (every variant, M and dtype first)",
     )
@@ -196,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--compile-all", action="store_true", help="compile every specialization")
     run.add_argument(
         "--compile-budget",
-        type=_budget,
+        type=budget_seconds,
         default=None,
         metavar="S",
         help="compile time budget in seconds (0: none)",

@@ -38,9 +38,9 @@ from typing import Any, NoReturn
 
 import torch
 
-from oracle.arguments import nonempty, output_problem
+from oracle.arguments import nonempty, output_problem, positive_int
 from oracle.cases.grids import SelectionError, resolve_case_id
-from oracle.cli import positive_int_arg, refuse, write_json_or_refuse
+from oracle.cli import refuse, write_json_or_refuse
 from oracle.report.results import CaseFileError, jsonable, load_case
 from oracle.run.replay import check_grid_case
 from oracle.run.runners import inputs as case_inputs
@@ -495,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", metavar="FILE", type=nonempty, help="write the report as JSON")
     parser.add_argument(
-        "--top", type=positive_int_arg, default=5, metavar="N", help="rows per map (default 5)"
+        "--top", type=positive_int, default=5, metavar="N", help="rows per map (default 5)"
     )
     return parser
 
