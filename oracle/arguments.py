@@ -40,26 +40,25 @@ def nonempty(value: str) -> str:
     return value
 
 
-def seconds(value: str) -> float:
-    """A positive, finite number of seconds (``argparse`` type)."""
+def _seconds(value: str, *, zero: bool) -> float:
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
-    if not math.isfinite(number) or number <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive finite seconds, got {value!r}")
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        which = "finite seconds >= 0" if zero else "positive finite seconds"
+        raise argparse.ArgumentTypeError(f"expected {which}, got {value!r}")
     return number
+
+
+def seconds(value: str) -> float:
+    """A positive, finite number of seconds (``argparse`` type)."""
+    return _seconds(value, zero=False)
 
 
 def budget_seconds(value: str) -> float:
     """A finite number of seconds >= 0 (``argparse`` type; 0 means no budget)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (>= 0), got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise argparse.ArgumentTypeError(f"expected finite seconds >= 0, got {value!r}")
-    return number
+    return _seconds(value, zero=True)
 
 
 def positive_int(value: str) -> int:

@@ -11,8 +11,8 @@ Layout
   activations ``[M, K]`` (fp16/bf16) × decoded Wq → ``[M, N]`` in the activation dtype, with
   optional split-K over an fp32 scratch arena ``[S, M, N]`` reduced deterministically (the
   split is the caller's, default 1: choosing it is the plan's job).
-* :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2.
-* :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
+* :func:`rotate_input` / :func:`rotate_output` — the two H128 rotations of §3.2;
+  :func:`lut_tensor` — the per-device uint8 table a codebook reads through its LUT slot.
 
 Invariants
 ----------
@@ -24,7 +24,6 @@ Invariants
 * Every kernel is resolved through :func:`_kernel`, i.e. :func:`b12x.launch.kinds.compiled`
   and the one runtime compile cache behind it: its structural key, its freeze switch and its
   capture check apply to every launch made here.
-* This module imports nothing of :mod:`b12x.ops` (a layer contract in ``pyproject.toml``).
 * Every launch binds its arguments by name in a launch record of :mod:`b12x.launch.records`
   (``fn(*GemmLaunch(a=..., ...).args())``): the positional order comes from the kernel's own
   ``__call__``, never from this module.
