@@ -278,12 +278,12 @@ class DenseTrellisGemmKernel:
 
     def _row_bytes(self, payload):
         """Bytes of one payload K16 row (``N/16`` tiles of ``32·bits`` B), formed in 64 bits."""
-        return Int64(payload.shape[1] * (4 * 8 * self.bits))
+        return Int64(payload.shape[1]) * (4 * 8 * self.bits)
 
     def _cta_payload_run(self, payload, bx):
         """Byte address of CTA column ``bx``'s payload run in K16 row 0 (a shared mainloop's
         ``cta_tiles`` N16 tiles, contiguous)."""
-        return payload.iterator.toint() + Int64(bx * (self.layout.cta_tiles * 32 * self.bits))
+        return payload.iterator.toint() + Int64(bx) * (self.layout.cta_tiles * 32 * self.bits)
 
     def _load_stage(self, kt, word_ptrs, row_bytes, a_ptrs):
         """Issue the loads of K16 row ``kt``: (ring words of every N16 tile, A words).
@@ -641,7 +641,7 @@ class DenseTrellisGemmKernel:
         warp_base = Uint32(ring_smem.toint()) + Uint32(ring.warp * (stages * slot_bytes))
         fill = (
             warp_base + Uint32(lane * 16),
-            ring.pay_base + Int64(ring.tile0 * (8 * self.bits)) * 4 + lane * 16,
+            ring.pay_base + Int64(ring.tile0) * (8 * self.bits) * 4 + lane * 16,
         )
         a_dst = warp_base + Uint32(a_chunk_offset(lane))
         a_fill = []

@@ -618,7 +618,7 @@ class MoeGroupedGemmKernel:
         first, off = lane_ring_start(lane, bits)
         row_bytes = Int64(payload.shape[1]) * (4 * 8 * bits)
         expert_bytes = Int64(payload_expert) * Int64(k_rows) * row_bytes
-        cta_run = Int64(bx * (lay.cta_tiles * 32 * bits))
+        cta_run = Int64(bx) * (lay.cta_tiles * 32 * bits)
 
         lanes = shared.setup(
             tid=tid, lane=lane, warp=warp, g=g, r=r, first=first, a=a,

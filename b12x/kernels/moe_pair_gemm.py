@@ -320,7 +320,7 @@ class MoePairGemmKernel:
             plane_lo = Int64(n16) * (32 * b_lo)
             plane_hi = Int64(n16) * (32 * b_hi)
             expert = pay + Int64(payload_expert) * Int64(k_rows // 16) * pair_run
-            tile0 = Int64(bx * lay.cta_tiles)
+            tile0 = Int64(bx) * lay.cta_tiles
             row_bytes = (
                 expert + tile0 * (32 * b_lo),
                 expert + plane_lo * RECORD_TILES + tile0 * (32 * b_hi),
@@ -426,7 +426,7 @@ class MoePairGemmKernel:
         row_bytes = Int64(payload.shape[1]) * (4 * rec.pair_words)
         pair_base = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
         pair_base = pair_base + Int64(bx) * (4 * rec.pair_words)
-        slab = Int64(warp * half_tiles)
+        slab = Int64(warp) * half_tiles
         lo_base = pair_base + slab * (32 * b_lo)
         hi_base = pair_base + RECORD_TILES * 32 * b_lo + slab * (32 * b_hi)
         ptrs = (

@@ -179,7 +179,7 @@ class SharedDecodeMainloop:
             en = None  # a full round: every thread copies
             if (j + 1) * threads > lay.pay_chunks:
                 en = Uint32(cutlass.select_(c < lay.pay_chunks, 1, 0))
-            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c * 16), en))
+            pay.append((smem + Uint32(c * 16), pay_cta + Int64(c) * 16, en))
         a_base = a.iterator.toint()
         a_row_bytes = Int64(a.shape[1]) * 4
         chunks = []

@@ -249,8 +249,8 @@ class DenseStreamKGemmKernel(DenseTrellisGemmKernel):
         registers ``4j .. 4j + 3`` at ``16·(j·threads + tid)``: one coalesced 16-byte access per
         thread and ``j``)."""
         row = Int64(4 * self.acc_count * self.threads)
-        return partials.iterator.toint() + Int64(cta) * row + Int64(16 * tid)
+        return partials.iterator.toint() + Int64(cta) * row + Int64(tid) * 16
 
     def _flag(self, flags, cta):
         """Byte address of CTA ``cta``'s flag."""
-        return flags.iterator.toint() + Int64(4 * cta)
+        return flags.iterator.toint() + Int64(cta) * 4

@@ -501,5 +501,5 @@ class TrellisDecodeKernel:
                 col = nt0 * 16 + (c % chunks_per_row) * 8
                 if col < n:
                     v = ptx.ld_shared_v4(sbase + Uint32(c * 16))
-                    dst = out_base + (Int64(kt * 16 + row) * n + col) * 2
+                    dst = out_base + ((Int64(kt) * 16 + row) * n + col) * 2
                     ptx.st_global_v4(dst, v)

@@ -13,6 +13,10 @@ Layout
       in 32 bits wraps past 2^31 (b12x ``d1d6b7e6``). Products of an index by a stride must be
       formed in ``Int64`` (``Int64(i) * stride``). ``Uint32`` arithmetic is exempt: hashes are
       modulo 2^32 by design and shared-memory addresses are 32-bit.
+  ``widened-after-product`` (R9)
+      ``Int64(...)`` around a product with a runtime operand (anything but literals, upper-case
+      module constants and the kernel object's ``self.…`` configuration): the product is formed
+      in 32 bits and has wrapped before it is widened. Widen an operand: ``Int64(i) * stride``.
   ``codebook-default`` (R11)
       a parameter named ``codebook``, ``*_codebook``, ``bits`` or ``fmt`` declared with a default
       other than ``None`` (``None`` means "absent", it cannot select a table):
@@ -38,8 +42,9 @@ from pathlib import Path
 
 __all__ = ["RULES", "LintFinding", "default_root", "lint_package", "lint_source", "main"]
 
-RULES = ("int32-index-product", "codebook-default", "parse-error")
+RULES = ("int32-index-product", "widened-after-product", "codebook-default", "parse-error")
 _NARROW = frozenset({"Int32"})
+_WIDE = frozenset({"Int64"})
 _EXPLICIT_PARAMS = frozenset({"codebook", "bits", "fmt"})
 
 
@@ -54,12 +59,65 @@ class LintFinding:
         return f"{self.path}:{self.line}: [{self.rule}] {self.message}"
 
 
-def _narrow_call(node: ast.AST) -> bool:
+def _call_of(node: ast.AST, names: frozenset[str]) -> bool:
     if not isinstance(node, ast.Call) or len(node.args) != 1:
         return False
     func = node.func
     name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-    return name in _NARROW
+    return name in names
+
+
+def _narrow_call(node: ast.AST) -> bool:
+    return _call_of(node, _NARROW)
+
+
+def _compile_time(node: ast.AST) -> bool:
+    """A value fixed when the kernel is traced: a literal, a module constant (``UPPER_CASE``),
+    the kernel object's configuration (``self.…``, also indexed), or arithmetic of those."""
+    if _literal(node):
+        return True
+    if isinstance(node, ast.Name):
+        return node.id.isupper()
+    if isinstance(node, ast.Attribute):
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        return isinstance(root, ast.Name) and root.id == "self"
+    if isinstance(node, ast.Subscript):  # ``self.rates[0]``: configuration, indexed
+        return _compile_time(node.value) and _compile_time(node.slice)
+    if isinstance(node, ast.BinOp):
+        return _compile_time(node.left) and _compile_time(node.right)
+    return False
+
+
+def _runtime_products(node: ast.AST) -> list[ast.BinOp]:
+    """Products inside ``node`` (not inside a nested call) with a runtime operand."""
+    if isinstance(node, ast.Call):
+        return []
+    found = []
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Mult) and not _compile_time(node):
+            found.append(node)
+        found += _runtime_products(node.left) + _runtime_products(node.right)
+    return found
+
+
+def _widened_after_product(tree: ast.AST, path: str) -> list[LintFinding]:
+    """``Int64(a * b)`` with a runtime operand: the product is formed in the operands' 32 bits
+    and wraps past 2^31 before it is widened (an offset into a buffer over 2 GiB)."""
+    found = []
+    for node in ast.walk(tree):
+        if _call_of(node, _WIDE) and _runtime_products(node.args[0]):
+            found.append(
+                LintFinding(
+                    "widened-after-product",
+                    path,
+                    node.lineno,
+                    f"`{ast.unparse(node)}` multiplies runtime sizes in 32 bits, then widens; "
+                    "widen an operand first (Int64(i) * stride)",
+                )
+            )
+    return found
 
 
 def _literal(node: ast.AST) -> bool:
@@ -142,7 +200,11 @@ def lint_source(text: str, path: str = "<string>") -> list[LintFinding]:
         tree = ast.parse(text, filename=path)
     except SyntaxError as exc:
         return [LintFinding("parse-error", path, exc.lineno or 0, f"does not parse: {exc.msg}")]
-    found = _int32_products(tree, path) + _codebook_defaults(tree, path)
+    found = (
+        _int32_products(tree, path)
+        + _widened_after_product(tree, path)
+        + _codebook_defaults(tree, path)
+    )
     return sorted(found, key=lambda f: (f.path, f.line, f.rule))
 
 

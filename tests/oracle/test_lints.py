@@ -1,4 +1,5 @@
-"""oracle.contracts.lints: the R9 (Int32 index x stride) and R11 (codebook default) lints.
+"""oracle.contracts.lints: the R9 (Int32 index x stride, a product widened after it wrapped) and R11
+(codebook default) lints.
 
 Each rule is shown to fire on a hand-written bad snippet and to stay quiet on the good form; the
 real b12x must be clean (the mutation gate's R9 and R11 mutants are killed by that test).
@@ -39,7 +40,7 @@ def test_int32_index_products_are_flagged(bad):
 @pytest.mark.parametrize(
     "good",
     [
-        "dst = base + (Int64(kt * 16 + row) * n + col) * 2",
+        "dst = base + ((Int64(kt) * 16 + row) * n + col) * 2",
         "start = (Int32(lane) * 8 + 257) * bits - 16",
         "h = s * Uint32(multiplier)",
         "x = Int32(-2) * 4",
@@ -47,6 +48,34 @@ def test_int32_index_products_are_flagged(bad):
     ],
 )
 def test_int64_products_literal_scales_and_uint32_hashes_pass(good):
+    assert _rules(good) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "dst = base + (Int64(kt * 16 + row) * n + col) * 2",
+        "run = Int64(bx * (lay.cta_tiles * 32 * bits))",
+        "row = Int64(payload.shape[1] * (4 * 8 * self.bits))",
+        "off = cutlass.Int64(c * 16)",
+        "off = Int64((a + b) * stride)",
+    ],
+)
+def test_products_widened_after_the_fact_are_flagged(bad):
+    assert _rules(bad) == ["widened-after-product"]
+
+
+@pytest.mark.parametrize(
+    "good",
+    [
+        "run = Int64(bx) * (lay.cta_tiles * 32 * bits)",
+        "row = Int64(4 * 8 * self.bits)",
+        "rec = Int64(2 * RECORD_ROWS * 32 * self.rates[0])",
+        "off = Int64(tid + 16)",
+        "off = Int64(f(a * b))",
+    ],
+)
+def test_widened_operands_and_compile_time_products_pass(good):
     assert _rules(good) == []
 
 
