@@ -75,6 +75,8 @@ def _sum_stats(path: Path) -> dict[str, Any]:
     total: dict[str, Any] = {name: 0 for name in STAT_SUMS}
     total["processes"] = 0
     shards = []
+    compiled: Counter[str] = Counter()
+    resolved: set[str] = set()
     if path.is_file():
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -83,10 +85,16 @@ def _sum_stats(path: Path) -> dict[str, Any]:
             total["processes"] += 1
             for name in STAT_SUMS:
                 total[name] += record.get(name, 0)
+            compiled.update(record.get("compiled_keys", []))
+            resolved.update(record.get("resolved_keys", []))
             argv = record.get("argv", [])
             if "--shard" in argv[:-1]:
                 shards.append(argv[argv.index("--shard") + 1])
     total["stats_shards"] = sorted(shards)
+    # distinct specialisations the job resolved, and compiles of a key another process also built
+    total["distinct_specialisations"] = len(resolved)
+    total["distinct_compiled"] = len(compiled)
+    total["duplicate_compiles"] = sum(compiled.values()) - len(compiled)
     for name in STAT_SUMS:
         if name.endswith("_s"):
             total[name] = round(total[name], 2)
@@ -228,6 +236,7 @@ def _table(rows: list[dict[str, Any]], gpu: bool) -> str:
         ("cases", "cases"),
         ("cases_per_s", "cases/s"),
         ("compiles", "compiles"),
+        ("distinct_compiled", "distinct"),
         ("compile_s", "compile s"),
         ("disk_loads", "disk loads"),
         ("disk_load_s", "load s"),
@@ -294,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         row = rows[-1]
         print(f"{name}: rc={row['rc']} wall {row['wall_s']} s, {row['cases']} checks "
               f"({row['pass']} pass / {row['fail']} fail / {row['skip']} skip), "
-              f"{row['compiles']} compiles", flush=True)  # fmt: skip
+              f"{row['compiles']} compiles of {row['distinct_compiled']} distinct keys "
+              f"({row['distinct_specialisations']} specialisations resolved)",
+              flush=True)  # fmt: skip
     for row in rows:
         if row["case_seconds"].get("per_op_s"):
             print(f"{row['run']}: case seconds per op {row['case_seconds']['per_op_s']}; "

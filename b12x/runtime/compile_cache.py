@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -171,6 +172,7 @@ class CompileCache:
         self.hits = 0
         self.misses = 0
         self.counters = CacheCounters()
+        self.compiled: list[CompileKey] = []  # the keys this process built (not loaded)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -191,6 +193,7 @@ class CompileCache:
             self._entries.clear()
             self.hits = self.misses = 0
             self.counters = CacheCounters()
+            self.compiled = []
 
     def get_or_compile(
         self,
@@ -242,6 +245,7 @@ class CompileCache:
                 raise ValueError(f"build: returned None for {key.describe()}")
             counters.compiles += 1
             counters.compile_s += seconds
+            self.compiled.append(key)
             if self.disk is not None:
                 start = time.perf_counter()
                 stored = self.disk.save(key, sources, compiled, compile_s=seconds)
@@ -273,7 +277,9 @@ def stats(cache: CompileCache | None = None) -> dict[str, Any]:
     ``disk_loads`` / ``disk_load_s``: kernels loaded from disk instead; ``disk_writes`` /
     ``disk_write_s``: entries written (export + write + load-back); ``not_persisted``: compiled
     objects that could not be exported; ``disk_discarded``: bad entries removed;
-    ``memory_hits`` / ``memory_misses``: lookups served from / missing in memory.
+    ``memory_hits`` / ``memory_misses``: lookups served from / missing in memory;
+    ``compiled_keys`` / ``resolved_keys``: short digests of the keys built here / resolved here
+    (built or loaded), so that several processes' lines count distinct specialisations.
     """
     cache = CACHE if cache is None else cache
     counters = dataclasses.asdict(cache.counters)
@@ -285,7 +291,13 @@ def stats(cache: CompileCache | None = None) -> dict[str, Any]:
         "memory_misses": cache.misses,
         **counters,
         "disk_discarded": 0 if cache.disk is None else cache.disk.discarded,
+        "compiled_keys": [_key_digest(k) for k in cache.compiled],
+        "resolved_keys": [_key_digest(k) for k in cache.compiled_keys()],
     }
+
+
+def _key_digest(key: CompileKey) -> str:
+    return hashlib.sha256(key.describe().encode()).hexdigest()[:16]
 
 
 def _write_stats_at_exit(pid: int = os.getpid()) -> None:  # noqa: B008 - the importing process
@@ -301,6 +313,7 @@ def _reset_counters_in_child() -> None:
     """A forked child reports its own work, not its parent's."""
     CACHE.hits = CACHE.misses = 0
     CACHE.counters = CacheCounters()
+    CACHE.compiled = []
 
 
 atexit.register(_write_stats_at_exit)

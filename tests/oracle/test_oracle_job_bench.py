@@ -89,12 +89,17 @@ def test_the_row_names_the_workers_that_wrote_stats(tmp_path):
     import json
 
     stats = tmp_path / "cold.stats.jsonl"
-    lines = [{"argv": ["oracle", "run", "--shard", s], "compiles": 1} for s in ("6/8", "1/8")]
-    lines.append({"argv": ["oracle"], "compiles": 2})  # the parent: no shard
+    lines = [{"argv": ["oracle", "run", "--shard", s], "compiles": 1, "compiled_keys": ["a"],
+              "resolved_keys": ["a", "b"]} for s in ("6/8", "1/8")]  # fmt: skip
+    lines.append({"argv": ["oracle"], "compiles": 2, "compiled_keys": ["c", "d"],
+                  "resolved_keys": ["c", "d"]})  # the parent: no shard  # fmt: skip
     stats.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     got = _module()._sum_stats(stats)
     assert got["stats_shards"] == ["1/8", "6/8"] and got["processes"] == 3
     assert got["compiles"] == 4
+    # key "a" was built by two workers: one duplicate; a, b, c, d resolved
+    assert (got["distinct_compiled"], got["duplicate_compiles"]) == (3, 1)
+    assert got["distinct_specialisations"] == 4
     assert _module()._sum_stats(tmp_path / "missing.jsonl")["stats_shards"] == []
 
 
