@@ -15,10 +15,13 @@ Everything below is measured in the same process, on the same device, in this or
 4. **Peer**: quack-kernels 0.6.5 ``quack.gemm_w4.gemm_w4a16(x, blob, out=y, wformat="qtip")``,
    the SM90 CuTe DSL W4A16 GEMM over 4-bit 3INST trellis weights. Its weight is a random
    tail-biting stream blob ``uint8 [N/64, K/64, 128, 16]`` run through quack's own offline prep
-   ``quack.gemm_w4.prepare_w4_weight(q, None, wformat="qtip")``. The peer is timed, not judged:
-   its outputs are not compared with anything, and it is imported only after every b12x kernel
-   has been built (importing quack patches CuTe DSL classes process-wide). When it cannot be
-   imported the run prints ``peer unavailable: <reason>`` and goes on without it.
+   ``quack.gemm_w4.prepare_w4_weight(q, None, wformat="qtip")``. Each timed peer cell is also
+   judged: up to 8 rows of its output against ``x @ Wᵀ`` with ``W`` decoded from the same blob
+   by ``reference.qtip`` (docs/format.md §8), by the oracle's ``judge_gemm``; the verdict is in
+   the cell's detail. The whole peer is judged by ``python -m oracle run --kernel quack``
+   (docs/adapters.md). quack is imported only after every b12x kernel has been built (importing
+   quack patches CuTe DSL classes process-wide). When it cannot be imported the run prints
+   ``peer unavailable: <reason>`` and goes on without it.
 
 Every timed callable is captured in CUDA graphs (capture after warm-up on the capture stream) and
 the replays are timed with CUDA events (median of samples). Each b12x cell is timed in alternating
@@ -93,7 +96,7 @@ PEER = "quack 4-bit"
 PEER_API = 'quack.gemm_w4.gemm_w4a16(act, blob, out=out, wformat="qtip")'
 PEER_PREP = 'quack.gemm_w4.prepare_w4_weight(q, None, wformat="qtip")'
 PEER_VERSION = "0.6.5"
-PEER_NOTE = "timed, not judged: random trellis streams, outputs not compared"
+PEER_NOTE = "random qtip streams; each cell judged on up to 8 rows against reference.qtip"
 TIMING = {"warmup": 3, "reps": 20, "inner": 5, "max_s": 1.0}
 QUICK_TIMING = {"warmup": 2, "reps": 6, "inner": 2, "max_s": 0.3}
 
@@ -476,6 +479,9 @@ class CudaDenseBench:
         #: M -> the cuBLAS anchor's graphs (their x and out live in the closures)
         self._anchor_graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._peer_blobs: list[torch.Tensor] | None = None
+        self._peer_weight: torch.Tensor | None = None
+        #: M -> the oracle's verdict on the peer's output (:meth:`_judge_peer`)
+        self.peer_judged: dict[int, dict[str, Any]] = {}
         self.cublas_weight: str | None = None
 
     def device(self) -> dict:
@@ -590,8 +596,30 @@ class CudaDenseBench:
             graphs = [capture_graph(lambda b=b: call(b)) for b in blobs]
         except Exception as exc:  # noqa: BLE001 -- time it eagerly and say so
             us = median_us(lambda i: call(blobs[i % len(blobs)]), **self.timing)
-            return us, f"eager: graph capture failed ({short_error(exc, 80)})"
-        return self._time_graphs(graphs), "graph"
+            return us, f"eager: graph capture failed ({short_error(exc, 80)}); " + self._judge_peer(
+                x, call, blobs[0], out
+            )
+        return self._time_graphs(graphs), "graph; " + self._judge_peer(x, call, blobs[0], out)
+
+    def _judge_peer(self, x, call, blob, out) -> str:
+        """Judge the timed peer's output (blob 0, up to 8 rows: first, last and between) with the
+        oracle's envelope (``judge_gemm``) against ``x @ Wᵀ``, ``W`` from
+        :func:`reference.qtip.decode` of the same blob (docs/format.md §8)."""
+        from oracle.judge.tolerance import judge_gemm  # lazy: only a run with the peer judges
+        from reference import qtip
+
+        call(blob)
+        torch.cuda.synchronize()
+        if self._peer_weight is None:  # [K, N], decoded once on the GPU from blob 0
+            self._peer_weight = qtip.decode(blob).t()
+        m = x.shape[0]
+        rows = sorted({round(i * (m - 1) / 7) for i in range(8)})
+        verdict = judge_gemm(
+            out[rows], x[rows], self._peer_weight, compute_dtype=torch.bfloat16
+        )  # fmt: skip
+        self.peer_judged[m] = {"passed": verdict.passed, "rows": rows, "reason": verdict.reason}
+        state = "pass" if verdict.passed else f"FAIL: {verdict.reason[:160]}"
+        return f"judged {len(rows)} row(s) against reference.qtip: {state}"
 
 
 # --- extras kept from the earlier script (GPU) ----------------------------------------------------

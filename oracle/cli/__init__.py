@@ -154,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--case", type=nonempty, help="one case id (see `grid`)")
     run.add_argument(
+        "--kernel",
+        type=nonempty,
+        metavar="NAME|MODULE:ATTR",
+        help="judge another kernel through its adapter (docs/adapters.md): e.g. quack",
+    )
+    run.add_argument(
         "--tile", type=nonempty, help="qualify, compile and (on a GPU) run one tile: NAME or KxNxT"
     )
     run.add_argument(
@@ -430,6 +436,8 @@ def _validate_run_selection(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from oracle.checks import tile_run  # lazy: torch stays off the light commands
 
+    if args.kernel:
+        return _cmd_run_kernel(args)
     if args.case and args.filter:
         raise UsageError("use --case or --filter, not both")
     if (args.codebook is not None or args.bits is not None) and not args.tile:
@@ -465,6 +473,51 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if args.compile_all or args.compile_budget is not None:
                 report.extend(checks.run_family("compile", ctx))
             report.extend(checks.run_family("gpu", ctx))
+    return _finish(report, args)
+
+
+# --- run --kernel ---------------------------------------------------------------------------------
+
+#: ``run`` options that select b12x's own grid, tiles or compiles: not an adapted kernel's.
+_B12X_ONLY = ("filter", "tile", "codebook", "bits", "heavy", "compile_all", "compile_budget",
+              "shard", "gpus")  # fmt: skip
+
+
+def _cmd_run_kernel(args: argparse.Namespace) -> int:
+    """``run --kernel NAME [--case ID] [--max-cases N]``: the adapter's grid and graph protocol."""
+    from oracle import adapters  # lazy: torch stays off the light commands
+    from oracle.run import adapter as adapter_run
+
+    given = [f"--{o.replace('_', '-')}" for o in _B12X_ONLY if getattr(args, o) not in (None, 0)]
+    if given:
+        raise UsageError(f"--kernel judges an adapted kernel's own grid; {given[0]} is b12x's")
+    try:
+        adapter = adapters.load_adapter(args.kernel)
+    except adapters.AdapterError as exc:
+        raise UsageError(f"--kernel: {exc}") from None
+    _resolve_tier(args)
+    why = adapter.unavailable()
+    if why is not None:
+        raise UsageError(f"--kernel {args.kernel}: {why}")
+    grid = adapter_run.adapter_grid(adapter)
+    if args.case:
+        grid = [c for c in grid if c.case_id == args.case]
+        if not grid:
+            raise UsageError(f"--case: {args.case!r} is not a case of kernel {adapter.name!r}")
+    elif args.max_cases is not None and args.max_cases < len(grid):
+        step = len(grid) / args.max_cases  # evenly along M and shapes (the grid's order)
+        grid = [grid[int(i * step)] for i in range(args.max_cases)]
+    import torch  # lazy: torch stays off the light commands
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results_dir = Path(args.results)
+    report = Report()
+    for case in grid:
+        report.add(adapter_run.run_adapter_case(
+            adapter, case, device=device, results_dir=results_dir, kernel=args.kernel,
+        ))  # fmt: skip
+    if not args.case:
+        report.extend(adapter_run.run_adapter_graph(adapter, device=device))
     return _finish(report, args)
 
 
@@ -526,11 +579,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from oracle.checks.gpu import replay_saved
     from oracle.run.replay import check_grid_case
 
-    case = check_grid_case(load_case(args.path))
+    loaded = load_case(args.path)
+    if loaded.meta.get("kind") != "adapter":  # an adapted kernel's case has no grid variant
+        check_grid_case(loaded)
     tier, cuda = _resolve_tier(args)
     result, _ = replay_saved(args.path, cuda=cuda and tier == "gpu")
     if result.status == "skip":
-        raise UsageError(f"cannot re-judge {case.case_id}: {result.reason}")
+        raise UsageError(f"cannot re-judge {loaded.meta['case_id']}: {result.reason}")
     return _finish(Report([result]), args)
 
 

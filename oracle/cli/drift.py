@@ -3,8 +3,9 @@
 Input: a grid case id (inputs regenerated from the id; no kernel output, so only *faithful vs
 exact* is shown) or a saved failing case (:func:`oracle.report.results.load_case`; its inputs
 must equal the ones its id generates, else it is refused as ``replay`` refuses it; its kernel
-output ``y`` is compared too). Only unpaired ``dense`` cases (rotation ``full`` or ``none``);
-decode and MoE cases are refused with a pointer to ``python -m oracle replay``.
+output ``y`` is compared too). Only unpaired ``dense`` cases (rotation ``full`` or ``none``),
+and the saved failures of an adapted kernel (``run --kernel``: its GEMM, as rotation ``none``,
+docs/adapters.md); decode and MoE cases are refused with a pointer to ``python -m oracle replay``.
 
 References (float64, :mod:`reference.linear`): *exact* and *faithful* (the case's compute dtype);
 for rotation ``none`` the raw GEMM. For each pair (faithful vs exact, kernel vs exact, kernel vs
@@ -42,10 +43,16 @@ from oracle.arguments import nonempty, output_problem, positive_int
 from oracle.cases.grids import SelectionError, resolve_case_id
 from oracle.cli import refuse, write_json_or_refuse
 from oracle.report.results import CaseFileError, jsonable, load_case
+from oracle.run.adapter import reference_weight, saved_adapter_case
 from oracle.run.replay import check_grid_case
 from oracle.run.runners import inputs as case_inputs
 from reference.hadamard import apply_blockwise
-from reference.linear import faithful_gemm, faithful_input_rotation, forward_decoded
+from reference.linear import (
+    faithful_gemm,
+    faithful_gemm_compute,
+    faithful_input_rotation,
+    forward_decoded,
+)
 from reference.trellis import decode
 
 __all__ = [
@@ -284,6 +291,8 @@ def _load(source: str) -> tuple[Any, Any]:
     ):
         try:
             loaded = load_case(path)
+            if loaded.meta.get("kind") == "adapter":
+                return saved_adapter_case(loaded), loaded
             return check_grid_case(loaded), loaded
         except CaseFileError as exc:
             raise DriftRefused(f"CASE_ID_OR_FILE: {exc}") from None
@@ -370,6 +379,8 @@ def drift(source: str, *, top: int = 5) -> DriftReport:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise DriftRefused(f"--top: expected a positive integer, got {top!r}")
     case, loaded = _load(source)
+    if isinstance(case, tuple):  # a case saved by an adapted kernel (run --kernel)
+        return _adapter_drift(*case, loaded, top=top)
     _check_supported(case)
     tensors = _inputs(case, loaded)
     exact, faithful, weight, operand, to_gemm = _references(case, tensors)
@@ -403,6 +414,27 @@ def drift(source: str, *, top: int = 5) -> DriftReport:
         comparisons=comparisons,
         error_map=emap,
     )
+
+
+def _adapter_drift(adapter, case, tensors, loaded, *, top: int) -> DriftReport:
+    """An adapted kernel's saved GEMM (rotation ``none``): ``y ≈ x @ (scale · W)``."""
+    weight = reference_weight(adapter, case, tensors)
+    x, y = tensors["x"], loaded.tensors["y"]
+    exact = _f64(x) @ weight
+    faithful = faithful_gemm_compute(x, weight, compute_dtype=case.compute_dtype)
+    comparisons = {
+        "faithful_vs_exact": error_stats(faithful, exact),
+        "kernel_vs_exact": error_stats(y, exact),
+        "kernel_vs_faithful": error_stats(y, faithful),
+    }
+    emap = error_map(_f64(y) - _f64(faithful), _f64(x), weight, top=top)
+    return DriftReport(
+        case_id=case.case_id, variant=f"{adapter.name}/{case.op}/{case.fmt}", m=case.m,
+        k=case.k, n=case.n, rotation="none", compute_dtype=case.dtype,
+        source="saved case", path=str(loaded.path), execution=loaded.meta.get("execution"),
+        note=f"kernel {adapter.name} through its adapter", top=top, comparisons=comparisons,
+        error_map=emap,
+    )  # fmt: skip
 
 
 # --- text ---------------------------------------------------------------------------------------

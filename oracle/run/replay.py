@@ -12,6 +12,9 @@ never a pass). Then:
 * without CUDA, the saved ``y`` is judged again against references recomputed on the CPU
   (``judge_saved`` of the op's runner; intermediate stages were not saved, so the judge composes
   them).
+
+A case saved by an adapted kernel (``kind: "adapter"``, ``run --kernel``) names its adapter and
+is replayed by :func:`oracle.run.adapter.replay_adapter_case` the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from oracle.cases.grids import SelectionError, resolve_case_id
 from oracle.report.report import CheckResult
 from oracle.report.results import CaseFileError, LoadedCase, load_case
+from oracle.run.adapter import replay_adapter_case
 from oracle.run.grid import unrunnable_reason
 from oracle.run.runners import decode, dense, moe, run_case, saved_inputs
 
@@ -127,6 +131,8 @@ def replay(path: str | Path, *, cuda: bool) -> tuple[CheckResult, Any]:
     """Re-judge the saved case at ``path`` (module docstring). Raises :class:`ReplayMismatch`
     (a ValueError) when the file disagrees with its id."""
     loaded = load_case(path)  # CaseFileError: unreadable, corrupt, no case id
+    if loaded.meta.get("kind") == "adapter":
+        return replay_adapter_case(loaded, cuda=cuda), None
     case = check_grid_case(loaded)  # CaseFileError: not a grid point, meta or layout disagree
     why = unrunnable_reason(case)
     if why is not None:  # nothing in the oracle can judge it: a skip, never a verdict

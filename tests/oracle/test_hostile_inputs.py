@@ -26,13 +26,14 @@ IN_JSON = ("", "{dir}", "{missing}", "{not_json}", "{deep}")
 COUNT = ("0", "-3", "x", "1.5", "nan")
 SECONDS = ("nan", "inf", "-1", "0", "x")
 HUGE = (str(2**31), str(2**40), str(2**62))
+KERNEL = ("", " ", "nonsense", "os:path", "no.such.module:ADAPTER", ":", "oracle.adapters:")
 
 #: command -> (the words before the options, valid options kept beside, {option: kinds})
 COMMANDS = {
     "default": ([], ["--only", "layout"], {"--json": OUT_FILE, "--results": OUT_DIR,
                                             "--only": TEXT}),
     "run": (["run"], [], {"--case": TEXT, "--tile": TEXT, "--filter": TEXT, "--json": OUT_FILE,
-                          "--results": OUT_DIR, "--max-cases": COUNT}),
+                          "--results": OUT_DIR, "--max-cases": COUNT, "--kernel": KERNEL}),
     "grid": (["grid"], [], {"--filter": TEXT}),
     "report": (["report"], [], {"": IN_JSON}),
     "replay": (["replay"], [], {"": IN_JSON}),
