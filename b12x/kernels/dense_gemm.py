@@ -277,8 +277,11 @@ class DenseTrellisGemmKernel:
         return k_begin, k_end, self._row_bytes(payload)
 
     def _row_bytes(self, payload):
-        """Bytes of one payload K16 row (``N/16`` tiles of ``32·bits`` B), formed in 64 bits."""
-        return Int64(payload.shape[1]) * (4 * 8 * self.bits)
+        """Bytes of one payload K16 row (``N/16`` tiles of ``32·bits`` B): a 32-bit value (the
+        plan refuses a row of 2^31 bytes or more), sign-extended so that ``Int64(kt) * row_bytes``
+        is one 32 x 32 -> 64 multiply in the mainloop, not a 64-bit one."""
+        # lint-ok widened-after-product: plan_dense's check_row_stride bounds it below 2^31
+        return Int64(payload.shape[1] * (4 * 8 * self.bits))
 
     def _cta_payload_run(self, payload, bx):
         """Byte address of CTA column ``bx``'s payload run in K16 row 0 (a shared mainloop's

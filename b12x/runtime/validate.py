@@ -37,6 +37,7 @@ __all__ = [
     "check_codebook_bits",
     "check_device_arg",
     "check_extent",
+    "check_row_stride",
     "check_dtype_choice",
     "check_positive_int",
     "check_tensor",
@@ -107,6 +108,19 @@ def check_extent(name: str, value: int, *, what: str = "") -> int:
             f"{MAX_EXTENT}: shapes are 32-bit ints in the compiled kernels)"
         )
     return value
+
+
+def check_row_stride(name: str, n: int, bits: int) -> int:
+    """The bytes of one payload K16 row, ``2·n·bits`` (``n/16`` tiles of ``32·bits`` bytes), within
+    :data:`MAX_EXTENT`: the dense kernels step between rows with a 32-bit stride, widened when
+    multiplied by the row index. Raises naming ``name`` and the limit."""
+    row = 2 * n * bits
+    if isinstance(row, int) and row > MAX_EXTENT:
+        raise ValueError(
+            f"{name}: {n} columns at {bits} bits make a {row}-byte payload K16 row, past the "
+            f"kernels' 32-bit row stride (at most 2**31 - 1 = {MAX_EXTENT} bytes)"
+        )
+    return row
 
 
 def check_codebook_bits(codebook: object, bits: object) -> tuple[str, int]:

@@ -17,6 +17,10 @@ Layout
       ``Int64(...)`` around a product with a runtime operand (anything but literals, upper-case
       module constants and the kernel object's ``self.…`` configuration): the product is formed
       in 32 bits and has wrapped before it is widened. Widen an operand: ``Int64(i) * stride``.
+  ``bad-exemption``
+      ``# lint-ok RULE: why`` (on the flagged line, or alone on the line above it) exempts one
+      finding whose safety the code cannot show, e.g. a product a plan-time check bounds; an
+      exemption with no reason, or that exempts nothing, is a finding.
   ``codebook-default`` (R11)
       a parameter named ``codebook``, ``*_codebook``, ``bits`` or ``fmt`` declared with a default
       other than ``None`` (``None`` means "absent", it cannot select a table):
@@ -36,13 +40,20 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["RULES", "LintFinding", "default_root", "lint_package", "lint_source", "main"]
 
-RULES = ("int32-index-product", "widened-after-product", "codebook-default", "parse-error")
+RULES = (
+    "int32-index-product",
+    "widened-after-product",
+    "codebook-default",
+    "bad-exemption",
+    "parse-error",
+)
 _NARROW = frozenset({"Int32"})
 _WIDE = frozenset({"Int64"})
 _EXPLICIT_PARAMS = frozenset({"codebook", "bits", "fmt"})
@@ -205,7 +216,40 @@ def lint_source(text: str, path: str = "<string>") -> list[LintFinding]:
         + _widened_after_product(tree, path)
         + _codebook_defaults(tree, path)
     )
-    return sorted(found, key=lambda f: (f.path, f.line, f.rule))
+    return sorted(_apply_exemptions(text, path, found), key=lambda f: (f.path, f.line, f.rule))
+
+
+_EXEMPTION = re.compile(r"#\s*lint-ok\s+(?P<rule>[a-z0-9-]+)\s*(?::\s*(?P<why>.*?))?\s*$")
+
+
+def _apply_exemptions(text: str, path: str, found: list[LintFinding]) -> list[LintFinding]:
+    """Drop the findings a ``# lint-ok RULE: why`` comment exempts: on the finding's line, or
+    alone on the line above it. An exemption must give its reason and must exempt a finding of
+    its rule; otherwise it is a finding itself (an exemption outlives the code it excused)."""
+    exemptions = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _EXEMPTION.search(line)
+        if match:
+            alone = line.lstrip().startswith("#")
+            exemptions[number] = (match["rule"], match["why"] or "", alone)
+    kept, used = [], set()
+    for f in found:
+        for number in (f.line, f.line - 1):
+            rule, why, alone = exemptions.get(number, (None, "", False))
+            if rule == f.rule and why and (number == f.line or alone):
+                used.add(number)
+                break
+        else:
+            kept.append(f)
+    for number, (rule, why, _) in exemptions.items():
+        if not why:
+            problem = "gives no reason: write `# lint-ok RULE: why it cannot happen`"
+        elif number not in used:
+            problem = f"exempts no {rule} finding on this line or the next"
+        else:
+            continue
+        kept.append(LintFinding("bad-exemption", path, number, f"`lint-ok {rule}` {problem}"))
+    return kept
 
 
 def default_root() -> Path:

@@ -157,6 +157,19 @@ def test_plan_rejects_bad_arguments_naming_them():
         _plan(m=129, tile=[32, 512, 256])  # the FC2-only tile pinned on the dense linear
 
 
+def test_plan_refuses_a_payload_row_past_the_32_bit_stride():
+    """The GEMM steps between payload K16 rows with a 32-bit stride (2·N·bits bytes, widened at
+    the multiply by the row index): the plan refuses N that would wrap it, at the boundary."""
+    from b12x.runtime.validate import check_row_stride
+
+    n_max = (2**31 - 1) // 8 // 128 * 128  # the largest N in 128s at K4 whose row fits
+    assert check_row_stride("n", n_max, 4) <= 2**31 - 1
+    with pytest.raises(ValueError, match=r"n: .* payload K16 row, past the kernels' 32-bit"):
+        _plan(n=n_max + 128, codebook="mcg", bits=4)
+    with pytest.raises(ValueError, match="n: 268435456 columns at 6 bits"):
+        _plan(n=2**28, codebook="mcg", bits=6)
+
+
 def test_pinned_tile_sets_the_kernel_geometry():
     plan = _plan(device=H200, m=129, tile=[64, 128, 128])
     g = plan.geometry

@@ -128,3 +128,20 @@ def test_bad_arguments_are_named(tmp_path):
         lint_package(3)
     with pytest.raises(ValueError, match="root"):
         lint_package(tmp_path / "missing")
+
+
+def test_an_exemption_needs_its_reason_and_a_finding_to_exempt():
+    bad = "run = Int64(bx * stride)"
+    assert _rules(f"# lint-ok widened-after-product: the plan bounds bx * stride\n{bad}") == []
+    assert _rules(f"{bad}  # lint-ok widened-after-product: the plan bounds it") == []
+    # no reason: the finding stays and the exemption is one
+    assert sorted(_rules(f"# lint-ok widened-after-product\n{bad}")) == [
+        "bad-exemption", "widened-after-product"]  # fmt: skip
+    # another rule's exemption exempts nothing; one above code, not alone on its line, neither
+    assert sorted(_rules(f"# lint-ok codebook-default: no\n{bad}")) == [
+        "bad-exemption", "widened-after-product"]  # fmt: skip
+    assert sorted(_rules(f"x = 1  # lint-ok widened-after-product: y\n{bad}")) == [
+        "bad-exemption", "widened-after-product"]  # fmt: skip
+    # an exemption left behind after the code it excused was fixed
+    assert _rules("# lint-ok widened-after-product: stale\nrun = Int64(bx) * stride") == [
+        "bad-exemption"]  # fmt: skip

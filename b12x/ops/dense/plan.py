@@ -53,6 +53,7 @@ from b12x.runtime.validate import (
     check_dtype_choice,
     check_extent,
     check_positive_int,
+    check_row_stride,
     check_tensor,
 )
 
@@ -294,6 +295,7 @@ def check_dense_problem(
     for name, value in (("m", m), ("k", k), ("n", n)):
         check_extent(name, check_positive_int(name, value))
     codebook, bits = check_codebook_bits(codebook, bits)
+    check_row_stride("n", n, bits)
     check_dtype_choice("x_dtype", x_dtype, HALF_DTYPES)
     check_dtype_choice("compute_dtype", compute_dtype, HALF_DTYPES)
     check_bool("external_rotation", external_rotation)
