@@ -21,6 +21,17 @@
   same permutation in every xdist worker, so their collections agree), to show that no test
   depends on what ran before it in the same process (the seed is printed in the header, so a
   failing order can be replayed).
+* :func:`slow_sweep` parametrises a ``slow``-marked sweep with one item per case (so xdist
+  spreads it and a failure's id names its case), but only when the run's ``-m`` names ``slow``
+  (:func:`slow_selected`); otherwise the sweep is one placeholder item, skipped at collection
+  with the sweep's reason, so the default run neither builds the cases nor carries thousands
+  of skipped items.
+* ``--slow-slice I/N`` keeps slice ``I`` of ``N`` of the ``slow``-marked tests left after
+  ``-m``/``-k``: those whose position in their sorted node ids is ``I`` mod ``N``; the other
+  ``slow`` tests are deselected (and reported so), tests without the marker are kept. The
+  slices of one ``N`` are disjoint and together hold every ``slow`` test, and they agree across
+  xdist workers and with ``--shuffle-seed``, so a time-limited machine runs ``-m slow
+  --slow-slice 0/2`` in one call and ``1/2`` in the next (``scripts/gpu_tier.sh``'s ``SLOW``).
 
 This module must not import torch at import time: the root conftest pins one GPU per xdist
 worker before CUDA initialises, and this plugin is loaded right after it.
@@ -31,6 +42,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -80,6 +92,75 @@ def _cuda_device_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken driver means "no usable GPU"
         return 0
+
+
+def slow_selected(config: pytest.Config) -> bool:
+    """Whether the run's ``-m`` expression names ``slow`` (the sweeps' opt-in)."""
+    return "slow" in (config.getoption("-m") or "")
+
+
+def slow_sweep(
+    argnames: str | Sequence[str],
+    cases: Iterable[Any] | Callable[[], Iterable[Any]],
+    id_of: Callable[[Any], str],
+    *,
+    reason: str,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator of a ``slow``-marked test: under ``-m slow`` it is parametrised over ``argnames``
+    with one item per case of ``cases`` (a sequence, or a callable returning one, called only
+    then) whose id is ``id_of(case)`` (a case is a tuple when there are several names); without
+    it, with one placeholder item (id ``sweep``, arguments ``None``) skipped with ``reason``."""
+
+    def mark(function: Callable[..., Any]) -> Callable[..., Any]:
+        function.oracle_slow_sweep = (argnames, cases, id_of, reason)
+        return function
+
+    return mark
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    sweep = getattr(metafunc.function, "oracle_slow_sweep", None)
+    if sweep is None:
+        return
+    argnames, cases, id_of, reason = sweep
+    if slow_selected(metafunc.config):
+        values = list(cases() if callable(cases) else cases)
+        metafunc.parametrize(argnames, values, ids=[id_of(v) for v in values])
+        return
+    names = argnames.split(",") if isinstance(argnames, str) else argnames
+    skip = pytest.mark.skip(reason=reason)
+    metafunc.parametrize(argnames, [pytest.param(*[None] * len(names), marks=skip, id="sweep")])
+
+
+_SLICE = re.compile(r"(\d+)/(\d+)")
+
+
+def parse_slow_slice(text: str) -> tuple[int, int]:
+    """``"I/N"`` as ``(I, N)`` with ``0 <= I < N``; a :class:`pytest.UsageError` otherwise."""
+    match = _SLICE.fullmatch(text.strip())
+    if match is None or not int(match[1]) < int(match[2]):
+        raise pytest.UsageError(
+            f"--slow-slice: expected I/N with integers 0 <= I < N (slice I of N, e.g. 0/2 and "
+            f"1/2), got {text!r}"
+        )
+    return int(match[1]), int(match[2])
+
+
+class _SlowSlice:
+    """Registered by :func:`pytest_configure` only when ``--slow-slice`` is given."""
+
+    def __init__(self, index: int, count: int):
+        self.index, self.count = index, count
+
+    @pytest.hookimpl(trylast=True)  # after -m/-k deselected: slice what they kept
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        slow = sorted(item.nodeid for item in items if item.get_closest_marker("slow"))
+        dropped = {n for position, n in enumerate(slow) if position % self.count != self.index}
+        if dropped:
+            config.hook.pytest_deselected(items=[it for it in items if it.nodeid in dropped])
+            items[:] = [it for it in items if it.nodeid not in dropped]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -160,6 +241,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="run the tests in a pseudo-random order fixed by N (order-independence check)",
     )
+    group.addoption(
+        "--slow-slice",
+        default=None,
+        metavar="I/N",
+        help="keep slice I of N (0 <= I < N) of the slow-marked tests, by their sorted node ids; "
+        "deselect the other slow tests (e.g. -m slow --slow-slice 0/2, then 1/2)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,11 +258,18 @@ def pytest_configure(config: pytest.Config) -> None:
             "--require-gpu: no CUDA device is visible; every gpu-marked test would be skipped "
             "and the run would pass without testing anything on a GPU"
         )
+    slow_slice = config.getoption("slow_slice", None)
+    if slow_slice is not None:
+        config.pluginmanager.register(_SlowSlice(*parse_slow_slice(slow_slice)), "slow-slice")
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = config.getoption("shuffle_seed")
-    return None if seed is None else f"test order shuffled with --shuffle-seed {seed}"
+    slow_slice = config.getoption("slow_slice", None)
+    lines = [] if seed is None else [f"test order shuffled with --shuffle-seed {seed}"]
+    if slow_slice is not None:
+        lines.append(f"slow tests: slice {slow_slice.strip()} (--slow-slice)")
+    return lines
 
 
 @pytest.fixture

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # One GPU session on the lent H200, batched into phases: the GPU-marked tests, a bounded slice of
 # the oracle's differential grid, the dense and MoE benchmarks, compute-sanitizer and the
-# GPU-tier mutation gate. Every log lands under $OUT (the device tool's output dir) and every
-# phase adds "phase <name>: rc=<rc> <wall>s of <budget>s" plus a few result lines to
-# $OUT/summary.txt. Phases are independent: one failing or timing out never stops the next.
-# At the end a table lists every phase (ok / FAILED rc=N / TIMED OUT / skipped) and the script
-# exits 1 when any phase failed or timed out, 0 only when every phase that ran passed.
+# GPU-tier mutation gate (and, when asked, tile qualification and the slow CPU compile sweeps,
+# which use the box's 16 cores rather than its GPU). Every log lands under $OUT (the device
+# tool's output dir) and every phase adds "phase <name>: rc=<rc> <wall>s of <budget>s" plus a
+# few result lines to $OUT/summary.txt. Phases are independent: one failing or timing out
+# never stops the next. At the end a table lists every phase (ok / FAILED rc=N / TIMED OUT /
+# skipped) and the script exits 1 when any phase failed or timed out, 0 only when every phase
+# that ran passed.
 #   usage (device tool, carry [".device"]):  source .device/env.sh && bash scripts/gpu_tier.sh
-# Budgets (seconds; each phase is cut at its budget; the defaults add up to 570 s, inside the
-# device's 600 s per call):
+# Budgets (seconds; each phase is cut at its budget; the defaults of the phases on by default
+# add up to 570 s, inside the device's 600 s per call):
 #   TESTS_S=240 GRID_S=60 BENCH_S=55 MOE_BENCH_S=60 SANITIZE_S=70 MUTATE_S=85
 # Switches (1 = run, 0 = skip): TESTS, GRID, BENCH, MOE_BENCH, SANITIZE, MUTATE (all default 1)
 # and TILE (default 0, budget TILE_S=75): `oracle run --tile` for each tile of TILES (default
-# 64x128x128) on TILE_CASES (default 40) stratified cases pinned to it.
+# 64x128x128) on TILE_CASES (default 40) stratified cases pinned to it, and SLOW (default 0,
+# budget SLOW_S=420): the `slow`-marked tests (the exhaustive CPU compile / spill sweeps for
+# sm_80 / sm_90 / sm_120, one item per spec; no GPU needed, but this box has the cores) on
+# $(nproc) xdist workers; SLOW_SLICE=I/N runs slice I of N of them (`--slow-slice`), e.g. 0/2
+# then 1/2 in two calls when one call's 600 s is not enough:
+#   SLOW=1 TESTS=0 GRID=0 BENCH=0 MOE_BENCH=0 SANITIZE=0 MUTATE=0 SLOW_SLICE=0/2 \
+#     bash scripts/gpu_tier.sh
 # Others: WORKERS (xdist workers, default 8), SHUFFLE_SEED (run the tests shuffled),
 # GRID_FILTER, GRID_CASES, MOE_M (default 1,8,64,512,4096), SANITIZE_TOOLS (default
 # "memcheck racecheck").
@@ -21,6 +29,7 @@ OUT="${OUT:-./results/gpu}"
 mkdir -p "$OUT"
 TESTS_S="${TESTS_S:-240}"; GRID_S="${GRID_S:-60}"; BENCH_S="${BENCH_S:-55}"
 MOE_BENCH_S="${MOE_BENCH_S:-60}"; SANITIZE_S="${SANITIZE_S:-70}"; MUTATE_S="${MUTATE_S:-85}"
+SLOW_S="${SLOW_S:-420}"
 summary="$OUT/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 total_start=$SECONDS
@@ -120,6 +129,17 @@ if [ "${TILE:-0}" = 1 ]; then
   done
 else
   skipped tile
+fi
+
+if [ "${SLOW:-0}" = 1 ]; then
+  # CPU compiles only (fake tensors, ptxas): one xdist worker per core
+  phase slow_sweeps "$SLOW_S" "$OUT/slow_sweeps.log" \
+    python3 -m pytest tests -m slow -n "$(nproc)" -q -p no:cacheprovider \
+    ${SLOW_SLICE:+--slow-slice "$SLOW_SLICE"} -rfE
+  tail -n 40 "$OUT/slow_sweeps.log" | grep -E "passed|failed|error" | tail -n 3 | tee -a "$summary"
+  grep -E "^(FAILED|ERROR)" "$OUT/slow_sweeps.log" | head -n 60 | tee -a "$summary"
+else
+  skipped slow_sweeps
 fi
 
 echo "gpu tier: $((SECONDS - total_start))s in all" | tee -a "$summary"

@@ -27,6 +27,7 @@ from b12x.ops.dense.plan import allocate_dense_buffers, bind_dense, plan_dense, 
 from b12x.ops.dense.tiles import tensor_core_takes_decoder
 from oracle.judge import dispatch as O
 from oracle.judge.tiles import SimulatedDevice
+from oracle.pytest_plugin import slow_sweep
 
 H200 = SimulatedDevice("h200", 132, 227 * 1024, (9, 0))
 A100 = SimulatedDevice("a100", 108, 163 * 1024, (8, 0))
@@ -301,22 +302,32 @@ def test_a_decoder_that_spills_in_the_tensor_core_mainloops_keeps_the_shared_dec
                           x_dtype=f16).path == "generic"  # fmt: skip
 
 
+#: (codebook, bits, bf16, mainloop table geometry name) the tensor-core decoder sweep compiles:
+#: every legal rate and both dtypes in the three tensor-core geometries, plus the mma.sync wide
+#: fallback for a decoder the tensor-core rows refuse.
+TENSOR_CORE_SWEEP = [
+    (codebook, bits, bf16, geometry)
+    for codebook, fmt in sorted(FORMATS.items())
+    for bits, bf16 in itertools.product(fmt.legal_bits, (True, False))
+    for geometry in ("TENSOR_DEEP", "SWAP_WIDE", "SWAP_TALL")
+    + (() if tensor_core_takes_decoder(fmt.wide_tile_cap) else ("WIDE",))
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("codebook", sorted(FORMATS))
-def test_every_tensor_core_decoder_compiles_spill_free(codebook, request):
-    """The tile-hint rule's evidence, per codebook (the five took 12 minutes on 2 cores): a decoder
-    the tensor-core rows take compiles spill-free in all three geometries at every legal rate
-    and both compute dtypes; one they refuse spills in each (so the rule is still needed) and
-    its fallback, the mma.sync wide geometry, compiles spill-free."""
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("the tensor-core decoder sweep runs only when selected with -m slow")
-    fmt = FORMATS[codebook]
-    takes = tensor_core_takes_decoder(fmt.wide_tile_cap)
-    for bits, bf16 in itertools.product(fmt.legal_bits, (True, False)):
-        for geometry in (L.TENSOR_DEEP, L.SWAP_WIDE, L.SWAP_TALL):
-            spec = _geometry_spec(geometry, codebook, bits, bf16=bf16)
-            spill = support.compile_specialization(spec, "sm_90").spill_bytes
-            assert (spill == 0) == takes, (spec, spill)
-        if not takes:
-            spec = _geometry_spec(L.WIDE, codebook, bits, bf16=bf16)
-            assert support.compile_specialization(spec, "sm_90").spill_bytes == 0, spec
+@slow_sweep(
+    ("codebook", "bits", "bf16", "geometry"),
+    TENSOR_CORE_SWEEP,
+    lambda c: f"{c[0]}-K{c[1]}-{'bf16' if c[2] else 'f16'}-{c[3].lower()}",
+    reason="the tensor-core decoder sweep runs only when selected with -m slow",
+)
+def test_every_tensor_core_decoder_compiles_spill_free(codebook, bits, bf16, geometry):
+    """The tile-hint rule's evidence, per geometry (the five codebooks took 12 minutes on 2
+    cores): a decoder the tensor-core rows take compiles spill-free in all three geometries at
+    every legal rate and both compute dtypes; one they refuse spills in each (so the rule is
+    still needed) and its fallback, the mma.sync wide geometry, compiles spill-free."""
+    takes = tensor_core_takes_decoder(FORMATS[codebook].wide_tile_cap)
+    spec = _geometry_spec(getattr(L, geometry), codebook, bits, bf16=bf16)
+    spill = support.compile_specialization(spec, "sm_90").spill_bytes
+    # WIDE is swept only as the fallback of a refused decoder: spill-free there too
+    assert (spill == 0) == (takes or geometry == "WIDE"), (spec, spill)

@@ -4,11 +4,13 @@ input before any launch (these checks need no GPU: validation runs first).
 
 CI compiles a representative subset per arch (every kernel kind, every decoder family, both
 compute dtypes, 2- and 3-word lane geometries, split and direct epilogues); the exhaustive sweep
-over :func:`b12x.support.kernel_specializations` is marked ``slow``.
+over :func:`b12x.support.kernel_specializations` is marked ``slow``: one item per (spec, arch),
+named by :func:`_spec_id`, so xdist spreads it and a failure names its specialisation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -21,6 +23,7 @@ from b12x.formats import FORMATS
 from b12x.kernels.geometry import GemmGeometry
 from b12x.launch import host
 from b12x.launch.specs import KernelSpec, gemm_spec
+from oracle.pytest_plugin import slow_sweep
 
 
 @functools.cache
@@ -50,14 +53,53 @@ def test_representative_specializations_compile(spec, arch):
     _check_report(spec, arch, _report(spec, arch))
 
 
+_DEFAULT_GEOMETRY = GemmGeometry()
+
+
+def _field_token(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return name if value else f"no_{name}"
+    return f"{name}{value}"
+
+
+def _spec_id(spec: KernelSpec) -> str:
+    """A readable test id naming every field that tells ``spec`` apart, e.g.
+    ``gemm-mcg-K4-bf16-m1n4w4-partials``, ``decode-sqg_fp16-K5-out_bf16``, ``reduce-f16``:
+    kind, codebook and rate, the dtype flags set (``f16`` when none is), the geometry's tiles and
+    warps plus each other field off its default (``smem_stages2``, ``wgmma``), and ``partials``
+    for split-K partials."""
+    parts = [spec.kind]
+    if spec.fmt is not None:
+        parts += [spec.codebook, f"K{spec.bits}"]
+    flags = [name for name in ("bf16", "in_bf16", "out_bf16") if getattr(spec, name)]
+    parts += flags or ["f16"]
+    g = spec.geometry
+    if g is not None:
+        extra = "".join(
+            f"-{_field_token(f.name, value)}"
+            for f in dataclasses.fields(g)
+            if f.name not in ("m_tiles", "n_tiles", "warps")
+            and (value := getattr(g, f.name)) != getattr(_DEFAULT_GEOMETRY, f.name)
+        )
+        parts.append(f"m{g.m_tiles}n{g.n_tiles}w{g.warps}{extra}")
+    if spec.write_partials:
+        parts.append("partials")
+    return "-".join(parts)
+
+
+# ~650 specs per arch (1.5 CPU hours in all): opt-in with `-m slow`, never part of the default run
+# (there one skipped placeholder per arch); one item per (spec, arch) under `-m slow`, so xdist
+# and `--slow-slice` spread the sweep.
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", support.ARCHES)
-def test_every_specialization_compiles(arch, request):
-    # ~350 compiles per arch (minutes): opt-in with `-m slow`, never part of the default run.
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("exhaustive compile sweep runs only when selected with -m slow")
-    for spec in support.kernel_specializations():
-        _check_report(spec, arch, _report(spec, arch))
+@slow_sweep(
+    "spec",
+    support.kernel_specializations,
+    _spec_id,
+    reason="exhaustive compile sweep runs only when selected with -m slow",
+)
+def test_every_specialization_compiles(spec, arch):
+    _check_report(spec, arch, _report(spec, arch))
 
 
 def test_decoder_families_emit_their_instructions():

@@ -9,6 +9,7 @@ each at the mutated line; the unmutated copy must be clean.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shutil
@@ -23,6 +24,7 @@ from b12x.ops.moe.support import (
     supported_moe_variants,
 )
 from oracle.contracts import DEFAULT_SLOTS_PATH, check_package, default_root
+from oracle.pytest_plugin import slow_sweep
 
 TIER_FILE = Path("ops") / "moe" / "run.py"  # the tier stage (tier_gemm_stage) launches from run
 FC2_CALL = """            launch_grouped_gemm(
@@ -126,13 +128,37 @@ def test_grouped_gemm_compiles_for_sm90(spec):
     _check_ptx(spec, "sm_90")
 
 
+#: The fields every id names; the others appear only off their default.
+_MOE_ID_FIELDS = ("codebook", "bits", "bf16", "m_tiles", "n_tiles", "warps", "depth")
+
+
+def _moe_spec_id(s: MoeGemmSpec) -> str:
+    """``mcg-K3-f16-m1n2w8d8-P24-rate_n``: codebook and rate, dtype, tiles, warps and depth,
+    then each other field off its default (``k8`` for ``k_split`` 8; the pair and its axis)."""
+    parts = [s.codebook, f"K{s.bits}", "bf16" if s.bf16 else "f16"]
+    parts.append(f"m{s.m_tiles}n{s.n_tiles}w{s.warps}d{s.depth}")
+    short = {"k_split": "k", "rate_axis": "rate_", "pair": ""}
+    for f in dataclasses.fields(s):
+        value = getattr(s, f.name)
+        if f.name in _MOE_ID_FIELDS or value == f.default:
+            continue
+        if isinstance(value, bool):
+            parts.append(f.name if value else f"no_{f.name}")
+        else:
+            parts.append(f"{short.get(f.name, f.name)}{value}")
+    return "-".join(parts)
+
+
 @pytest.mark.slow
-def test_every_moe_specialization_compiles(request):
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("the grouped-GEMM compile sweep runs only when selected with -m slow")
-    for spec in moe_kernel_specializations():
-        for arch in ("sm_80", "sm_90", "sm_120"):
-            _check_ptx(spec, arch)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+@slow_sweep(
+    "spec",
+    moe_kernel_specializations,
+    _moe_spec_id,
+    reason="the grouped-GEMM compile sweep runs only when selected with -m slow",
+)
+def test_every_moe_specialization_compiles(spec, arch):
+    _check_ptx(spec, arch)
 
 
 def test_supported_variants_cover_layouts_dtypes_and_tiers():

@@ -24,6 +24,7 @@ from b12x.ops.moe import run as run_mod
 from b12x.ops.moe.custom_op import MoeOp, check_moe_op_args
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
 from b12x.ops.moe.run import MoeInputs, run_moe
+from oracle.pytest_plugin import slow_sweep
 from reference import pairs as ref_pairs
 from reference.moe import row_magnitude
 from reference.moe_pairs import PairedExperts, paired_moe_forward, paired_route_outputs
@@ -87,17 +88,27 @@ def test_planned_pair_specs_compile_without_spills(choice, phase, m_tiles, bf16,
         assert regs and max(regs) <= 255
 
 
+#: (choice, phase, m_tiles, bf16) of every planned MCG pair spec the slow sweep compiles.
+ALL_PLANNED = [
+    (choice, phase, m_tiles, bf16)
+    for choice in (*KINDS, "dynamic")
+    for phase in ("fc1", "fc2")
+    for m_tiles in (1, 2, 4)
+    for bf16 in (False, True)
+]
+
+
 @pytest.mark.slow
-def test_every_planned_pair_spec_compiles(request):
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("the pair compile sweep runs only when selected with -m slow")
-    for choice in (*KINDS, "dynamic"):
-        for phase in ("fc1", "fc2"):
-            for m_tiles in (1, 2, 4):
-                for bf16 in (False, True):
-                    spec = _planned(choice, phase, m_tiles, bf16)
-                    _, _, spills = _compile(spec, "sm_90")
-                    assert sum(spills) == 0, spec
+@slow_sweep(
+    "choice, phase, m_tiles, bf16",
+    ALL_PLANNED,
+    lambda c: f"{c[1]}-{c[0]}-m{c[2]}-{'bf16' if c[3] else 'f16'}",
+    reason="the pair compile sweep runs only when selected with -m slow",
+)
+def test_every_planned_pair_spec_compiles(choice, phase, m_tiles, bf16):
+    spec = _planned(choice, phase, m_tiles, bf16)
+    _, _, spills = _compile(spec, "sm_90")
+    assert sum(spills) == 0, spec
 
 
 # ------------------------------------------------------------------ specs and plans

@@ -21,6 +21,7 @@ from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch.moe_compile import build_moe_gemm
 from b12x.launch.toolchain import compile_with_remarks
 from b12x.ops.moe.plan import choose_k_split, gemm_geometry, plan_moe
+from oracle.pytest_plugin import slow_sweep
 
 GLM = dict(
     top_k=8, hidden=5120, intermediate=1536, codebook="mcg", bits=4, num_experts=128,
@@ -207,24 +208,27 @@ def test_split_spec_set_covers_the_plans():
     assert want <= got, got
 
 
-@pytest.mark.parametrize(
-    "spec",
-    SPLIT_SPECS,
-    ids=lambda s: (
+def _split_id(s: MoeGemmSpec) -> str:
+    return (
         f"{s.codebook}{s.bits}-m{s.m_tiles}"
         f"-n{s.n_tiles}-w{s.warps}-k{s.k_split}-{'bf16' if s.bf16 else 'f16'}"
-    ),
-)
+    )
+
+
+@pytest.mark.parametrize("spec", SPLIT_SPECS, ids=_split_id)
 def test_planned_split_specs_compile_without_spills_sm90(spec):
     _check(spec, "sm_90")
 
 
 @pytest.mark.slow
-def test_every_planned_split_spec_compiles_without_spills(request):
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("exhaustive split compile sweep runs only when selected with -m slow")
-    for spec in ALL_SPLIT_SPECS:
-        _check(spec, "sm_90")
+@slow_sweep(
+    "spec",
+    ALL_SPLIT_SPECS,
+    _split_id,
+    reason="exhaustive split compile sweep runs only when selected with -m slow",
+)
+def test_every_planned_split_spec_compiles_without_spills(spec):
+    _check(spec, "sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_120"])

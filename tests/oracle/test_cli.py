@@ -245,6 +245,21 @@ def test_gpu_tier_fails_and_names_a_timed_out_phase(tmp_path):
     assert _row(out, "oracle_grid")[:4] == ["oracle_grid", "TIMED", "OUT", "124"]
 
 
+def test_gpu_tier_slow_phase_is_opt_in_and_runs_its_slice(tmp_path):
+    """SLOW=1 runs the slow sweeps (``-m slow`` on every core, ``--slow-slice`` from
+    SLOW_SLICE) and adds pytest's result line to the summary; off by default."""
+    shim = 'echo "argv: $*"; echo "5 passed in 1.00s"'
+    code, out = _gpu_tier(tmp_path, shim, SLOW=1, SLOW_SLICE="1/2")
+    assert code == 0, out
+    assert _row(out, "slow_sweeps")[:3] == ["slow_sweeps", "ok", "0"]
+    assert "5 passed in 1.00s" in out
+    argv = (tmp_path / "out" / "slow_sweeps.log").read_text()
+    assert "-m pytest tests -m slow -n " in argv and "--slow-slice 1/2 -rfE" in argv, argv
+    code, out = _gpu_tier(tmp_path, "exit 0")
+    assert code == 0, out
+    assert _row(out, "slow_sweeps")[:2] == ["slow_sweeps", "skipped"]
+
+
 # --- run --tile: qualify, compile, never "pass without compiling" ----------------------------
 
 

@@ -4,6 +4,9 @@ One child session checks the three promises at once: a ``gpu``-marked test is sk
 collection with the reason in the report (its body would fail), a failing test that filled
 ``oracle_case`` has its case saved (safetensors + JSON sidecar, no pickle) with the replay
 command printed, and a passing test (and a failing one that filled nothing) saves nothing.
+Each option then runs in a child process of its own, except ``slow_sweep`` and
+``--slow-slice``: they touch neither torch nor CUDA, so their child session runs in process
+(pytester).
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]  # the slow_sweep / --slow-slice child session runs in process
 
 CHILD_TESTS = textwrap.dedent(
     """
@@ -127,3 +134,57 @@ def test_require_gpu_refuses_a_machine_without_one(tmp_path: Path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out  # pytest.ExitCode.USAGE_ERROR
     assert "--require-gpu: no CUDA device is visible" in out, out
+
+
+SWEEP_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    from oracle.pytest_plugin import slow_sweep
+
+    @pytest.mark.slow
+    @slow_sweep("i", lambda: range(7), lambda i: f"case{i}", reason="sweep wants -m slow")
+    def test_sweep(i):
+        assert isinstance(i, int)
+
+    def test_fast():
+        pass
+    """
+)
+
+
+def test_slow_sweep_and_slow_slice(pytester: pytest.Pytester):
+    """``slow_sweep``: without ``-m slow`` one placeholder item, skipped with the sweep's reason
+    (the cases are never built); with it one item per case, named by ``id_of``. ``--slow-slice
+    I/N`` keeps the slow tests at sorted positions I mod N (the rest are reported deselected)
+    and leaves unmarked tests alone: the slices of one N are disjoint and cover every slow test.
+    A malformed or out-of-range value is a usage error naming the form. In process (pytester),
+    so it costs well under a second. Planted: the option ignored, every slice holds all 7."""
+    pytester.makepyfile(test_sweep=SWEEP_TESTS)
+    # pytest-benchmark warns in a child of an xdist worker; the child never benchmarks
+    pytester.makeini(
+        INI.replace("-p oracle.pytest_plugin", "-p oracle.pytest_plugin -p no:benchmark")
+    )
+
+    def collected(*args: str) -> tuple[list[str], pytest.RunResult]:
+        result = pytester.runpytest("--collect-only", "-q", *args)
+        assert result.ret == 0, result.outlines + result.errlines
+        return [line.split("::")[-1] for line in result.outlines if "::test_" in line], result
+
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_sweep.py:*: sweep wants -m slow"])
+    assert collected()[0] == ["test_sweep[sweep]", "test_fast"]
+    for index in range(3):
+        items, result = collected("-m", "slow", "--slow-slice", f"{index}/3")
+        assert items == [f"test_sweep[case{i}]" for i in range(index, 7, 3)]
+        result.stdout.fnmatch_lines(
+            [f"{len(items)}/8 tests collected ({8 - len(items)} deselected)*"]
+        )
+    # the unmarked test stays in every slice
+    items, _ = collected("-m", "slow or not slow", "--slow-slice", "1/2")
+    assert items == ["test_sweep[case1]", "test_sweep[case3]", "test_sweep[case5]", "test_fast"]
+    for bad in ("2/2", "1", "x/3"):
+        result = pytester.runpytest("--collect-only", "--slow-slice", bad)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (bad, result.outlines)
+        result.stderr.fnmatch_lines(["*--slow-slice: expected I/N with integers 0 <= I < N*"])
