@@ -2,8 +2,9 @@
 m16n8k16 where they should, and ptxas reports zero spills; host-side validation rejects bad
 input before any launch (these checks need no GPU: validation runs first).
 
-CI compiles a representative subset per arch (every kernel kind, every decoder family, both
-compute dtypes, 2- and 3-word lane geometries, split and direct epilogues); the exhaustive sweep
+CI compiles a representative subset on sm_90 (every kernel kind, every decoder family, both
+compute dtypes, 2- and 3-word lane geometries, split and direct epilogues) and its two heaviest
+specs on sm_80 and sm_120; the exhaustive sweep
 over :func:`b12x.support.kernel_specializations` is marked ``slow``: one item per (spec, arch),
 named by :func:`_spec_id`, so xdist spreads it and a failure names its specialisation.
 """
@@ -45,10 +46,22 @@ def _check_report(spec: KernelSpec, arch: str, report: support.CompileReport) ->
     assert report.registers is not None and 0 < report.registers <= 255
 
 
-@pytest.mark.parametrize("arch", support.ARCHES)
+def _representative_points() -> list:
+    """Every representative spec on sm_90, the largest GEMM tile (MCG K6 4x2 bf16 with partials)
+    and the heaviest decoder (sqg_fp16 K6) on sm_80 and sm_120: where ptxas of another arch
+    would spill first. Every spec on every arch is the slow sweep's."""
+    specs = support.representative_specializations()
+    heavy = [s for s in specs if (s.kind, s.codebook, s.bits) in
+             (("gemm", "mcg", 6), ("decode", "sqg_fp16", 6))]  # fmt: skip
+    assert len(heavy) == 2, "the representative set lost a cross-arch spec"
+    points = [(spec, "sm_90") for spec in specs]
+    return points + [(spec, arch) for arch in ("sm_80", "sm_120") for spec in heavy]
+
+
 @pytest.mark.parametrize(
-    "spec", support.representative_specializations(), ids=lambda s: f"{s.kind}-{s.codebook}"
-)
+    ("spec", "arch"), _representative_points(),
+    ids=lambda p: p if isinstance(p, str) else _spec_id(p),
+)  # fmt: skip
 def test_representative_specializations_compile(spec, arch):
     _check_report(spec, arch, _report(spec, arch))
 
