@@ -368,17 +368,14 @@ def test_dense_eager_on_device_1_while_device_0_is_current():
 @pytest.mark.multi_gpu
 @pytest.mark.graph
 def test_oracle_graph_protocol_on_device_1():
-    from oracle.checks.gpu_ops import graph_targets
-
-    from oracle.run.graph_protocol import CudaBackend, GraphProtocol
+    """Every graph target captured and replayed on the second GPU (the buffers live there)."""
+    from oracle.run.runners.graph import graph_targets, run_targets
 
     with torch.cuda.device(1):
-        targets = graph_targets()
-        assert targets
-        for name, op, problem, fixture in targets:
-            assert all(t.device.index == 1 for t in fixture.buffers.values()), name
-            verdict = GraphProtocol(op, problem, fixture, CudaBackend()).run()
-            assert verdict.passed, (name, verdict.reasons)
+        results = run_targets(torch.device("cuda", 1))
+    assert len(results) == len(graph_targets())
+    failed = [(r.name, r.reason) for r in results if r.status != "pass"]
+    assert not failed, failed
 
 
 @pytest.mark.gpu
