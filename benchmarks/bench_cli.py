@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from oracle.arguments import positive_int  # noqa: F401 - the oracle CLI's type, re-exported
+
 
 def int_list(text: str) -> tuple[int, ...]:
     """``"1,16,64"`` → ``(1, 16, 64)``; empty items, non-integers, values < 1 and repeats are
@@ -48,17 +50,6 @@ def int_list(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"{value} is listed twice in {text!r}")
         values.append(value)
     return tuple(values)
-
-
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: one integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def refuse_without_cuda(prog: str, cuda_available: bool) -> int | None:

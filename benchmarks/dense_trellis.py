@@ -60,7 +60,6 @@ Usage: ``python benchmarks/dense_trellis.py [--m 1,16,64] [--bits 2,3,4,6] [--sh
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,6 +78,7 @@ from bench_cli import (
     short_error,
     write_json,
 )
+from bench_peer import Peer, judge_peer_rows, load_peer, peer_weight
 from bench_timing import capture_graph, hbm_copy_bandwidth, median_us, paired_median_us
 
 SCHEMA = "bench.dense_trellis/2"
@@ -168,26 +168,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # --- the report (pure: CPU-tested) --------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    available: bool
-    reason: str | None = None
-    version: str | None = None
-    gemm: Callable[..., Any] | None = None
-    prepare: Callable[..., Any] | None = None
-
-
-def load_peer() -> Peer:
-    """Import quack's W4A16 GEMM and its weight prep; any failure (not installed, a CuTe DSL it
-    cannot use, no GPU at import) is the reason the peer is unavailable."""
-    try:
-        import quack
-        from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
-    except Exception as exc:  # noqa: BLE001 -- whatever stops the import is the reason
-        return Peer(False, short_error(exc))
-    return Peer(True, None, getattr(quack, "__version__", None), gemm_w4a16, prepare_w4_weight)
 
 
 def columns_for(bits: Sequence[int]) -> list[str]:
@@ -480,8 +460,6 @@ class CudaDenseBench:
         self._anchor_graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._peer_blobs: list[torch.Tensor] | None = None
         self._peer_weight: torch.Tensor | None = None
-        #: M -> the oracle's verdict on the peer's output (:meth:`_judge_peer`)
-        self.peer_judged: dict[int, dict[str, Any]] = {}
         self.cublas_weight: str | None = None
 
     def device(self) -> dict:
@@ -602,24 +580,12 @@ class CudaDenseBench:
         return self._time_graphs(graphs), "graph; " + self._judge_peer(x, call, blobs[0], out)
 
     def _judge_peer(self, x, call, blob, out) -> str:
-        """Judge the timed peer's output (blob 0, up to 8 rows: first, last and between) with the
-        oracle's envelope (``judge_gemm``) against ``x @ Wᵀ``, ``W`` from
-        :func:`reference.qtip.decode` of the same blob (docs/format.md §8)."""
-        from oracle.judge.tolerance import judge_gemm  # lazy: only a run with the peer judges
-        from reference import qtip
-
+        """Run the peer once on blob 0 and judge its rows (:func:`bench_peer.judge_peer_rows`)."""
         call(blob)
         torch.cuda.synchronize()
-        if self._peer_weight is None:  # [K, N], decoded once on the GPU from blob 0
-            self._peer_weight = qtip.decode(blob).t()
-        m = x.shape[0]
-        rows = sorted({round(i * (m - 1) / 7) for i in range(8)})
-        verdict = judge_gemm(
-            out[rows], x[rows], self._peer_weight, compute_dtype=torch.bfloat16
-        )  # fmt: skip
-        self.peer_judged[m] = {"passed": verdict.passed, "rows": rows, "reason": verdict.reason}
-        state = "pass" if verdict.passed else f"FAIL: {verdict.reason[:160]}"
-        return f"judged {len(rows)} row(s) against reference.qtip: {state}"
+        if self._peer_weight is None:  # decoded once, on the GPU, from blob 0
+            self._peer_weight = peer_weight(blob)
+        return judge_peer_rows(out, x, self._peer_weight)
 
 
 # --- extras kept from the earlier script (GPU) ----------------------------------------------------

@@ -11,27 +11,16 @@
   set), ``dev`` (the default locally) and ``stress`` (many examples, random). Pick one with
   ``--hypothesis-profile``. A test states its example budget as its count under ``ci``,
   through :func:`scaled_examples`, never as a literal that would pin it under every profile.
-* Failing cases are saved automatically: a test takes the ``oracle_case`` fixture and fills it
-  (``oracle_case.add(name, tensor)``, ``oracle_case.meta.update(...)``, or
-  ``oracle_case.from_case(grid_case)``); when the test then fails, the plugin calls
-  :func:`oracle.report.results.save_case` under ``--oracle-results DIR`` (default ``results``) and
-  prints the exact ``python -m oracle replay ...`` command in the report (section "oracle case").
-  A passing test saves nothing; a failing test that filled nothing saves nothing.
-* ``--shuffle-seed N`` runs the collected tests in a pseudo-random order fixed by ``N`` (the
-  same permutation in every xdist worker, so their collections agree), to show that no test
-  depends on what ran before it in the same process (the seed is printed in the header, so a
-  failing order can be replayed).
-* :func:`slow_sweep` parametrises a ``slow``-marked sweep with one item per case (so xdist
-  spreads it and a failure's id names its case), but only when the run's ``-m`` names ``slow``
-  (:func:`slow_selected`); otherwise the sweep is one placeholder item, skipped at collection
-  with the sweep's reason, so the default run neither builds the cases nor carries thousands
-  of skipped items.
-* ``--slow-slice I/N`` keeps slice ``I`` of ``N`` of the ``slow``-marked tests left after
-  ``-m``/``-k``: those whose position in their sorted node ids is ``I`` mod ``N``; the other
-  ``slow`` tests are deselected (and reported so), tests without the marker are kept. The
-  slices of one ``N`` are disjoint and together hold every ``slow`` test, and they agree across
-  xdist workers and with ``--shuffle-seed``, so a time-limited machine runs ``-m slow
-  --slow-slice 0/2`` in one call and ``1/2`` in the next (``scripts/gpu_tier.sh``'s ``SLOW``).
+* Failing cases are saved: a test fills the ``oracle_case`` fixture (``add(name, tensor)``,
+  ``meta.update(...)``, ``from_case(grid_case)``); when it fails, the plugin saves it under
+  ``--oracle-results DIR`` (:func:`oracle.report.results.save_case`) and prints the replay command.
+* ``--shuffle-seed N`` runs the tests in an order fixed by ``N`` (the same in every xdist worker;
+  printed in the header), to show that no test depends on what ran before it.
+* :func:`slow_sweep` parametrises a ``slow``-marked sweep with one item per case only when ``-m``
+  names ``slow`` (:func:`slow_selected`); otherwise it is one placeholder item skipped at
+  collection with the sweep's reason. ``--slow-slice I/N`` keeps the ``slow`` tests whose position
+  in their sorted node ids is ``I`` mod ``N`` (disjoint slices that together hold them all, equal
+  in every xdist worker; ``scripts/gpu_tier.sh``'s ``SLOW`` phase runs them on the device box).
 
 This module must not import torch at import time: the root conftest pins one GPU per xdist
 worker before CUDA initialises, and this plugin is loaded right after it.

@@ -58,7 +58,7 @@ def _random_blob(*, k: int, n: int, generator: torch.Generator) -> dict[str, tor
 
 
 def _reference_weight(weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return qtip.decode(weights["blob"].cpu()).t()
+    return qtip.decode(weights["blob"]).t()  # on the blob's device
 
 
 @dataclasses.dataclass(frozen=True)

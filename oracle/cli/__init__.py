@@ -495,7 +495,7 @@ def _cmd_run_kernel(args: argparse.Namespace) -> int:
         adapter = adapters.load_adapter(args.kernel)
     except adapters.AdapterError as exc:
         raise UsageError(f"--kernel: {exc}") from None
-    _resolve_tier(args)
+    tier, cuda = _resolve_tier(args)
     why = adapter.unavailable()
     if why is not None:
         raise UsageError(f"--kernel {args.kernel}: {why}")
@@ -507,9 +507,7 @@ def _cmd_run_kernel(args: argparse.Namespace) -> int:
     elif args.max_cases is not None and args.max_cases < len(grid):
         step = len(grid) / args.max_cases  # evenly along M and shapes (the grid's order)
         grid = [grid[int(i * step)] for i in range(args.max_cases)]
-    import torch  # lazy: torch stays off the light commands
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if cuda and tier == "gpu" else "cpu"
     results_dir = Path(args.results)
     report = Report()
     for case in grid:

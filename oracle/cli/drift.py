@@ -42,7 +42,7 @@ import torch
 from oracle.arguments import nonempty, output_problem, positive_int
 from oracle.cases.grids import SelectionError, resolve_case_id
 from oracle.cli import refuse, write_json_or_refuse
-from oracle.report.results import CaseFileError, jsonable, load_case
+from oracle.report.results import CaseFileError, jsonable, load_case, same_bits
 from oracle.run.adapter import reference_weight, saved_adapter_case
 from oracle.run.replay import check_grid_case
 from oracle.run.runners import inputs as case_inputs
@@ -336,12 +336,7 @@ def _inputs(case: Any, loaded: Any) -> dict[str, torch.Tensor]:
         got = loaded.tensors.get(name)
         if got is None:
             continue
-        same = got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
-        if same:
-            same = torch.equal(
-                got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)
-            )
-        if not same:
+        if not same_bits(got, want):
             raise DriftRefused(
                 f"CASE_ID_OR_FILE: {loaded.path}: saved `{name}` differs from the input case "
                 f"{case.case_id} generates: the file does not belong to its case id"

@@ -1,38 +1,25 @@
 """Static lints over b12x source that the mutation gate showed were missing (R9, R11).
 
-Layout
-------
-* :func:`lint_source` runs every rule over one module's text; :func:`lint_package` over every
-  ``*.py`` under a package root (default: the installed ``b12x``, found without importing it);
-  each finding is a :class:`LintFinding` (rule, path, line, message).
-* Rules:
+:func:`lint_source` runs every rule over one module's text, :func:`lint_package` over every
+``*.py`` under a package root (default: the installed ``b12x``, found without importing it); a
+finding is a :class:`LintFinding`. ``python -m oracle.contracts.lints [ROOT]`` exits 1 on any.
 
-  ``int32-index-product`` (R9)
-      a multiplication with an ``Int32(...)`` operand whose other operand is not a numeric literal,
-      or ``Int32(...)`` around a product of two non-literals: an index × stride product evaluated
-      in 32 bits wraps past 2^31 (b12x ``d1d6b7e6``). Products of an index by a stride must be
-      formed in ``Int64`` (``Int64(i) * stride``). ``Uint32`` arithmetic is exempt: hashes are
-      modulo 2^32 by design and shared-memory addresses are 32-bit.
-  ``widened-after-product`` (R9)
-      ``Int64(...)`` around a product with a runtime operand (anything but literals, upper-case
-      module constants and the kernel object's ``self.…`` configuration): the product is formed
-      in 32 bits and has wrapped before it is widened. Widen an operand: ``Int64(i) * stride``.
-  ``bad-exemption``
-      ``# lint-ok RULE: why`` (on the flagged line, or alone on the line above it) exempts one
-      finding whose safety the code cannot show, e.g. a product a plan-time check bounds; an
-      exemption with no reason, or that exempts nothing, is a finding.
-  ``codebook-default`` (R11)
-      a parameter named ``codebook``, ``*_codebook``, ``bits`` or ``fmt`` declared with a default
-      other than ``None`` (``None`` means "absent", it cannot select a table):
-      a call that omits it binds silently, and flipping the default flips every such caller (the
-      seed's ``trellis_codebook="sqg_xor_cheb_t12"``). Codebook and rate are always explicit.
+Rules:
+* ``int32-index-product`` (R9): an ``Int32(...)`` operand times a non-literal, or ``Int32(...)``
+  around a product of non-literals, wraps past 2^31 (b12x ``d1d6b7e6``); form index × stride in
+  ``Int64``. ``Uint32`` is exempt (hashes are modulo 2^32, shared-memory addresses 32-bit).
+* ``widened-after-product`` (R9): ``Int64(a * b)`` with a runtime operand (not a literal, an
+  UPPER_CASE constant or the kernel's ``self.…`` configuration) wrapped before it was widened;
+  widen an operand: ``Int64(i) * stride``.
+* ``bad-exemption``: ``# lint-ok RULE: why`` (on the line, or alone above it) exempts one finding
+  whose bound the code cannot show (e.g. a plan-time check); one with no reason, or exempting
+  nothing, is a finding.
+* ``codebook-default`` (R11): a ``codebook``, ``*_codebook``, ``bits`` or ``fmt`` parameter with a
+  default other than ``None``: an omitting call binds silently and a flipped default flips every
+  caller (the seed's ``trellis_codebook="sqg_xor_cheb_t12"``).
 
-* ``python -m oracle.contracts.lints [ROOT]`` prints the findings and exits 1 when there are any.
-
-Invariants
-----------
-* Standard library only; source is parsed, never imported. A file that does not parse is a
-  ``parse-error`` finding, never a pass.
+Invariants: standard library only; source is parsed, never imported; a file that does not parse
+is a ``parse-error`` finding, never a pass.
 """
 
 from __future__ import annotations

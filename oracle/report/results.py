@@ -60,6 +60,7 @@ __all__ = [
     "jsonable",
     "load_case",
     "replay_command",
+    "same_bits",
     "save_case",
     "save_failing_case",
     "versions",
@@ -197,6 +198,16 @@ def save_failing_case(
     if echo is not None:
         echo(f"saved failing case {case.case_id}; replay with: {replay_command(path)}")
     return path
+
+
+def same_bits(got: Any, want: Any) -> bool:
+    """A saved tensor is the one its case regenerates: same dtype, shape and bytes (NaN payloads
+    and signed zeros included, which ``torch.equal`` on values would not tell apart)."""
+    import torch  # lazy: reports and contracts load without torch
+
+    if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+        return False
+    return torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8))
 
 
 def replay_command(path: str | Path) -> str:

@@ -35,7 +35,13 @@ import torch
 from oracle.adapters import AdapterError, KernelAdapter, WeightFormat, load_adapter
 from oracle.judge.tolerance import judge_gemm
 from oracle.report.report import CheckResult
-from oracle.report.results import CaseFileError, LoadedCase, replay_command, save_case
+from oracle.report.results import (
+    CaseFileError,
+    LoadedCase,
+    replay_command,
+    same_bits,
+    save_case,
+)
 from oracle.run.graph_protocol import ConsumerFixture, CudaBackend, GraphProtocol, SimulatedBackend
 from oracle.run.runners.common import poison
 
@@ -277,10 +283,7 @@ def saved_adapter_case(
     if set(loaded.tensors) != {*want, "y"}:
         raise CaseFileError(f"{where}: tensors {sorted(loaded.tensors)} are not {sorted(want)} + y")
     for key, tensor in want.items():
-        got = loaded.tensors[key]
-        same = got.dtype == tensor.dtype and got.shape == tensor.shape and torch.equal(
-            got.contiguous().view(torch.uint8), tensor.contiguous().view(torch.uint8))  # fmt: skip
-        if not same:
+        if not same_bits(loaded.tensors[key], tensor):
             raise CaseFileError(f"{where}: saved `{key}` is not the input {case.case_id} makes")
     return adapter, case, want
 

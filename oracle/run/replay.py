@@ -26,7 +26,7 @@ import torch
 
 from oracle.cases.grids import SelectionError, resolve_case_id
 from oracle.report.report import CheckResult
-from oracle.report.results import CaseFileError, LoadedCase, load_case
+from oracle.report.results import CaseFileError, LoadedCase, load_case, same_bits
 from oracle.run.adapter import replay_adapter_case
 from oracle.run.grid import unrunnable_reason
 from oracle.run.runners import decode, dense, moe, run_case, saved_inputs
@@ -53,8 +53,7 @@ def _check_inputs(case: Any, saved: dict[str, torch.Tensor]) -> None:
                 f"saved `{name}` is {got.dtype} {tuple(got.shape)}, but case {case.case_id} makes "
                 f"{want.dtype} {tuple(want.shape)}: the file does not belong to its case id"
             )
-        same = torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8))
-        if not same:
+        if not same_bits(got, want):
             raise ReplayMismatch(
                 f"saved `{name}` differs from the input case {case.case_id} generates: the "
                 "file does not belong to its case id"
