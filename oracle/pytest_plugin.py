@@ -21,6 +21,8 @@
   collection with the sweep's reason. ``--slow-slice I/N`` keeps the ``slow`` tests whose position
   in their sorted node ids is ``I`` mod ``N`` (disjoint slices that together hold them all, equal
   in every xdist worker; ``scripts/gpu_tier.sh``'s ``SLOW`` phase runs them on the device box).
+* ``deep`` tests (kernel compiles with their budgets, the CPU mutation gate) are deselected unless
+  ``-m`` names ``deep`` or the test's file is named on the command line; ``.ci/run`` runs them.
 
 This module must not import torch at import time: the root conftest pins one GPU per xdist
 worker before CUDA initialises, and this plugin is loaded right after it.
@@ -32,6 +34,7 @@ import os
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,7 +155,33 @@ class _SlowSlice:
             items[:] = [it for it in items if it.nodeid not in dropped]
 
 
+def deep_selected(config: pytest.Config) -> bool:
+    """Whether the run's ``-m`` expression names ``deep`` (the second CPU tier's opt-in)."""
+    return "deep" in (config.getoption("-m") or "")
+
+
+def _named_files(config: pytest.Config) -> set[Path]:
+    """The test files the command line names (``path.py`` or ``path.py::node``)."""
+    root = Path(config.invocation_params.dir)
+    files = (arg.split("::")[0] for arg in config.args)
+    return {(root / f).resolve() for f in files if f.endswith(".py")}
+
+
+def _deselect_deep(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if deep_selected(config):
+        return
+    named = _named_files(config)
+    deep = [
+        it for it in items if it.get_closest_marker("deep") and Path(it.path).resolve() not in named
+    ]
+    if deep:
+        config.hook.pytest_deselected(items=deep)
+        dropped = set(map(id, deep))
+        items[:] = [it for it in items if id(it) not in dropped]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_deep(config, items)
     seed = config.getoption("shuffle_seed")
     if seed is not None:
         random.Random(seed).shuffle(items)
@@ -258,6 +287,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [] if seed is None else [f"test order shuffled with --shuffle-seed {seed}"]
     if slow_slice is not None:
         lines.append(f"slow tests: slice {slow_slice.strip()} (--slow-slice)")
+    if not deep_selected(config):
+        lines.append(
+            "deep tests (kernel compiles, the mutation gate): deselected, -m deep runs them"
+        )
     return lines
 
 

@@ -587,6 +587,7 @@ def _dsl_runtime_arch() -> str:
     return CuTeDSL._get_dsl().envar.arch
 
 
+@pytest.mark.deep
 def test_real_kernel_is_loaded_by_a_second_process(tmp_path, monkeypatch):
     """The real DSL on CPU: this process compiles and exports; a fresh process loads it (no
     compile), and what it loaded is the kernel (its tvm-ffi signature names the reduce kernel's
@@ -675,6 +676,7 @@ def test_cache_cli_refuses_a_root_that_cannot_be_a_directory(
     assert regular.read_text() == "not a cache"
 
 
+@pytest.mark.deep
 def test_cache_cli_runs_as_a_module_without_a_runpy_warning(tmp_path):
     env = dict(os.environ, B12X_CACHE_DIR=str(tmp_path / "none-yet"))
     run = subprocess.run(

@@ -140,6 +140,7 @@ def _geometry_spec(geometry, codebook: str, bits: int, *, bf16: bool) -> KernelS
 
 
 # thin at K4 (2 x 3 slots, split-K partials), wide at K8 (1 x 4 slots, the largest payload)
+@pytest.mark.deep
 @pytest.mark.parametrize(
     ("geometry", "bits", "most"),
     [

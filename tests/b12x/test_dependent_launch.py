@@ -153,6 +153,7 @@ def test_the_specs_cover_every_kind():
     assert {kinds.kind_of(spec).name for spec in SPECS} == set(kinds.KINDS)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 def test_no_memory_access_precedes_the_wait_on_sm90(spec):
     for name, body in _entries(compile_specialization(spec, "sm_90").ptx).items():
@@ -166,11 +167,13 @@ def test_no_memory_access_precedes_the_wait_on_sm90(spec):
         )
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("spec", [SPECS[0], SPECS[5]], ids=["decode", "moe_gemm"])
 def test_sm80_carries_neither_instruction(spec):
     assert "griddepcontrol" not in compile_specialization(spec, "sm_80").ptx
 
 
+@pytest.mark.deep
 def test_the_switch_turns_both_off_and_is_part_of_the_toolchain_record():
     assert dependent_launch.ENV in disk_store.CODEGEN_ENV
     code = (

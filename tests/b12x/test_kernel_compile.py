@@ -58,6 +58,7 @@ def _representative_points() -> list:
     return points + [(spec, arch) for arch in ("sm_80", "sm_120") for spec in heavy]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(
     ("spec", "arch"), _representative_points(),
     ids=lambda p: p if isinstance(p, str) else _spec_id(p),
@@ -115,6 +116,7 @@ def test_every_specialization_compiles(spec, arch):
     _check_report(spec, arch, _report(spec, arch))
 
 
+@pytest.mark.deep
 def test_decoder_families_emit_their_instructions():
     ptx = {
         name: _report(
@@ -248,6 +250,7 @@ RING_SPECS = [
 ]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("arch", support.ARCHES)
 @pytest.mark.parametrize(
     "spec", RING_SPECS, ids=lambda s: f"K{s.bits}-stages{s.geometry.smem_stages}"

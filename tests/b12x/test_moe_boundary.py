@@ -45,6 +45,7 @@ def _spec_id(spec: MoeBoundarySpec) -> str:
     return f"{spec.kind}-{spec.in_bf16}-{spec.out_bf16}"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("spec", SPECS, ids=_spec_id)
 def test_boundary_kernels_compile_without_spills(spec):
     _check_boundary_compile(spec, "sm_90")

@@ -123,6 +123,7 @@ def _check_ptx(spec, arch):
     assert mma >= 2 * spec.m_tiles * spec.n_tiles * spec.depth, mma
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("spec", COMPILED, ids=lambda s: f"{s.codebook}-k{s.bits}-m{s.m_tiles}")
 def test_grouped_gemm_compiles_for_sm90(spec):
     _check_ptx(spec, "sm_90")

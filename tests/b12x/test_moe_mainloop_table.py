@@ -166,6 +166,7 @@ def test_spec_geometry_of_the_shared_decode():
     assert unsplit.shared_layout.fold_bytes == 0 and unsplit.smem_bytes == plain.total
 
 
+@pytest.mark.deep
 def test_wide_spec_compiles_for_two_ctas_per_sm_without_spills():
     """The fold lives in shared memory, not in a second accumulator set: in registers it took
     169 per thread (one 256-thread CTA per SM, H200: 18.3 ms per step at M = 4096 against 15.0 ms
@@ -215,6 +216,7 @@ def test_the_gpu_default_job_judges_the_shared_decode():
     assert max(c.m for c in shared) == 4096
 
 
+@pytest.mark.deep
 def test_tensor_spec_compiles_spill_free_with_asynchronous_mmas():
     """The wgmma fold waits for the slice's MMAs inside the live-rows branch; ptxas must still
     keep the MMAs asynchronous (no C7520 serialization remark) and spill nothing."""

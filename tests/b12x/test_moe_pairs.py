@@ -67,6 +67,7 @@ COMPILED = [
 ]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(
     "choice, phase, m_tiles, bf16, codebook, arches",
     COMPILED,

@@ -85,6 +85,7 @@ def test_layout_bits_and_spec_checks():
                     m_warps=4, smem_stages=3)  # fmt: skip
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(
     "pair, axis, bf16, codebook",
     [("P24", "n", True, "mcg"), ("dynamic", "k", False, "mcg"), ("P43", "k", True, "mcg"),
@@ -128,6 +129,7 @@ def test_the_gpu_default_job_judges_the_pair_shared_decode():
     assert kinds >= {"P22", "P33", "P24", "P43", "P44", "dynamic"}, kinds
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("axis", ["n", "k"])
 def test_a_dynamic_launch_allocates_its_shared_memory_once(axis, monkeypatch):
     """Both bodies of a dynamic launch run one layout, so the kernel allocates it once: the

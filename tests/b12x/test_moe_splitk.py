@@ -215,6 +215,7 @@ def _split_id(s: MoeGemmSpec) -> str:
     )
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("spec", SPLIT_SPECS, ids=_split_id)
 def test_planned_split_specs_compile_without_spills_sm90(spec):
     _check(spec, "sm_90")
@@ -231,6 +232,7 @@ def test_every_planned_split_spec_compiles_without_spills(spec):
     _check(spec, "sm_90")
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("arch", ["sm_80", "sm_120"])
 @pytest.mark.parametrize("index", [0, -1])
 def test_split_specs_compile_for_other_arches(arch, index):

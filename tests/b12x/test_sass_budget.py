@@ -63,6 +63,7 @@ needs_nvdisasm = pytest.mark.skipif(
 BUDGET = {("mcg", 4): 6.0, ("mcg", 6): 6.95}
 
 
+@pytest.mark.deep
 @needs_nvdisasm
 @pytest.mark.parametrize(("codebook", "bits"), sorted(BUDGET))
 def test_mainloop_instructions_per_weight(codebook, bits):
@@ -112,6 +113,7 @@ def test_issuer_regions_are_the_outermost_branches_over_a_tma_copy():
     ]
 
 
+@pytest.mark.deep
 @needs_nvdisasm
 def test_planned_swap_ab_loop_amortises_the_token_copies_over_the_cta():
     """The planned M > 128 geometry (SWAP_TALL: 256 tokens x 128 weight rows, CTA pairs sharing
@@ -133,6 +135,7 @@ def test_planned_swap_ab_loop_amortises_the_token_copies_over_the_cta():
     assert b.per_weight <= 9.3, b.as_dict()
 
 
+@pytest.mark.deep
 @needs_nvdisasm
 def test_planned_deep_stream_k_loop_counts_the_ctas_decoded_weights():
     """The planned M <= 64 geometry (TENSOR_DEEP on the stream-K schedule): one m64n256 HGMMA per

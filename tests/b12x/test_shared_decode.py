@@ -96,6 +96,7 @@ def test_oversized_layout_refused():
         )
 
 
+@pytest.mark.deep
 def test_compiled_shape():
     spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(**HEADLINE), bf16=True)
     report = support.compile_specialization(spec, "sm_90")

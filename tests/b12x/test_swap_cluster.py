@@ -125,6 +125,7 @@ def test_cluster_must_divide_the_ctas_along_n():
         )  # fmt: skip
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("cluster", [2, 4])
 def test_compiled_shape(cluster):
     from b12x.launch.toolchain import compile_with_remarks

@@ -143,6 +143,7 @@ def _remarks(spec):
     return compile_with_remarks(*build_kernel(spec), target_arch(spec, "sm_90"), ptx=True)
 
 
+@pytest.mark.deep
 def test_compiled_shape():
     spec = KernelSpec("gemm", "mcg", 4, geometry=GemmGeometry(wgmma=True, **HEADLINE), bf16=True)
     remarks = _remarks(spec)
@@ -165,6 +166,7 @@ def test_compiled_shape():
     assert "mma.sync" not in ptx
 
 
+@pytest.mark.deep
 def test_tall_and_wide_geometries_compile_spill_free():
     for m_tiles, n_tiles, n in ((2, 1, 128), (1, 2, 256)):
         rows, stages = fitting_slots(bits=4, m_tiles=m_tiles, n_tiles=n_tiles, warps=8, m_warps=8)
@@ -229,6 +231,7 @@ def test_helper_registers_split_one_register_file():
         helper_registers(warps=16, m_warps=12)
 
 
+@pytest.mark.deep
 def test_helper_geometry_compiles_warp_specialised():
     """8 multiplying warps and 8 decode-only helpers (128 x 256 per CTA): spill-free at the
     launch's 128 registers, the two roles set 184 / 72 with setmaxnreg, each role's loop

@@ -152,6 +152,7 @@ REGISTER_A = re.compile(
 )
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("m_tiles", "n_tiles"), [(8, 1), (4, 2)])
 def test_compiled_shape(m_tiles, n_tiles):
     spec = KernelSpec(

@@ -230,6 +230,7 @@ def test_without_cuda_main_refuses_in_one_line(dense, monkeypatch, capsys):
     assert len(err) == 1 and "needs a CUDA device" in err[0]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("script", ["dense_trellis.py", "moe_trellis.py"])
 def test_scripts_help_and_refuse_as_processes(script):
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)

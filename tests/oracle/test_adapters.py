@@ -119,6 +119,7 @@ def _cli(*args, cwd=ROOT):
                           text=True, cwd=cwd, env=env, timeout=300)  # fmt: skip
 
 
+@pytest.mark.deep
 def test_cli_judges_a_kernel_by_module_path(tmp_path):
     proc = _cli("run", "--kernel", "toy_adapter:ADAPTER", "--max-cases", "3", "-q",
                 "--results", str(tmp_path), "--json", str(tmp_path / "r.json"))  # fmt: skip

@@ -37,6 +37,7 @@ sys.exit(oracle.cli.main(argv))
 """
 
 
+@pytest.mark.deep
 def test_ctrl_c_while_compiling_is_exit_130_with_one_line(tmp_path):
     if not hasattr(signal, "SIGINT"):
         pytest.skip("needs POSIX signals")

@@ -133,6 +133,7 @@ def test_other():
 """
 
 
+@pytest.mark.deep
 def test_replacement_worker_keeps_the_crashed_workers_gpu(tmp_path):
     project = tmp_path / "project"
     out = tmp_path / "out"

@@ -403,6 +403,7 @@ def test_child_pythonpath_puts_the_copy_first_and_drops_other_checkouts(tmp_path
     assert foreign_path_entries(None) == []
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("isolation", ["subprocess", "fork"])
 def test_kill_commands_import_the_copy_with_the_original_root_on_pythonpath(
     tmp_path, monkeypatch, isolation

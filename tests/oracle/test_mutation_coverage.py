@@ -18,6 +18,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from oracle.mutate import load_catalogue
 from oracle.mutate.catalogue import ISSUE_CLASSES
 from oracle.mutate.runner import child_env, project_root
@@ -58,6 +60,7 @@ def test_gpu_mutants_have_rewrites_and_narrow_kill_commands():
         assert m.kill.pytest and all("::" in n for n in m.kill.pytest), m.id
 
 
+@pytest.mark.deep
 def test_every_kill_node_id_resolves():
     node_ids = sorted({n for m in load_catalogue() for n in m.kill.pytest})
     proc = subprocess.run(

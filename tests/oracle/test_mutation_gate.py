@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from oracle.mutate import gate_passed, load_catalogue, run_catalogue, summarize
 from oracle.mutate.runner import ForkExecutor, copy_project, probe_imports, project_root
 
 
+@pytest.mark.deep
 def test_cpu_catalogue_has_no_survivor_and_no_stale_mutant(tmp_path):
     cpu = [m for m in load_catalogue() if m.tier == "cpu"]
     assert len(cpu) >= 15

@@ -64,6 +64,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(
     ("isolation", "parent_ignores_sigint"),
     [("fork", False), ("fork", True), pytest.param("subprocess", False, marks=pytest.mark.slow)],

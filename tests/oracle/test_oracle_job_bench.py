@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,6 +48,7 @@ def test_worker_seconds_sums_each_part_once_and_skips_unreadable(tmp_path):
     assert _module().worker_seconds(tmp_path / "absent") == {}
 
 
+@pytest.mark.deep
 def test_a_timed_out_job_takes_its_workers_with_it(tmp_path):
     """Past the timeout the job's whole process group dies: a worker the job started cannot run
     on into the next run. The worker announces its pid before the job says it started, then

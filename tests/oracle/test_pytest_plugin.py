@@ -58,6 +58,7 @@ INI = textwrap.dedent(
 )
 
 
+@pytest.mark.deep
 def test_plugin_skips_gpu_tests_and_saves_failing_cases(tmp_path: Path):
     (tmp_path / "test_child.py").write_text(CHILD_TESTS)
     (tmp_path / "pytest.ini").write_text(INI)
@@ -105,6 +106,7 @@ def _collected_order(tmp_path: Path, *extra: str) -> list[str]:
     return [line.split("::")[-1] for line in proc.stdout.splitlines() if "::test_" in line]
 
 
+@pytest.mark.deep
 def test_shuffle_seed_reorders_collection_reproducibly(tmp_path: Path):
     (tmp_path / "test_order.py").write_text(ORDER_TESTS)
     (tmp_path / "pytest.ini").write_text(INI)
@@ -116,6 +118,7 @@ def test_shuffle_seed_reorders_collection_reproducibly(tmp_path: Path):
     assert _collected_order(tmp_path, "--shuffle-seed", "8") != shuffled
 
 
+@pytest.mark.deep
 def test_require_gpu_refuses_a_machine_without_one(tmp_path: Path):
     """``--require-gpu`` (passed by the device scripts) turns "every gpu test skipped, exit 0"
     into a usage error when no CUDA device is visible. Planted: the option ignored, the child
@@ -188,3 +191,35 @@ def test_slow_sweep_and_slow_slice(pytester: pytest.Pytester):
         result = pytester.runpytest("--collect-only", "--slow-slice", bad)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, (bad, result.outlines)
         result.stderr.fnmatch_lines(["*--slow-slice: expected I/N with integers 0 <= I < N*"])
+
+
+DEEP_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.deep
+    def test_deep():
+        pass
+
+    def test_quick():
+        pass
+    """
+)
+
+
+def test_deep_tests_run_only_when_asked_for(pytester: pytest.Pytester):
+    """``deep`` tests are deselected (reported as such, never skipped) from a directory run
+    unless ``-m`` names ``deep``; a command line naming their file or node id (the mutation
+    gate's kill commands) runs them. Planted: the deselection dropped, the quick run holds
+    both; the named-file rule dropped, the node-id run holds nothing."""
+    pytester.makepyfile(test_tiers=DEEP_TESTS)
+    pytester.makeini(
+        INI.replace("-p oracle.pytest_plugin", "-p oracle.pytest_plugin -p no:benchmark")
+        + "    deep: deep\n"
+    )
+    quick = pytester.runpytest(".")
+    quick.assert_outcomes(passed=1, deselected=1)
+    quick.stdout.fnmatch_lines(["*deep tests*deselected, -m deep runs them*"])
+    pytester.runpytest(".", "-m", "deep").assert_outcomes(passed=1, deselected=1)
+    pytester.runpytest("test_tiers.py::test_deep").assert_outcomes(passed=1)
+    pytester.runpytest("test_tiers.py").assert_outcomes(passed=2)

@@ -590,6 +590,7 @@ def test_a_failed_launch_kills_the_shards_already_started(tmp_path):
         os.kill(pid, 0)
 
 
+@pytest.mark.deep
 @pytest.mark.slow  # a real subprocess importing torch: ~3-8 s on a loaded 2-core machine
 def test_cli_gpus_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     """The real parent/shard wiring (one shard keeps it cheap; merging several is tested above
