@@ -21,10 +21,15 @@ This is the evidence for the MoE geometry table's small-M rows
 (:data:`b12x.ops.moe.dispatch.GEMM_GEOMETRY`, :data:`b12x.ops.moe.fc2_tile.FC2_TILE`), not a
 benchmark of the whole step (``moe_trellis.py``).
 
+``--pair KIND`` (P22 … P44) sweeps the QSRT pair launch of each phase (MCG base 3; FC1 records
+on N, FC2 on K) over ``--k-splits`` (default 1,2,4: the planned geometry with its K split
+replaced; the planned one is the pair kernel's k_split 1), judged like the K-split cells.
+
 Usage: ``python benchmarks/moe_geometry_sweep.py [--m 1,8] [--phases fc1,fc2]
-[--geometries 1x4x8,2x4x8,...] [--routings 4] [--hidden 5120] [--intermediate 1536]
-[--experts 128] [--top-k 8] [--json out.json]`` (the shape options default to the GLM-like MoE;
-e.g. ``--hidden 2048 --intermediate 768`` is a Qwen3-30B-A3B-like one, whose FC2 has no K split)
+[--geometries 1x4x8,2x4x8,...] [--pair P33 [--k-splits 1,2,4]] [--routings 4] [--hidden 5120]
+[--intermediate 1536] [--experts 128] [--top-k 8] [--json out.json]`` (the shape options
+default to the GLM-like MoE; e.g. ``--hidden 2048 --intermediate 768`` is a Qwen3-30B-A3B-like
+one, whose FC2 has no K split)
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, BITS = 5120, 1536, 128, 8, 4
 DEFAULT_GEOMETRIES = "1x4x8,2x4x8,1x8x8,2x8x8,1x2x8,4x4x8,4x8x2,1x4x4,2x4x4"
 #: a K-split cell's output against the planned one: fp32 rounding of a reordered sum only
 CLOSE_OF_MAX = 1e-3
+#: Mean bits per weight of each pair kind (the weight stream of a pair cell); pairs on base 3.
+PAIR_RATE_BITS = {"P22": 2.0, "P33": 3.0, "P24": 3.0, "P43": 3.5, "P44": 4.0}
+PAIR_BASE_BITS = 3
 
 
 def _geometries(text: str) -> list[tuple[int, int, int, int | None]]:
@@ -68,8 +76,8 @@ def _problem(phase: str, hidden: int, intermediate: int) -> tuple[int, int]:
 
 def _legal(spec, k: int, n: int) -> str | None:
     if k % spec.k_multiple:
-        return f"K={k} is not a multiple of {spec.k_multiple} (whole 8-row units per K group)"
-    if n % (16 * spec.n_tiles * spec.warps):
+        return f"K={k} is not a multiple of {spec.k_multiple} (whole units per K group)"
+    if n % spec.n_group:
         return f"N={n} is not a multiple of {16 * spec.n_tiles * spec.warps}"
     if (k // 16 // spec.k_split) % spec.depth:
         return f"depth {spec.depth} does not divide the K slice"
@@ -80,7 +88,7 @@ def _time_cell(run_moe_gemm, bound, a, payload, routings) -> tuple[torch.Tensor,
     """The first routing's output (a copy) and the median graphed time over the routings."""
 
     def run(ids):
-        return run_moe_gemm(bound, a=a, topk_ids=ids, payload=payload)
+        return run_moe_gemm(bound, a=a, topk_ids=ids, payload=payload, modes=None)
 
     out = run(routings[0]).clone()
     graphs = [capture_graph(lambda ids=ids: run(ids)) for ids in routings]
@@ -91,6 +99,7 @@ def sweep(args) -> dict:
     from b12x.ops.moe.gemm_op import (
         allocate_moe_gemm_buffers,
         bind_moe_gemm,
+        moe_gemm_payload_shape,
         plan_moe_gemm,
         run_moe_gemm,
     )
@@ -101,10 +110,15 @@ def sweep(args) -> dict:
     rows = []
     gen = torch.Generator(device="cuda")
     experts, top_k = args.experts, args.top_k
-    print(f"H={args.hidden} I={args.intermediate} E={experts} top-{top_k} MCG K{BITS}", flush=True)
+    bits = PAIR_BASE_BITS if args.pair else BITS
+    stack = f"pair {args.pair} (base K{bits})" if args.pair else f"K{bits}"
+    print(f"H={args.hidden} I={args.intermediate} E={experts} top-{top_k} MCG {stack}", flush=True)
+    cells = [("", (None, None, None, ks)) for ks in args.k_splits] if args.pair else [
+        ("", g) for g in args.geometries
+    ]  # fmt: skip
     for phase in args.phases:
         k, n = _problem(phase, args.hidden, args.intermediate)
-        payload = random_payload((experts, k // 16, n // 16, 16 * BITS))
+        payload = None
         for m in args.m:
             gen.manual_seed(7919 * m)
             a = (0.05 * torch.randn(m * top_k, k, device="cuda", generator=gen)).half()
@@ -113,21 +127,27 @@ def sweep(args) -> dict:
                 logits = torch.randn(m, experts, device="cuda", generator=gen)
                 routings.append(logits.topk(top_k, dim=-1).indices.contiguous())
             experts_read = sum(int(r.unique().numel()) for r in routings) / len(routings)
-            weight_bytes = experts_read * k * n * BITS / 8
+            weight_bytes = (
+                experts_read * k * n * (PAIR_RATE_BITS[args.pair] if args.pair else bits) / 8
+            )
             plan = plan_moe_gemm(
-                m=m, top_k=top_k, k=k, n=n, codebook="mcg", bits=BITS, num_experts=experts,
-                compute_dtype=torch.float16, phase=phase, device=torch.device("cuda"),
+                m=m, top_k=top_k, k=k, n=n, codebook="mcg", bits=bits, num_experts=experts,
+                compute_dtype=torch.float16, phase=phase, pair=args.pair,
+                device=torch.device("cuda"),
             )  # fmt: skip
+            if payload is None:
+                payload = random_payload(moe_gemm_payload_shape(plan.problem))
             reference = None
-            for label, geometry in [("planned", None), *[("", g) for g in args.geometries]]:
+            for label, geometry in [("planned", None), *cells]:
                 spec = plan.spec
                 if geometry is not None:
                     n_tiles, warps, depth, k_split = geometry
                     k_split = spec.k_split if k_split is None else k_split
                     try:
                         spec = dataclasses.replace(
-                            spec, n_tiles=n_tiles, warps=warps, depth=depth, k_split=k_split
-                        )
+                            spec, n_tiles=n_tiles or spec.n_tiles, warps=warps or spec.warps,
+                            depth=depth or spec.depth, k_split=k_split,
+                        )  # fmt: skip
                     except ValueError as exc:
                         print(f"{phase} M={m} {geometry}: illegal ({exc})", flush=True)
                         continue
@@ -147,7 +167,7 @@ def sweep(args) -> dict:
                 # the planned K split: bit-identical; another: the same sums reordered
                 ok = same if spec.k_split == planned_split else diff <= CLOSE_OF_MAX * scale
                 live_blocks = min(cell.routes.num_blocks, m * top_k)
-                ctas = live_blocks * (n // (16 * spec.n_tiles * spec.warps))
+                ctas = live_blocks * (n // spec.n_group)
                 row = {
                     "phase": phase, "m": m, "label": label or "sweep",
                     "geometry": [spec.n_tiles, spec.warps, spec.depth], "k_split": spec.k_split,
@@ -173,6 +193,13 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=int_list, default=(1, 8))
     parser.add_argument("--phases", type=lambda t: t.split(","), default=("fc1", "fc2"))
     parser.add_argument("--geometries", type=_geometries, default=_geometries(DEFAULT_GEOMETRIES))
+    parser.add_argument(
+        "--pair",
+        choices=PAIR_RATE_BITS,
+        default=None,
+        help="sweep this QSRT pair kind's launch over --k-splits",
+    )
+    parser.add_argument("--k-splits", type=int_list, default=(1, 2, 4))
     parser.add_argument("--routings", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="H: FC1's K, FC2's N")
     parser.add_argument("--intermediate", type=int, default=INTERMEDIATE, help="I: FC2's K")

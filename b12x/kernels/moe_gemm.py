@@ -68,7 +68,8 @@ Invariants:
   (:class:`MoeGemmSpec`); the LUT address arrives in one Int64 slot like the dense kernel's (one
   table per codebook serves every record rate).
 * The unpaired spec (``pair=None``) builds :class:`MoeGroupedGemmKernel` exactly as before.
-  The paired kernel keeps ``k_split = 1`` (its K-axis records interleave rates per pair).
+  The paired per-warp kernel splits K in the same warp groups (a K-axis group takes whole
+  pairs); its shared decode keeps ``k_split = 1``.
 * Every thread of a live CTA reaches the reduction barriers: liveness and the tier test are
   CTA-uniform and every group runs the same number of slice iterations.
 """
@@ -201,8 +202,11 @@ class MoeGemmSpec:
             if self.rate_axis is not None:
                 raise ValueError(f"rate_axis: an unpaired spec has none, got {self.rate_axis!r}")
             return
-        if self.k_split != 1:
-            raise ValueError(f"k_split: the paired kernel has no K split, got {self.k_split}")
+        if self.k_split != 1 and self.m_warps:
+            raise ValueError(
+                f"k_split: the paired shared decode has no K split, got {self.k_split} with "
+                f"m_warps={self.m_warps}"
+            )
         self._check_pair()
 
     def _check_shared(self) -> None:
@@ -297,8 +301,9 @@ class MoeGemmSpec:
 
     @property
     def k_multiple(self) -> int:
-        """K must be a multiple of this: 128 (8 K16 rows, every ``depth`` divides 8) per group."""
-        return 128 * self.k_split
+        """K must be a multiple of this: per group 128 (8 K16 rows, every ``depth`` divides 8),
+        or one whole pair (256, 16 K16 rows) for a K-axis pair launch."""
+        return (256 if self.rate_axis == "k" else 128) * self.k_split
 
     @property
     def n_group(self) -> int:
@@ -378,6 +383,46 @@ def shared_block_epilogue(shared, spec, *, out, acc, route_rows, warp_row0, n_ro
         shared.layout.mma_tiles,
         spec.bf16,
     )
+
+
+def reduce_buffer(spec: MoeGemmSpec):
+    """The K reduction's shared staging buffer (``spec.smem_bytes``, fp32), allocated at trace
+    time: a kernel with several bodies allocates it once, before it branches."""
+    allocator = cutlass.memory.SmemAllocator()
+    return allocator.allocate_tensor(
+        Float32, cute.make_layout(spec.smem_bytes // 4), byte_alignment=16
+    )
+
+
+@cute.jit
+def reduce_groups(
+    acc: cute.Tensor, red: cute.Tensor, group: Int32, slot: Int32, spec: cutlass.Constexpr
+):
+    """Sum the K groups' partial accumulators into group 0's, in a FIXED order.
+
+    ``acc_0 <- ((acc_0 + acc_1) + acc_2) + ...`` per accumulator, group index order, so the
+    result depends only on the spec (never on timing or on other blocks). ``slot`` is the
+    lane's index within its group (``column warp · 32 + lane``). ``red`` (:func:`reduce_buffer`)
+    holds ``reduce_chunk`` accumulators per lane of groups 1.., laid out ``[group-1][j][column
+    warp][lane]`` (lane-contiguous: no bank conflicts); the accumulators move in rounds of
+    ``reduce_chunk``, each between CTA barriers (every thread of a live CTA reaches them:
+    liveness is CTA-uniform, and every group runs the same number of slice iterations).
+    """
+    chunk = spec.reduce_chunk
+    lanes = spec.warps * 32
+    rounds = (spec.m_tiles * spec.n_tiles * 8) // chunk
+    for rnd in cutlass.range_constexpr(rounds):
+        if group > 0:
+            for j in cutlass.range_constexpr(chunk):
+                red[((group - 1) * chunk + j) * lanes + slot] = acc[rnd * chunk + j]
+        cute.arch.sync_threads()
+        if group == 0:
+            for src in cutlass.range_constexpr(1, spec.k_split):
+                for j in cutlass.range_constexpr(chunk):
+                    i = rnd * chunk + j
+                    acc[i] = acc[i] + red[((src - 1) * chunk + j) * lanes + slot]
+        if cutlass.const_expr(rnd + 1 < rounds):
+            cute.arch.sync_threads()
 
 
 def accumulate_tile(bundle: MainloopBundle, lut_addr, a_frags, words, lane_off, acc, nt: int):
@@ -636,34 +681,6 @@ class MoeGroupedGemmKernel:
             out_col_word=out_col_word,
         )  # fmt: skip
 
-    @cute.jit
     def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):
-        """Sum the K groups' partial accumulators into group 0's, in a FIXED order.
-
-        ``acc_0 <- ((acc_0 + acc_1) + acc_2) + ...`` per accumulator, group index order, so the
-        result depends only on the spec (never on timing or on other blocks). ``slot`` is the
-        lane's index within its group (``column warp · 32 + lane``). The buffer holds
-        ``reduce_chunk`` accumulators per lane of groups 1.., laid out ``[group-1][j][column
-        warp][lane]`` (lane-contiguous: no bank conflicts); the accumulators move in rounds of
-        ``reduce_chunk``, each between CTA barriers (every thread of a live CTA reaches them:
-        liveness is CTA-uniform, and every group runs the same number of slice iterations).
-        """
-        chunk = self.spec.reduce_chunk
-        lanes = self.warps * 32
-        allocator = cutlass.memory.SmemAllocator()
-        red = allocator.allocate_tensor(
-            Float32, cute.make_layout((self.k_split - 1) * chunk * lanes), byte_alignment=16
-        )
-        rounds = (self.m_tiles * self.n_tiles * 8) // chunk
-        for rnd in cutlass.range_constexpr(rounds):
-            if group > 0:
-                for j in cutlass.range_constexpr(chunk):
-                    red[((group - 1) * chunk + j) * lanes + slot] = acc[rnd * chunk + j]
-            cute.arch.sync_threads()
-            if group == 0:
-                for src in cutlass.range_constexpr(1, self.k_split):
-                    for j in cutlass.range_constexpr(chunk):
-                        i = rnd * chunk + j
-                        acc[i] = acc[i] + red[((src - 1) * chunk + j) * lanes + slot]
-            if cutlass.const_expr(rnd + 1 < rounds):
-                cute.arch.sync_threads()
+        """Sum the K groups' partial accumulators into group 0's (:func:`reduce_groups`)."""
+        reduce_groups(acc, reduce_buffer(self.spec), group, slot, self.spec)

@@ -8,8 +8,7 @@ pieces rather than inherited: :func:`~b12x.kernels.moe_gemm.block_liveness`, the
 :mod:`b12x.kernels.mainloop` (lane setup, accumulators, routed A pointers, ring word pointers,
 staged loads, the scatter epilogue) and its own keyword call into the shared body. A
 paired spec
-(``MoeGemmSpec.pair`` set, ``bits`` the base 3, ``k_split = 1``) differs in where each tile's
-rate comes from:
+(``MoeGemmSpec.pair`` set, ``bits`` the base 3) differs in where each tile's rate comes from:
 
 * **FC1, records on the N axis.** One 256-column pair per CTA; warps take their tiles in LLHH
   order (:func:`_n_axis_tiles`), so every warp decodes the same mix of rates and the rate of
@@ -20,6 +19,11 @@ rate comes from:
   shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` by keyword.
 * ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and branches
   CTA-uniformly into two fully specialised bodies.
+* **K groups** (per-warp mainloop, ``k_split > 1``): as in the grouped kernel, warp ``group·warps
+  + c`` runs column warp ``c`` over K slice ``group`` (N axis: ``K/16/k_split`` K16 rows; K axis:
+  ``pairs/k_split`` whole pairs), the groups' sums fold into group 0's in group order
+  (:func:`~b12x.kernels.moe_gemm.reduce_groups`, its buffer allocated once per launch, before a
+  dynamic launch branches) and group 0 alone stores.
 
 Invariants
 ----------
@@ -59,6 +63,8 @@ from b12x.kernels.moe_gemm import (
     MainloopBundle,
     MoeGemmSpec,
     block_liveness,
+    reduce_buffer,
+    reduce_groups,
     shared_block_epilogue,
     shared_slot_source,
     shared_unit_live,
@@ -192,7 +198,7 @@ class MoePairGemmKernel:
             out_col_word,
         ).launch(
             grid=(grid_x, block_expert_ids.shape[0], 1),
-            block=(32 * self.warps, 1, 1),
+            block=(self.spec.cta_threads, 1, 1),
             smem=self.spec.smem_bytes,
             stream=stream,
             **launch_options(),
@@ -218,6 +224,8 @@ class MoePairGemmKernel:
         smem = None  # both bodies of a dynamic launch share one allocation (the spec's layout)
         if cutlass.const_expr(self.shared_bodies is not None):
             smem = self.shared_bodies[0].allocate()
+        elif cutlass.const_expr(self.spec.k_split > 1):
+            smem = reduce_buffer(self.spec)
         tid = cute.arch.thread_idx()[0]
         bx, by, _ = cute.arch.block_idx()
         row_base = by * self.spec.block_size
@@ -265,7 +273,7 @@ class MoePairGemmKernel:
         smem=None,
     ):
         """One live block with the rates of body ``body`` (compile-time); ``smem``: the shared
-        decode's allocation (None for the per-warp mainloop)."""
+        decode's allocation, or the per-warp K reduction's buffer (None without a K split)."""
         if cutlass.const_expr(self.shared_bodies is not None):
             self._shared_pair_tile(a=a, payload=payload, out=out, route_rows=route_rows,
                                    lut_addr=lut_addr, payload_expert=payload_expert,
@@ -275,7 +283,7 @@ class MoePairGemmKernel:
             self._per_warp_pair_tile(a=a, payload=payload, out=out, route_rows=route_rows,
                                      lut_addr=lut_addr, payload_expert=payload_expert,
                                      row_base=row_base, bx=bx, tid=tid,
-                                     out_col_word=out_col_word, body=body)  # fmt: skip
+                                     out_col_word=out_col_word, body=body, red=smem)  # fmt: skip
 
     @cute.jit
     def _shared_pair_tile(
@@ -360,10 +368,15 @@ class MoePairGemmKernel:
         tid: Int32,
         out_col_word: Int32,
         body: cutlass.Constexpr,
+        red=None,
     ):
-        """One live block of body ``body`` through the per-warp pair mainloop."""
+        """One live block of body ``body`` through the per-warp pair mainloop: warp ``group·
+        warps + c`` runs column warp ``c`` over K slice ``group``; with a K split the groups
+        fold into group 0 (``red``: the reduction buffer), which alone stores."""
         b_lo, b_hi = self.body_rates[body]
         lane, warp, r, g = lane_coords(tid)
+        col_warp = warp % self.warps
+        group = warp // self.warps
         acc = zero_accumulators(self.m_tiles, self.n_tiles)
         a_ptrs, rows, n_rows = routed_a_pointers(a, route_rows, row_base, self.m_tiles, g, r)
         first_lo, off_lo = lane_ring_start(lane, b_lo)
@@ -377,15 +390,22 @@ class MoePairGemmKernel:
         )
         pay = payload.iterator.toint()
         if cutlass.const_expr(self.n_axis):
-            self._n_axis_body(a=a, payload=payload, out=out, pay=pay, a_ptrs=a_ptrs, rows=rows,
-                              n_rows=n_rows, acc=acc, rec=rec, lut_addr=lut_addr,
-                              payload_expert=payload_expert, bx=bx, warp=warp, r=r,
-                              out_col_word=out_col_word)  # fmt: skip
+            col_word = self._n_axis_body(a=a, payload=payload, pay=pay, a_ptrs=a_ptrs, acc=acc,
+                                         rec=rec, lut_addr=lut_addr,
+                                         payload_expert=payload_expert, bx=bx, warp=col_warp,
+                                         group=group, r=r,
+                                         out_col_word=out_col_word)  # fmt: skip
         else:
-            self._k_axis_body(a=a, payload=payload, out=out, pay=pay, a_ptrs=a_ptrs, rows=rows,
-                              n_rows=n_rows, acc=acc, rec=rec, lut_addr=lut_addr,
-                              payload_expert=payload_expert, bx=bx, warp=warp, r=r,
-                              out_col_word=out_col_word)  # fmt: skip
+            col_word = self._k_axis_body(a=a, payload=payload, pay=pay, a_ptrs=a_ptrs, acc=acc,
+                                         rec=rec, lut_addr=lut_addr,
+                                         payload_expert=payload_expert, bx=bx, warp=col_warp,
+                                         group=group, r=r,
+                                         out_col_word=out_col_word)  # fmt: skip
+        if cutlass.const_expr(self.spec.k_split > 1):
+            reduce_groups(acc, red, group, col_warp * 32 + lane, self.spec)
+        if group == 0:
+            routed_epilogue(out, acc, rows, n_rows, col_word, self.m_tiles, self.n_tiles,
+                            self.spec.bf16)  # fmt: skip
 
     def _accumulate_rows(self, staged, rec: _Records, record_of, lut_addr, acc) -> None:
         """Decode and accumulate staged rows; ``record_of(nt)`` is tile ``nt``'s record."""
@@ -416,12 +436,15 @@ class MoePairGemmKernel:
 
     @cute.jit
     def _n_axis_body(
-        self, *, a, payload, out, pay, a_ptrs, rows, n_rows, acc, rec, lut_addr, payload_expert,
-        bx, warp, r, out_col_word,
+        self, *, a, payload, pay, a_ptrs, acc, rec, lut_addr, payload_expert, bx, warp, group, r,
+        out_col_word,
     ):  # fmt: skip
-        """FC1: one pair per CTA; K16 row kt of the expert holds ``pairs`` pair spans."""
+        """FC1: one pair per CTA; K16 row kt of the expert holds ``pairs`` pair spans; the
+        group's K16 rows ``group·S + [0, S)``. Returns the epilogue's column-word map."""
         b_lo, b_hi = rec.rates
         k_rows = a.shape[1] // 8
+        slice_rows = k_rows // self.spec.k_split  # a multiple of 8 (K % 128·k_split == 0)
+        k_begin = group * slice_rows
         half_tiles = self.n_tiles // 2
         row_bytes = Int64(payload.shape[1]) * (4 * rec.pair_words)
         pair_base = pay + Int64(payload_expert) * Int64(k_rows) * row_bytes
@@ -434,7 +457,7 @@ class MoePairGemmKernel:
             ring_word_pointers(hi_base, rec.firsts[1], b_hi),
         )
         tiles = _n_axis_tiles(self.n_tiles)
-        for kt0 in cutlass.range(0, k_rows, self.depth):
+        for kt0 in cutlass.range(k_begin, k_begin + slice_rows, self.depth):
             staged = stage_rows(
                 self.depth,
                 lambda d, kt0=kt0: self._n_row_words(
@@ -446,8 +469,7 @@ class MoePairGemmKernel:
             )
             self._accumulate_rows(staged, rec, lambda nt: tiles[nt][0], lut_addr, acc)
         col0 = bx * 128 + warp * (8 * half_tiles) + r + out_col_word
-        routed_epilogue(out, acc, rows, n_rows, lambda nt, nb: col0 + (tiles[nt][2] + nb * 4),
-                        self.m_tiles, self.n_tiles, self.spec.bf16)  # fmt: skip
+        return lambda nt, nb: col0 + (tiles[nt][2] + nb * 4)
 
     def _n_row_words(self, ptrs, row_off, tiles, rates) -> list:
         """LLHH ring words of one K16 row: tile ``nt`` is tile ``j`` of record ``rec``."""
@@ -459,12 +481,15 @@ class MoePairGemmKernel:
 
     @cute.jit
     def _k_axis_body(
-        self, *, a, payload, out, pay, a_ptrs, rows, n_rows, acc, rec, lut_addr, payload_expert,
-        bx, warp, r, out_col_word,
+        self, *, a, payload, pay, a_ptrs, acc, rec, lut_addr, payload_expert, bx, warp, group, r,
+        out_col_word,
     ):  # fmt: skip
-        """FC2: pairs along the reduction; record 0 = absolute K16 rows 16p + 0..7."""
+        """FC2: pairs along the reduction; record 0 = absolute K16 rows 16p + 0..7; the group's
+        pairs ``group·P + [0, P)``. Returns the epilogue's column-word map."""
         b_lo, b_hi = rec.rates
         pairs = a.shape[1] // 128
+        group_pairs = pairs // self.spec.k_split  # whole pairs (K % 256·k_split == 0)
+        p_begin = group * group_pairs
         n16 = payload.shape[1]
         tile0 = (bx * self.warps + warp) * self.n_tiles
         pair_bytes = Int64(n16) * (4 * rec.pair_words)
@@ -476,17 +501,13 @@ class MoePairGemmKernel:
             ring_word_pointers(lo_base, rec.firsts[0], b_lo),
             ring_word_pointers(hi_base, rec.firsts[1], b_hi),
         )
-        for p in cutlass.range(pairs):
+        for p in cutlass.range(p_begin, p_begin + group_pairs):
             pair_off = Int64(p) * pair_bytes
             for rc in cutlass.range_constexpr(2):
                 for kt0 in cutlass.range(0, RECORD_TILES, self.depth):
                     staged = self._k_rows(ptrs, pair_off, plane_rows, rec.rates, rc, p, kt0, a_ptrs)
                     self._accumulate_rows(staged, rec, lambda nt, rc=rc: rc, lut_addr, acc)
-        routed_epilogue(
-            out, acc, rows, n_rows,
-            lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word,
-            self.m_tiles, self.n_tiles, self.spec.bf16,
-        )  # fmt: skip
+        return lambda nt, nb: ((tile0 + nt) * 16 + nb * 8 + 2 * r) // 2 + out_col_word
 
     def _k_rows(self, ptrs, pair_off, plane_rows, rates, rc: int, p, kt0, a_ptrs) -> list:
         """Stage ``depth`` K16 rows of record ``rc`` of pair ``p``: absolute K16 row

@@ -89,6 +89,52 @@ def test_planned_pair_specs_compile_without_spills(choice, phase, m_tiles, bf16,
         assert regs and max(regs) <= 255
 
 
+#: Pair specs with K groups (per-warp mainloop; pinned, the plans keep k_split 1 for now):
+#: (choice, axis, n_tiles, warps, k_split, bf16).
+SPLIT_PAIRS = [
+    ("P33", "n", 2, 8, 4, True),
+    ("dynamic", "n", 2, 8, 2, False),
+    ("P33", "k", 2, 4, 4, False),
+    ("dynamic", "k", 2, 4, 2, True),
+]
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize(
+    "choice, axis, n_tiles, warps, k_split, bf16",
+    SPLIT_PAIRS,
+    ids=[f"{c[1]}-{c[0]}-ks{c[4]}" for c in SPLIT_PAIRS],
+)
+def test_split_pair_specs_compile_with_one_reduction_buffer(
+    choice, axis, n_tiles, warps, k_split, bf16, monkeypatch
+):
+    """K groups on the pair kernel: spill-free within the registers 1024-thread CTAs leave, a
+    barrier per body's reduction, and the reduction buffer allocated once per launch (the
+    launch grants ``spec.smem_bytes``; a buffer per body of a dynamic launch would use twice
+    that and the second body would write past the grant). Planted: the allocation moved into
+    each body lists two sizes."""
+    import cutlass.memory
+
+    real = cutlass.memory.SmemAllocator.allocate
+    sizes = []
+
+    def counting(self, size, *args, **kwargs):
+        sizes.append(size)
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(cutlass.memory.SmemAllocator, "allocate", counting)
+    spec = MoeGemmSpec(
+        "mcg", 3, bf16, n_tiles=n_tiles, warps=warps, depth=8, pair=choice, rate_axis=axis,
+        k_split=k_split,
+    )  # fmt: skip
+    assert spec.cta_threads == 32 * warps * k_split and spec.smem_bytes > 0
+    ptx, regs, spills = _compile(spec, "sm_90")
+    assert spills and sum(spills) == 0, spills
+    assert regs and max(regs) <= 65536 // spec.cta_threads
+    assert ptx.count("bar.sync") >= (2 if choice == "dynamic" else 1)
+    assert sizes == [spec.smem_bytes], sizes
+
+
 #: (choice, phase, m_tiles, bf16) of every planned MCG pair spec the slow sweep compiles.
 ALL_PLANNED = [
     (choice, phase, m_tiles, bf16)

@@ -13,10 +13,15 @@
   a direct launch writes only the live routes of live blocks (ids -1 / E, past the route count,
   padding slots stay poisoned).
 * Determinism and batch invariance (no split-K: a token's output at batch M equals batch 1).
+* K groups on the pair kernel (pinned specs, ``k_split`` 2 / 4 on both axes, static and dynamic):
+  every live route judged against the decoded pair weight by the GEMM envelope, within fp32
+  summation-order noise of the unsplit launch, and only live routes written.
 * The custom op with pair arguments passes opcheck's schema / fake-tensor checks.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -307,3 +312,58 @@ def test_custom_op_with_pairs_schema_and_fake(moe_judge):
     )  # fmt: skip
     out = torch.ops.b12x.trellis_moe(*args, **kwargs)
     moe_judge(out, x, experts, w, ids, F16)
+
+
+@pytest.mark.parametrize(
+    "phase, choice, k_split",
+    [("fc1", "P33", 4), ("fc1", "dynamic", 2), ("fc2", "P33", 4), ("fc2", "dynamic", 2)],
+)
+def test_split_pair_kernel_matches_the_decoded_weight(phase, choice, k_split):
+    """A pinned pair spec with K groups (the planned geometry, ``k_split`` replaced) over one
+    live block of 16 slots with a padding slot, next to dead blocks: every live route judged by
+    the GEMM envelope against A @ W of the decoded pair weight, the unsplit launch's output
+    within fp32 reordering of it, padding and dead rows never written. What it is for: a group's
+    slice skipped or folded twice moves outputs by a whole slice's products, far outside both
+    bounds (a reasoned bound; the fault has not been planted on a GPU yet)."""
+    e, rows = 4, 64
+    k, n = (1024, 256) if phase == "fc1" else (1024, 512)
+    g = _gen(93 + k_split)
+    base = pair_gemm_spec(codebook="mcg", bf16=False, m_tiles=1, choice=choice, phase=phase, n=n)
+    spec = dataclasses.replace(base, k_split=k_split)
+    payload = _payload(g, e, (k // 16) * (n // 256) * 128 * RATE_SUM[choice]).to(DEV)
+    modes = _modes(g, e).to(DEV) if choice == "dynamic" else None
+    a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
+    route_rows = torch.arange(rows, dtype=torch.int32)
+    route_rows[5] = rows  # a padding slot inside the live block
+    ctx = GemmContext(
+        arch=launchers.device_arch(torch.device(DEV)),
+        block_expert_ids=torch.tensor([2, -1, e, 3], dtype=torch.int32, device=DEV),
+        route_count=torch.tensor([48], dtype=torch.int32, device=DEV),
+        route_rows=route_rows.to(DEV),
+        descriptors=torch.arange(e, dtype=torch.int32, device=DEV),
+    )
+    outs = {}
+    for s in (base, spec):
+        out = torch.full((rows, n), float("nan"), dtype=F16, device=DEV)
+        launch_paired_gemm(
+            spec=s, codebook="mcg", ctx=ctx, a=a, payload=payload, num_payload_experts=e,
+            modes=modes, out=out, n=n, expert_base=0, out_col=0,
+        )  # fmt: skip
+        outs[s.k_split] = out
+    torch.cuda.synchronize()
+    got, unsplit = outs[k_split], outs[1]
+    expect = torch.zeros(rows, dtype=torch.bool)
+    expect[:16] = True
+    expect[5] = False
+    assert torch.equal((~torch.isnan(got)).all(dim=1).cpu(), expect)
+    assert torch.equal(torch.isnan(got).all(dim=1).cpu(), ~expect)
+    kind = choice if modes is None else ("P33", "P24")[int(modes[2])]
+    axis = "n" if phase == "fc1" else "k"
+    weight = decode_pair(payload[2].cpu(), (kind,) * (n // 256 if axis == "n" else k // 256),
+                         axis, k if axis == "n" else n, "mcg", layout="prepared")  # fmt: skip
+    live = expect[:16]
+    verdict = judge_gemm(got[:16][live].cpu(), a[:16][live].cpu(), weight, compute_dtype=F16)
+    assert verdict.passed, verdict.reason
+    diff = (got[:16][live].float() - unsplit[:16][live].float()).abs().max().item()
+    scale = unsplit[:16][live].float().abs().max().item()
+    assert diff <= 1e-2 * scale, (diff, scale)

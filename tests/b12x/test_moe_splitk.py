@@ -127,8 +127,16 @@ def test_spec_rejects_bad_k_split():
     for bad in (0, 3, 16, True, 2.0):
         with pytest.raises(ValueError, match="k_split"):
             MoeGemmSpec("mcg", 4, False, k_split=bad)
-    with pytest.raises(ValueError, match="k_split"):
-        MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=8, pair="P24", rate_axis="n", k_split=2)
+    with pytest.raises(ValueError, match="paired shared decode has no K split"):
+        MoeGemmSpec(
+            "mcg", 3, False, n_tiles=2, warps=8, pair="P33", rate_axis="k", m_warps=8,
+            shared_rows=2, smem_stages=4, wgmma=True, k_split=2,
+        )  # fmt: skip
+    # the per-warp pair kernel splits K in warp groups: whole pairs (256) per group on K
+    fc1 = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=8, pair="P24", rate_axis="n", k_split=2)
+    fc2 = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=4, pair="P33", rate_axis="k", k_split=4)
+    assert (fc1.cta_threads, fc1.k_multiple) == (512, 256)
+    assert (fc2.cta_threads, fc2.k_multiple) == (512, 1024)
     with pytest.raises(ValueError, match="threads"):  # 16 warps × 8 groups = 4096 threads
         MoeGemmSpec("mcg", 4, False, warps=16, k_split=8)
     with pytest.raises(ValueError, match="shared memory"):  # 7·8·32·16·4 B = 112 KiB
@@ -250,3 +258,20 @@ def test_barrier_check_flags_a_missing_barrier():
     ok = "st.shared.f32 [%r1], %f1;\nbar.sync 0;\nld.shared.f32 %f2, [%r1];\n"
     assert _unguarded_shared_loads(ok) == []
     assert _unguarded_shared_loads(ok.replace("bar.sync 0;", "add.s32 %r4, 1;")) == [3]
+
+
+def test_a_split_pair_launch_refuses_a_k_that_splits_a_pair():
+    """A K-axis pair launch of k_split 4 needs whole pairs per group (K % 1024 == 0): K = 512
+    is refused naming the multiple before anything is viewed or launched (the context is never
+    read). Planted: the check dropped, the launch reaches the payload view and fails there
+    with an unrelated message (or, on a GPU, the groups split a pair)."""
+    from b12x.ops.moe.pairs import launch_paired_gemm
+
+    spec = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=4, pair="P33", rate_axis="k", k_split=4)
+    a = torch.zeros(16, 512, dtype=torch.float16)
+    with pytest.raises(ValueError, match="K=512 is not a multiple of 1024"):
+        launch_paired_gemm(
+            spec=spec, codebook="mcg", ctx=None, a=a, payload=torch.zeros(1, dtype=torch.int16),
+            num_payload_experts=1, modes=None, out=torch.zeros(16, 512, dtype=torch.float16),
+            n=512, expert_base=0, out_col=0,
+        )  # fmt: skip
