@@ -4,6 +4,9 @@
 # order (--shuffle-seed) with whatever time is left of BUDGET_S (TESTS=0: none). Logs under $OUT.
 # A cold and a warm run in two calls: RUNS=cold WORK=results/job, then at once (the machine stays
 # warm ~30 s and keeps ignored paths) RUNS=warm WORK=results/job.
+# QUACK=1 also judges quack-kernels' gemm_w4a16 through its adapter after the job (`oracle run
+# --kernel quack`, QUACK_S seconds at most, default 130; needs .device built with the quack
+# wheels) and runs `oracle drift` on up to three of its saved failing cases.
 #   usage (device tool, carry [".device"]): source .device/env.sh && bash scripts/device_session.sh
 set -u
 OUT="${OUT:-./results/device}"; mkdir -p "$OUT"
@@ -29,6 +32,15 @@ for name in ("cold", "warm"):
         if c["status"] == "fail":
             print("  FAIL", c["name"], (c.get("reason") or "")[:240])
 PY
+if [ "${QUACK:-0}" = 1 ]; then
+  timeout -k 5 "${QUACK_S:-130}" python3 -m oracle run --kernel quack -q --json "$OUT/quack.json" \
+    --results "$OUT/quack_cases" > "$OUT/quack.log" 2>&1
+  echo "quack adapter rc=$?"; tail -n 8 "$OUT/quack.log"
+  for case in $(ls "$OUT"/quack_cases/*.json 2>/dev/null | head -n 3); do  # localise failures
+    timeout -k 5 60 python3 -m oracle drift "$case" --top 5 >> "$OUT/quack_drift.log" 2>&1
+  done
+  rm -f "$OUT"/quack_cases/*.safetensors  # the saved inputs stay on the device (size)
+fi
 left=$((BUDGET_S - (SECONDS - start)))
 if [ "${TESTS:-1}" = 1 ] && [ "$left" -gt 60 ]; then
   timeout -k 5 "$left" python3 -m pytest tests -m "gpu and not multi_gpu" -n 8 -q --require-gpu \
