@@ -136,7 +136,8 @@ def compile_cubin(spec, arch: str) -> Compiled:
     """Compile ``spec`` for ``arch`` and return its cubin, at the level ``compile_spec`` picks."""
     import cutlass.cute as cute
 
-    from b12x.launch.specs import build_kernel, target_arch
+    from b12x.launch.kinds import kind_of
+    from b12x.launch.specs import target_arch
     from b12x.launch.toolchain import OPT_LEVELS, compile_options
 
     arch = target_arch(spec, arch)  # sm_90a for a wgmma spec
@@ -145,7 +146,7 @@ def compile_cubin(spec, arch: str) -> Compiled:
         with tempfile.TemporaryDirectory(prefix="sass_budget_") as dump:
             log = io.StringIO()
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                kernel, args = build_kernel(spec)
+                kernel, args = kind_of(spec).build(spec)
                 opts = compile_options(arch, remarks=True, opt_level=level)
                 opts += f" --keep-cubin --dump-dir {dump}"
                 fn = cute.compile(kernel, *args, options=opts)

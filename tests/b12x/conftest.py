@@ -117,3 +117,20 @@ def fake_kernels(monkeypatch) -> FakeKernels:
     for name in ("launch_rotation", "launch_gemm", "launch_decode"):
         monkeypatch.setattr(plan_mod.launchers, name, getattr(fake, name))
     return fake
+
+
+@pytest.fixture
+def smem_allocations(monkeypatch) -> list:
+    """The byte sizes of every shared-memory allocation the kernels trace from now on, in order
+    (``cutlass.memory.SmemAllocator.allocate`` counted, then called)."""
+    import cutlass.memory
+
+    real = cutlass.memory.SmemAllocator.allocate
+    sizes: list = []
+
+    def counting(self, size, *args, **kwargs):
+        sizes.append(size)
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(cutlass.memory.SmemAllocator, "allocate", counting)
+    return sizes

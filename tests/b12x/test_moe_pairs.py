@@ -106,23 +106,13 @@ SPLIT_PAIRS = [
     ids=[f"{c[1]}-{c[0]}-ks{c[4]}" for c in SPLIT_PAIRS],
 )
 def test_split_pair_specs_compile_with_one_reduction_buffer(
-    choice, axis, n_tiles, warps, k_split, bf16, monkeypatch
+    choice, axis, n_tiles, warps, k_split, bf16, smem_allocations
 ):
     """K groups on the pair kernel: spill-free within the registers 1024-thread CTAs leave, a
     barrier per body's reduction, and the reduction buffer allocated once per launch (the
     launch grants ``spec.smem_bytes``; a buffer per body of a dynamic launch would use twice
     that and the second body would write past the grant). Planted: the allocation moved into
     each body lists two sizes."""
-    import cutlass.memory
-
-    real = cutlass.memory.SmemAllocator.allocate
-    sizes = []
-
-    def counting(self, size, *args, **kwargs):
-        sizes.append(size)
-        return real(self, size, *args, **kwargs)
-
-    monkeypatch.setattr(cutlass.memory.SmemAllocator, "allocate", counting)
     spec = MoeGemmSpec(
         "mcg", 3, bf16, n_tiles=n_tiles, warps=warps, depth=8, pair=choice, rate_axis=axis,
         k_split=k_split,
@@ -132,7 +122,7 @@ def test_split_pair_specs_compile_with_one_reduction_buffer(
     assert spills and sum(spills) == 0, spills
     assert regs and max(regs) <= 65536 // spec.cta_threads
     assert ptx.count("bar.sync") >= (2 if choice == "dynamic" else 1)
-    assert sizes == [spec.smem_bytes], sizes
+    assert smem_allocations == [spec.smem_bytes], smem_allocations
 
 
 #: (choice, phase, m_tiles, bf16) of every planned MCG pair spec the slow sweep compiles.

@@ -131,22 +131,12 @@ def test_the_gpu_default_job_judges_the_pair_shared_decode():
 
 @pytest.mark.deep
 @pytest.mark.parametrize("axis", ["n", "k"])
-def test_a_dynamic_launch_allocates_its_shared_memory_once(axis, monkeypatch):
+def test_a_dynamic_launch_allocates_its_shared_memory_once(axis, smem_allocations):
     """Both bodies of a dynamic launch run one layout, so the kernel allocates it once: the
     launch grants ``spec.smem_bytes`` and an allocation per body would use twice that (the DSL
     then reports it at run time and the second body writes past the grant)."""
-    import cutlass.memory
-
     from b12x.launch.kinds import kind_of
 
-    real = cutlass.memory.SmemAllocator.allocate
-    sizes = []
-
-    def counting(self, size, *args, **kwargs):
-        sizes.append(size)
-        return real(self, size, *args, **kwargs)
-
-    monkeypatch.setattr(cutlass.memory.SmemAllocator, "allocate", counting)
     spec = _pair_spec("dynamic", axis)
     compile_with_remarks(*kind_of(spec).build(spec), target_arch(spec, "sm_90"))
-    assert sizes == [spec.smem_bytes], sizes
+    assert smem_allocations == [spec.smem_bytes], smem_allocations
