@@ -69,7 +69,7 @@ Invariants:
   table per codebook serves every record rate).
 * The unpaired spec (``pair=None``) builds :class:`MoeGroupedGemmKernel` exactly as before.
   The paired per-warp kernel splits K in the same warp groups (a K-axis group takes whole
-  pairs); its shared decode keeps ``k_split = 1``.
+  pairs) and its shared decode folds at the same boundaries.
 * Every thread of a live CTA reaches the reduction barriers: liveness and the tier test are
   CTA-uniform and every group runs the same number of slice iterations.
 """
@@ -202,11 +202,6 @@ class MoeGemmSpec:
             if self.rate_axis is not None:
                 raise ValueError(f"rate_axis: an unpaired spec has none, got {self.rate_axis!r}")
             return
-        if self.k_split != 1 and self.m_warps:
-            raise ValueError(
-                f"k_split: the paired shared decode has no K split, got {self.k_split} with "
-                f"m_warps={self.m_warps}"
-            )
         self._check_pair()
 
     def _check_shared(self) -> None:

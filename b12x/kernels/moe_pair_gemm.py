@@ -23,7 +23,8 @@ paired spec
   + c`` runs column warp ``c`` over K slice ``group`` (N axis: ``K/16/k_split`` K16 rows; K axis:
   ``pairs/k_split`` whole pairs), the groups' sums fold into group 0's in group order
   (:func:`~b12x.kernels.moe_gemm.reduce_groups`, its buffer allocated once per launch, before a
-  dynamic launch branches) and group 0 alone stores.
+  dynamic launch branches) and group 0 alone stores. The shared decode folds its running sum
+  at the same boundaries (:mod:`b12x.kernels.pair_decode`).
 
 Invariants
 ----------
@@ -158,6 +159,7 @@ class MoePairGemmKernel:
                     warps=spec.warps,
                     rows=spec.shared_rows,
                     stages=spec.smem_stages,
+                    k_split=spec.k_split,
                 )  # fmt: skip
                 for rates in self.body_rates
             )
@@ -345,7 +347,7 @@ class MoePairGemmKernel:
         live = shared_unit_live(shared, route_rows, row_base, n_rows, warp)
         acc = shared.run(
             lanes=lanes, k_begin=0, k_end=k_rows, row_bytes=row_bytes, lut_addr=lut_addr,
-            off=(off_lo, off_hi), live_rows=live,
+            off=(off_lo, off_hi), live_rows=live, slice_rows=k_rows // self.spec.k_split,
         )  # fmt: skip
         shared_block_epilogue(
             shared, self.spec, out=out, acc=acc, route_rows=route_rows,

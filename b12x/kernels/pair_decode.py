@@ -5,8 +5,8 @@ barrier per step, every warp decodes while two warpgroups multiply) with the pai
 for where each tile's rate comes from (:mod:`b12x.kernels.moe_pair_gemm`, spec §4.2). Only the
 producer side changes: which bytes a slot row holds and at which rate each tile is decoded. The
 MMAs, the A rows, the fragment buffers and so the summation order (K16 rows in order, one fp32
-chain: pairs have no K split) are the uniform mainloop's, so a route's bits do not depend on
-which of the two pair mainloops ran it.
+chain, folded at the per-warp pair kernel's K-group boundaries when ``k_split`` > 1) are the
+uniform mainloop's, so a route's bits do not depend on which of the two pair mainloops ran it.
 
 Layout per K16 row (``b_lo``, ``b_hi``: the record rates; a CTA covers 16 N16 tiles)
 -----------------------------------------------------------------------------------
@@ -24,7 +24,9 @@ Layout per K16 row (``b_lo``, ``b_hi``: the record rates; a CTA covers 16 N16 ti
 
 Invariants
 ----------
-* ``k_split`` is 1 and the K range starts at row 0 (the K-axis record of a row is absolute).
+* The K range starts at row 0 (the K-axis record of a row is absolute); with ``k_split`` > 1
+  the running sum folds every ``K/16/k_split`` rows (whole pairs on the K axis), as the uniform
+  shared decode does, which is the per-warp pair kernel's group order.
 * The fill reads nothing past a record's run: a chunk beyond it, like a row past the K range,
   is a zero-byte copy.
 """
@@ -76,10 +78,10 @@ class PairWgmmaDecode(WgmmaDecodeMainloop):
     """
 
     def __init__(self, fmts, rates, *, axis: str, layout_bits: int, bf16: bool, m_tiles: int,
-                 n_tiles: int, warps: int, rows: int, stages: int):  # fmt: skip
+                 n_tiles: int, warps: int, rows: int, stages: int, k_split: int = 1):  # fmt: skip
         super().__init__(
             fmts[0], layout_bits, bf16=bf16, m_tiles=m_tiles, n_tiles=n_tiles, warps=warps,
-            rows=rows, stages=stages,
+            rows=rows, stages=stages, k_split=k_split,
         )  # fmt: skip
         lay = self.layout
         if axis not in PAIR_AXES:

@@ -15,7 +15,8 @@
 * Determinism and batch invariance (no split-K: a token's output at batch M equals batch 1).
 * K groups on the pair kernel (pinned specs, ``k_split`` 2 / 4 on both axes, static and dynamic):
   every live route judged against the decoded pair weight by the GEMM envelope, within fp32
-  summation-order noise of the unsplit launch, and only live routes written.
+  summation-order noise of the unsplit launch, and only live routes written; on sm_90 the pair
+  shared decode folding at the same K boundaries gives the split per-warp kernel's bits.
 * The custom op with pair arguments passes opcheck's schema / fake-tensor checks.
 """
 
@@ -27,6 +28,7 @@ import pytest
 import torch
 
 import b12x.ops.moe.custom_op  # noqa: F401  (registers torch.ops.b12x.trellis_moe)
+from b12x.kernels.moe_gemm import MoeGemmSpec
 from b12x.launch import host as launchers
 from b12x.ops.moe.pairs import launch_paired_gemm, pair_gemm_spec
 from b12x.ops.moe.plan import allocate_moe_buffers, bind_moe, plan_moe
@@ -367,3 +369,52 @@ def test_split_pair_kernel_matches_the_decoded_weight(phase, choice, k_split):
     diff = (got[:16][live].float() - unsplit[:16][live].float()).abs().max().item()
     scale = unsplit[:16][live].float().abs().max().item()
     assert diff <= 1e-2 * scale, (diff, scale)
+
+
+@pytest.mark.parametrize("phase", ["fc1", "fc2"])
+def test_folding_pair_shared_decode_equals_the_split_per_warp_kernel(phase):
+    """Batch invariance across the pair mainloops with a K split (sm_90): 125 routes of one
+    expert (3 padding slots) through the per-warp pair kernel at ``k_split`` 2 (16-slot blocks)
+    and through the ``wgmma`` pair shared decode folding at the same K boundaries (one 128-slot
+    block), dynamic kind: equal bits on every live route, and the per-warp output judged
+    against the decoded weight (so they do not agree on garbage)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the pair shared decode multiplies with wgmma (sm_90 only)")
+    e, rows, live_rows, k, n = 4, 128, 125, 1024, 512
+    g = _gen(97)
+    axis = "n" if phase == "fc1" else "k"
+    base = pair_gemm_spec(codebook="mcg", bf16=False, m_tiles=1, choice="dynamic", phase=phase,
+                          n=n)  # fmt: skip
+    per_warp = dataclasses.replace(base, k_split=2)
+    shared = MoeGemmSpec(
+        "mcg", 3, False, m_tiles=1, n_tiles=2, warps=8, pair="dynamic", rate_axis=axis,
+        m_warps=8, shared_rows=2, smem_stages=4, wgmma=True, k_split=2,
+    )  # fmt: skip
+    payload = _payload(g, e, (k // 16) * (n // 256) * 128 * RATE_SUM["dynamic"]).to(DEV)
+    modes = _modes(g, e).to(DEV)
+    a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
+    route_rows = torch.arange(rows, dtype=torch.int32)
+    route_rows[live_rows:] = rows  # padding at the end of the block
+    outs = []
+    for spec in (per_warp, shared):
+        blocks = rows // spec.block_size
+        ctx = GemmContext(
+            arch=launchers.device_arch(torch.device(DEV)),
+            block_expert_ids=torch.full((blocks,), 2, dtype=torch.int32, device=DEV),
+            route_count=torch.tensor([rows], dtype=torch.int32, device=DEV),
+            route_rows=route_rows.to(DEV),
+            descriptors=torch.arange(e, dtype=torch.int32, device=DEV),
+        )
+        out = torch.full((rows, n), float("nan"), dtype=F16, device=DEV)
+        launch_paired_gemm(
+            spec=spec, codebook="mcg", ctx=ctx, a=a, payload=payload, num_payload_experts=e,
+            modes=modes, out=out, n=n, expert_base=0, out_col=0,
+        )  # fmt: skip
+        outs.append(out[:live_rows])
+    torch.cuda.synchronize()
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+    kind = ("P33", "P24")[int(modes[2])]
+    weight = decode_pair(payload[2].cpu(), (kind,) * (n // 256 if axis == "n" else k // 256),
+                         axis, k if axis == "n" else n, "mcg", layout="prepared")  # fmt: skip
+    verdict = judge_gemm(outs[0].cpu(), a[:live_rows].cpu(), weight, compute_dtype=F16)
+    assert verdict.passed, verdict.reason

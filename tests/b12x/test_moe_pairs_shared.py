@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -140,3 +142,23 @@ def test_a_dynamic_launch_allocates_its_shared_memory_once(axis, smem_allocation
     spec = _pair_spec("dynamic", axis)
     compile_with_remarks(*kind_of(spec).build(spec), target_arch(spec, "sm_90"))
     assert smem_allocations == [spec.smem_bytes], smem_allocations
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("axis", ["n", "k"])
+def test_a_folding_pair_shared_decode_compiles_within_the_grant(axis, smem_allocations):
+    """``k_split`` 2 on the pair shared decode (the per-warp pair kernel's K-group order as a
+    fold): spill-free, one allocation of ``spec.smem_bytes`` with the fold region inside the
+    sm_90 opt-in limit, and more code than the unsplit spec (the fold is compiled in). Planted:
+    the kernel not passing ``k_split`` to the decode compiles the unsplit code, whose PTX is
+    the same length as the unsplit spec's."""
+    from b12x.launch.kinds import kind_of
+
+    plain = _pair_spec("dynamic", axis)
+    spec = dataclasses.replace(plain, k_split=2)
+    assert spec.smem_bytes > plain.smem_bytes and spec.smem_bytes <= 227 * 1024
+    r = compile_with_remarks(*kind_of(spec).build(spec), target_arch(spec, "sm_90"))
+    assert sum(r.spills) == 0 and max(r.registers) <= 255
+    assert smem_allocations == [spec.smem_bytes], smem_allocations
+    base = compile_with_remarks(*kind_of(plain).build(plain), target_arch(plain, "sm_90"))
+    assert len(r.ptx) > len(base.ptx)

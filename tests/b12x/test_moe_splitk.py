@@ -127,11 +127,12 @@ def test_spec_rejects_bad_k_split():
     for bad in (0, 3, 16, True, 2.0):
         with pytest.raises(ValueError, match="k_split"):
             MoeGemmSpec("mcg", 4, False, k_split=bad)
-    with pytest.raises(ValueError, match="paired shared decode has no K split"):
-        MoeGemmSpec(
-            "mcg", 3, False, n_tiles=2, warps=8, pair="P33", rate_axis="k", m_warps=8,
-            shared_rows=2, smem_stages=4, wgmma=True, k_split=2,
-        )  # fmt: skip
+    # the pair shared decode folds (a summation order, no warp groups): a fold region, 8 warps
+    shared = MoeGemmSpec(
+        "mcg", 3, False, n_tiles=2, warps=8, pair="P33", rate_axis="k", m_warps=8,
+        shared_rows=2, smem_stages=4, wgmma=True, k_split=2,
+    )  # fmt: skip
+    assert shared.cta_threads == 256 and shared.shared_layout.fold_offset < shared.smem_bytes
     # the per-warp pair kernel splits K in warp groups: whole pairs (256) per group on K
     fc1 = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=8, pair="P24", rate_axis="n", k_split=2)
     fc2 = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=4, pair="P33", rate_axis="k", k_split=4)
