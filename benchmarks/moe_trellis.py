@@ -17,10 +17,11 @@ process, on one device:
   (≥ 2.5, 3.5, 4.0, 2.0, 1.1 at M = 1, 8, 64, 512, 4096; ``*`` marks a miss), and the trellis
   graph's weight bytes per second (payload bytes of the experts a routing hits) as a fraction
   of the copy bandwidth.
-* **extras** at M = 1 and 4096 (``--extra-m``), graphed like the uniform step and compared with
-  the same M's bf16 baseline: **tiers** (mixed K3/K4: half of the experts, a seeded random half,
-  in a K3 tier, the rest K4; ``plan_tiered_moe`` with the tier maps) and **one QSRT pair kind**
-  (``--pair-kind``, default P33 on FC1 and FC2 over the K3 base).
+* **extras** at every M of ``--m`` (or ``--extra-m``), graphed like the uniform step and
+  compared with the same M's bf16 baseline and uniform step, with their weight stream over the
+  copy bandwidth: **tiers** (mixed K3/K4: half of the experts, a seeded random half, in a K3
+  tier, the rest K4; ``plan_tiered_moe`` with the tier maps) and **QSRT pair kinds**
+  (``--pair-kinds``, default P33 and P24, each on FC1 and FC2 over the K3 base).
 
 Weights are random trellis payloads (any bit pattern is a valid stream; time does not depend on
 the values). ``--routings R`` (default 2) independent seeded routings are cycled, one graph per
@@ -32,15 +33,15 @@ M = 4096 cells stay short.
 Fail-soft: a failing cell (baseline, step, tier, pair) is reported as ``n/a`` with a footnote
 and the run goes on; ``--budget-s`` (default 130) stops starting new cells once spent and
 reports the rest as skipped. ``--quick``: M = 1, 64, 4096 unless ``--m`` is given, fewer samples.
-``--json F`` writes the schema ``bench.moe_trellis/1`` (docs/json_schemas.md), rewritten after
+``--json F`` writes the schema ``bench.moe_trellis/2`` (docs/json_schemas.md), rewritten after
 every M so a killed run keeps what it measured.
 
 Exit status: 0 when at least one trellis step was measured, 1 otherwise or without a CUDA
 device, 2 for bad arguments.
 
-Usage: ``python benchmarks/moe_trellis.py [--m 1,8,64,512,4096] [--extra-m 1,4096] [--bits 4]
+Usage: ``python benchmarks/moe_trellis.py [--m 1,8,64,512,4096] [--extra-m M,...] [--bits 4]
 [--layout packed] [--experts 128] [--hidden 5120] [--intermediate 1536] [--top-k 8]
-[--pair-kind P33] [--no-tiers] [--no-pair] [--routings 2] [--quick] [--budget-s 130]
+[--pair-kinds P33,P24] [--no-tiers] [--no-pair] [--routings 2] [--quick] [--budget-s 130]
 [--json out.json]``
 """
 
@@ -69,15 +70,17 @@ from bench_cli import (
 )
 from bench_timing import capture_graph, hbm_copy_bandwidth, median_us
 
-SCHEMA = "bench.moe_trellis/1"
+SCHEMA = "bench.moe_trellis/2"
 DEFAULT_M = (1, 8, 64, 512, 4096)
 QUICK_M = (1, 64, 4096)
-DEFAULT_EXTRA_M = (1, 4096)
+DEFAULT_PAIR_KINDS = ("P33", "P24")
 #: bf16 time ÷ trellis time the fused MoE step should reach at each M (issue 15).
 GOALS = {1: 2.5, 8: 3.5, 64: 4.0, 512: 2.0, 4096: 1.1}
 TIER_BITS = (3, 4)
 PAIR_BASE_BITS = 3
 PAIR_CHOICES = ("P22", "P33", "P24", "P43", "P44", "dynamic")
+#: Mean payload bits per weight of each pair kind (``dynamic``: P33 or P24, both 3).
+PAIR_MEAN_BITS = {"P22": 2.0, "P33": 3.0, "P24": 3.0, "P43": 3.5, "P44": 4.0, "dynamic": 3.0}
 #: The MoE mainloop pins (b12x.ops.moe.mainloop.SHARED_PINS; tests check they agree).
 SHARED_PINS = ("off", "wide", "tensor")
 TIMING = {"warmup": 3, "reps": 15, "inner": 3, "max_s": 1.0}
@@ -95,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--m", type=int_list, default=None, help="M list (default 1,8,64,512,4096)")
-    parser.add_argument("--extra-m", type=int_list, default=DEFAULT_EXTRA_M, help="M of extras")
+    parser.add_argument("--extra-m", type=int_list, default=None, help="M of extras (default: --m)")
     parser.add_argument("--bits", type=positive_int, default=4)
     parser.add_argument("--codebook", default="mcg")
     parser.add_argument("--layout", default="packed", choices=("packed", "proj"))
@@ -103,7 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hidden", type=positive_int, default=5120)
     parser.add_argument("--intermediate", type=positive_int, default=1536)
     parser.add_argument("--top-k", type=positive_int, default=8)
-    parser.add_argument("--pair-kind", choices=PAIR_CHOICES, default="P33")
+    parser.add_argument(
+        "--pair-kinds", "--pair-kind", dest="pair_kinds", type=_pair_kinds,
+        default=DEFAULT_PAIR_KINDS, help="pair kinds timed as extras (default P33,P24)",
+    )  # fmt: skip
     parser.add_argument("--no-tiers", action="store_true", help="skip the K3/K4 tier extra")
     parser.add_argument("--no-pair", action="store_true", help="skip the pair extra")
     parser.add_argument("--routings", type=positive_int, default=2, help="routings cycled")
@@ -119,6 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pair_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(","))
+    bad = [k for k in kinds if k not in PAIR_CHOICES]
+    if bad or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct kinds of {', '.join(PAIR_CHOICES)}, got {text!r}"
+        )
+    return kinds
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate: the uniform problem at the largest M goes through b12x's own
     metadata-only validator (:func:`b12x.ops.moe.plan.check_moe_problem`), so a problem the
@@ -127,6 +143,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.m is None:
         args.m = QUICK_M if args.quick else DEFAULT_M
+    if args.extra_m is None:
+        args.extra_m = args.m
     if args.budget_s < 0:
         parser.error("argument --budget-s: expected >= 0 (0 = no budget)")
     from b12x.ops.moe.plan import check_moe_problem
@@ -157,8 +175,16 @@ def extra_names(args: argparse.Namespace) -> list[str]:
     if not args.no_tiers:
         names.append(f"tiers K{TIER_BITS[0]}/K{TIER_BITS[1]}")
     if not args.no_pair:
-        names.append(f"pair {args.pair_kind}")
+        names.extend(f"pair {kind}" for kind in args.pair_kinds)
     return names
+
+
+def stack_bits(name: str) -> float:
+    """Mean payload bits per weight of an extra (``tiers…``: the two tiers' mean over the
+    half/half split; ``pair KIND``: the kind's mean rate)."""
+    if name.startswith("tiers"):
+        return sum(TIER_BITS) / len(TIER_BITS)
+    return PAIR_MEAN_BITS[name.removeprefix("pair ")]
 
 
 def build_rows(
@@ -205,10 +231,18 @@ def build_rows(
 
 
 def build_extras(
-    extra_ms: Sequence[int], names: Sequence[str], cells: dict[tuple[int, str], Cell]
+    extra_ms: Sequence[int],
+    names: Sequence[str],
+    cells: dict[tuple[int, str], Cell],
+    *,
+    experts_hit: dict[int, float] | None = None,
+    weights_per_expert: int | None = None,
+    hbm_bps: float | None = None,
 ) -> list[dict]:
-    """One entry per (extra M, stack): its graph µs, bf16 graph ÷ it, and its time over the
-    uniform step's at the same M."""
+    """One entry per (extra M, stack): its graph µs, bf16 graph ÷ it, its time over the uniform
+    step's at the same M, and its weight bytes per second (``experts_hit`` x
+    ``weights_per_expert`` x the stack's mean bits) over the copy bandwidth."""
+    experts_hit = experts_hit or {}
     out = []
     for m in extra_ms:
         base = cells.get((m, BASELINE), Cell(error="not measured"))
@@ -221,6 +255,10 @@ def build_extras(
                     ratio = finite_or_none(base.us / cell.us)
                 if uniform.us:
                     over_uniform = finite_or_none(cell.us / uniform.us)
+            bw = None
+            if cell.us and hbm_bps and weights_per_expert and m in experts_hit:
+                stream = experts_hit[m] * weights_per_expert * stack_bits(name) / 8
+                bw = finite_or_none(stream / (cell.us * 1e-6) / hbm_bps)
             out.append(
                 {
                     "m": m,
@@ -229,6 +267,7 @@ def build_extras(
                     "bf16_graph_us": base.us,
                     "ratio_bf16_over_stack": ratio,
                     "time_over_uniform": over_uniform,
+                    "weight_bw_fraction": bw,
                     "detail": cell.detail,
                     "error": cell.error,
                     "skipped": cell.skipped,
@@ -281,10 +320,13 @@ def extras_table(extras: Sequence[dict]) -> str:
             fmt_cell(e["bf16_graph_us"], ".1f"),
             fmt_cell(e["ratio_bf16_over_stack"], ".2f"),
             fmt_cell(e["time_over_uniform"], ".2f"),
+            fmt_cell(_percent(e["weight_bw_fraction"]), ".1f", mark="%"),
         ]
         for e in extras
     ]
-    header = ["stack", "M", "graph us", "bf16 graph us", "bf16/stack", "time/uniform"]
+    header = [
+        "stack", "M", "graph us", "bf16 graph us", "bf16/stack", "time/uniform", "weight BW/copy",
+    ]  # fmt: skip
     return render_table(header, lines)
 
 
@@ -344,7 +386,7 @@ def new_report(args: argparse.Namespace, timing: dict) -> dict:
             "tiers": None
             if args.no_tiers
             else {"bits": list(TIER_BITS), "experts": [half, args.experts - half]},
-            "pair_kind": None if args.no_pair else args.pair_kind,
+            "pair_kinds": [] if args.no_pair else list(args.pair_kinds),
             "shared_decode": args.shared_decode,
         },
         "settings": {
@@ -385,7 +427,11 @@ def collect(
             args.m, cells, experts_hit=hit, bytes_per_expert=per_expert,
             hbm_bps=report["anchors"]["hbm_copy_Bps"],
         )  # fmt: skip
-        report["extras"] = build_extras(args.extra_m, names, cells)
+        report["extras"] = build_extras(
+            args.extra_m, names, cells, experts_hit=hit,
+            weights_per_expert=3 * args.hidden * args.intermediate,
+            hbm_bps=report["anchors"]["hbm_copy_Bps"],
+        )  # fmt: skip
         report["elapsed_s"] = round(deadline.elapsed(), 3)
         report["complete"] = complete
         if on_progress is not None:
@@ -400,17 +446,23 @@ def collect(
             log(_cell_line(m, BASELINE, cells[m, BASELINE]))
         return cells[m, BASELINE]
 
-    for m in args.m:
+    def experts_hit(m: int) -> None:
+        if m in hit:
+            return
         try:
             hit[m] = bench.experts_hit(m)
         except Exception as exc:  # noqa: BLE001 -- the BW column goes n/a
             log(f"M={m}: experts hit unknown ({short_error(exc)})")
+
+    for m in args.m:
+        experts_hit(m)
         base = baseline(m)
         for name, fn in ((GRAPH, bench.trellis_graph), (EAGER, bench.trellis_eager)):
             cells[m, name] = measure(lambda fn=fn, m=m: fn(m), deadline)
             log(_cell_line(m, name, cells[m, name], base.us))
         refresh()
     for m in args.extra_m:
+        experts_hit(m)
         base = baseline(m)
         for name in names:
             cells[m, name] = measure(lambda name=name, m=m: bench.extra(name, m), deadline)
@@ -644,7 +696,10 @@ class CudaMoeBench:
         self._steps.clear()
         a = self.args
         _, _, tables = self.weights()
-        plan, fields, detail = (self._tier_plan if name.startswith("tiers") else self._pair_plan)(m)
+        if name.startswith("tiers"):
+            plan, fields, detail = self._tier_plan(m)
+        else:
+            plan, fields, detail = self._pair_plan(m, name.removeprefix("pair "))
         shapes = payload_shapes(plan.problem)
         payloads = [(random_payload(s13), random_payload(s2)) for s13, s2 in shapes]
         bound = bind_moe(plan, **allocate_moe_buffers(plan, "cuda"))
@@ -684,11 +739,11 @@ class CudaMoeBench:
         fields = {"global_to_combined": g2c.cuda(), "descriptor_map": descriptors.cuda()}
         return plan, fields, f"{e0} K{TIER_BITS[0]} + {a.experts - e0} K{TIER_BITS[1]} experts"
 
-    def _pair_plan(self, m: int):
-        """One pair kind on FC1 (N axis) and FC2 (K axis) over the K3 base."""
+    def _pair_plan(self, m: int, kind: str):
+        """Pair ``kind`` on FC1 (N axis) and FC2 (K axis) over the K3 base."""
         from b12x.ops.moe.plan import plan_moe
 
-        a, kind = self.args, self.args.pair_kind
+        a = self.args
         plan = plan_moe(
             m=m, top_k=a.top_k, hidden=a.hidden, intermediate=a.intermediate,
             codebook=a.codebook, bits=PAIR_BASE_BITS, num_experts=a.experts,

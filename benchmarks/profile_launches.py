@@ -92,7 +92,7 @@ def _moe(cli) -> None:
         for stack, extra in (("tiers", "tiers K3/K4"), ("pair", "pair P33")):
             if stack in cli.stacks:
                 bench_args = types.SimpleNamespace(
-                    **vars(args), pair_kind="P33", routings=1, shared_decode=cli.shared_decode
+                    **vars(args), pair_kinds=("P33",), routings=1, shared_decode=cli.shared_decode
                 )
                 step, extra_inputs, detail = CudaMoeBench(bench_args, {}).extra_step(extra, m)
                 run = functools.partial(run_moe, step, extra_inputs[0])

@@ -78,7 +78,11 @@ def test_ratio_is_bf16_over_trellis_and_goals_are_floors(moe):
 def test_goal_row_is_the_issue_goal(moe):
     assert moe.GOALS == {1: 2.5, 8: 3.5, 64: 4.0, 512: 2.0, 4096: 1.1}
     args = moe.parse_args([])
-    assert args.m == (1, 8, 64, 512, 4096) and args.extra_m == (1, 4096)
+    # the extras at every M (tiers and pairs tabled beside the uniform step), two pair kinds
+    assert args.m == (1, 8, 64, 512, 4096) and args.extra_m == args.m
+    assert args.pair_kinds == ("P33", "P24")
+    assert moe.parse_args(["--quick"]).extra_m == (1, 64, 4096)
+    assert moe.parse_args(["--pair-kind", "P44"]).pair_kinds == ("P44",)
     assert (args.hidden, args.intermediate, args.experts, args.top_k, args.bits) == (
         5120, 1536, 128, 8, 4,
     )  # fmt: skip
@@ -90,12 +94,27 @@ def test_extras_compare_with_the_same_m_baseline_and_uniform_step(moe):
         (4096, moe.GRAPH): moe.Cell(us=1000.0),
         (4096, "tiers K3/K4"): moe.Cell(us=880.0, detail="64 K3 + 64 K4 experts"),
     }
-    tiers, pair = moe.build_extras([4096], ["tiers K3/K4", "pair P33"], cells)
+    tiers, pair = moe.build_extras(
+        [4096], ["tiers K3/K4", "pair P33"], cells, experts_hit={4096: 128.0},
+        weights_per_expert=3 * 5120 * 1536, hbm_bps=4.0e12,
+    )  # fmt: skip
     assert tiers["ratio_bf16_over_stack"] == pytest.approx(1.25)
     assert tiers["time_over_uniform"] == pytest.approx(0.88)
+    # the tiers stream 128 experts at their mean 3.5 bits per weight
+    stream = 128 * 3 * 5120 * 1536 * 3.5 / 8
+    assert tiers["weight_bw_fraction"] == pytest.approx(stream / 880e-6 / 4.0e12)
     assert pair["graph_us"] is None and pair["error"] == "not measured"
+    assert pair["weight_bw_fraction"] is None
     lines = moe.extras_table([tiers, pair]).splitlines()
-    assert lines[1].split() == ["tiers", "K3/K4", "4096", "880.0", "1100.0", "1.25", "0.88"]
+    bw = f"{100 * tiers['weight_bw_fraction']:.1f}%"
+    assert lines[1].split() == ["tiers", "K3/K4", "4096", "880.0", "1100.0", "1.25", "0.88", bw]
+
+
+def test_stack_bits_are_the_mean_payload_rates(moe):
+    assert moe.stack_bits("tiers K3/K4") == 3.5
+    assert [moe.stack_bits(f"pair {k}") for k in ("P22", "P33", "P24", "P43", "P44")] == [
+        2.0, 3.0, 3.0, 3.5, 4.0,
+    ]  # fmt: skip
 
 
 def test_group_routes_groups_each_expert_with_its_tokens_and_weights(moe):
@@ -111,14 +130,15 @@ def test_group_routes_groups_each_expert_with_its_tokens_and_weights(moe):
 
 
 def test_full_run_with_synthetic_timings(moe, tmp_path):
-    args = moe.parse_args(["--m", "1,64", "--extra-m", "1,4096"])
+    args = moe.parse_args(["--m", "1,64", "--extra-m", "1,4096", "--pair-kinds", "P33"])
     written = []
     bench = FakeBench(baseline={1: 250.0, 64: 420.0}, graph={1: 100.0, 64: 100.0})
     report = moe.collect(
         args, bench, log=lambda line: None,
         on_progress=lambda r: written.append(json.loads(json.dumps(r, allow_nan=False))),
     )  # fmt: skip
-    assert report["schema"] == "bench.moe_trellis/1" and report["complete"]
+    assert report["schema"] == "bench.moe_trellis/2" and report["complete"]
+    assert report["problem"]["pair_kinds"] == ["P33"]
     assert [r["ratio_bf16_over_trellis"] for r in report["rows"]] == [2.5, 4.2]
     assert [r["meets_goal"] for r in report["rows"]] == [True, True]
     assert [(e["m"], e["stack"]) for e in report["extras"]] == [
@@ -128,6 +148,9 @@ def test_full_run_with_synthetic_timings(moe, tmp_path):
     # M = 4096 is not in --m: its baseline is measured once, for the extras only
     assert bench.calls.count((4096, "baseline")) == 1 and (4096, "graph") not in bench.calls
     assert report["extras"][2]["time_over_uniform"] is None
+    # M = 4096's experts hit is measured for the extras too: its weight stream is known
+    assert bench.calls.count((4096, "baseline")) == 1
+    assert report["extras"][2]["weight_bw_fraction"] is not None
     assert bench.calls.count((1, "baseline")) == 1  # shared by the row and the extras
     assert written[0]["complete"] is False and written[-1]["complete"] is True
     text = moe.summary_text(report)
@@ -167,7 +190,8 @@ def test_the_budget_skips_what_is_left(moe, fake_clock):
         (["--m", "1,1"], "argument --m"),
         (["--extra-m", "x"], "argument --extra-m"),
         (["--routings", "0"], "argument --routings"),
-        (["--pair-kind", "P99"], "argument --pair-kind"),
+        (["--pair-kind", "P99"], "argument --pair-kinds"),
+        (["--pair-kinds", "P33,P33"], "argument --pair-kinds"),
         (["--hidden", "100"], "hidden"),
         (["--top-k", "200"], "top_k"),
         (["--bits", "9"], "bits"),
