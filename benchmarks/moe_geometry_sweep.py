@@ -42,15 +42,12 @@ import sys
 import torch
 from bench_cli import int_list
 from bench_timing import capture_graph, hbm_copy_bandwidth, median_us
-from moe_trellis import random_payload
+from moe_trellis import PAIR_BASE_BITS, PAIR_MEAN_BITS, random_payload
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, BITS = 5120, 1536, 128, 8, 4
 DEFAULT_GEOMETRIES = "1x4x8,2x4x8,1x8x8,2x8x8,1x2x8,4x4x8,4x8x2,1x4x4,2x4x4"
 #: a K-split cell's output against the planned one: fp32 rounding of a reordered sum only
 CLOSE_OF_MAX = 1e-3
-#: Mean bits per weight of each pair kind (the weight stream of a pair cell); pairs on base 3.
-PAIR_RATE_BITS = {"P22": 2.0, "P33": 3.0, "P24": 3.0, "P43": 3.5, "P44": 4.0}
-PAIR_BASE_BITS = 3
 
 
 def _geometries(text: str) -> list[tuple[int, int, int, int | None]]:
@@ -75,10 +72,12 @@ def _problem(phase: str, hidden: int, intermediate: int) -> tuple[int, int]:
 
 
 def _legal(spec, k: int, n: int) -> str | None:
-    if k % spec.k_multiple:
-        return f"K={k} is not a multiple of {spec.k_multiple} (whole units per K group)"
+    try:
+        spec.check_k(k)
+    except ValueError as exc:
+        return str(exc)
     if n % spec.n_group:
-        return f"N={n} is not a multiple of {16 * spec.n_tiles * spec.warps}"
+        return f"N={n} is not a multiple of {spec.n_group}"
     if (k // 16 // spec.k_split) % spec.depth:
         return f"depth {spec.depth} does not divide the K slice"
     return None
@@ -127,9 +126,8 @@ def sweep(args) -> dict:
                 logits = torch.randn(m, experts, device="cuda", generator=gen)
                 routings.append(logits.topk(top_k, dim=-1).indices.contiguous())
             experts_read = sum(int(r.unique().numel()) for r in routings) / len(routings)
-            weight_bytes = (
-                experts_read * k * n * (PAIR_RATE_BITS[args.pair] if args.pair else bits) / 8
-            )
+            rate = PAIR_MEAN_BITS[args.pair] if args.pair else bits
+            weight_bytes = experts_read * k * n * rate / 8
             plan = plan_moe_gemm(
                 m=m, top_k=top_k, k=k, n=n, codebook="mcg", bits=bits, num_experts=experts,
                 compute_dtype=torch.float16, phase=phase, pair=args.pair,
@@ -195,7 +193,7 @@ def main(argv=None) -> int:
     parser.add_argument("--geometries", type=_geometries, default=_geometries(DEFAULT_GEOMETRIES))
     parser.add_argument(
         "--pair",
-        choices=PAIR_RATE_BITS,
+        choices=[k for k in PAIR_MEAN_BITS if k != "dynamic"],
         default=None,
         help="sweep this QSRT pair kind's launch over --k-splits",
     )

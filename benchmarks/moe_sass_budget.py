@@ -52,9 +52,9 @@ def plan_step(stack: str, m: int):
     import torch
 
     from b12x.ops.moe.plan import plan_moe
-    from oracle.judge.tiles import DEVICES
+    from oracle.cli.explain import simulated_device
 
-    part = next(d for d in DEVICES if d.name == "h200")
+    part = simulated_device(name="h200")
     return plan_moe(
         m=m, top_k=TOP_K, hidden=HIDDEN, intermediate=INTERMEDIATE, codebook="mcg",
         w13_layout="packed", x_dtype=torch.bfloat16, compute_dtype=torch.float16, device=part,

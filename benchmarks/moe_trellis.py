@@ -165,9 +165,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # --- the report (pure: CPU-tested) ---------------------------------------------------------------
 
 
-def expert_bytes(hidden: int, intermediate: int, bits: int) -> int:
-    """Payload bytes of one expert: FC1 ``H × 2I`` and FC2 ``I × H`` at ``bits`` per weight."""
-    return 3 * hidden * intermediate * bits // 8
+def expert_bytes(hidden: int, intermediate: int, bits: float) -> float:
+    """Payload bytes of one expert: FC1 ``H × 2I`` and FC2 ``I × H`` at ``bits`` per weight (a
+    mixed stack's mean rate may be fractional)."""
+    return 3 * hidden * intermediate * bits / 8
 
 
 def extra_names(args: argparse.Namespace) -> list[str]:
@@ -236,13 +237,13 @@ def build_extras(
     cells: dict[tuple[int, str], Cell],
     *,
     experts_hit: dict[int, float] | None = None,
-    weights_per_expert: int | None = None,
+    bytes_per_expert: dict[str, float] | None = None,
     hbm_bps: float | None = None,
 ) -> list[dict]:
     """One entry per (extra M, stack): its graph µs, bf16 graph ÷ it, its time over the uniform
-    step's at the same M, and its weight bytes per second (``experts_hit`` x
-    ``weights_per_expert`` x the stack's mean bits) over the copy bandwidth."""
-    experts_hit = experts_hit or {}
+    step's at the same M, and its weight bytes per second (``experts_hit`` x the stack's
+    ``bytes_per_expert``) over the copy bandwidth."""
+    experts_hit, bytes_per_expert = experts_hit or {}, bytes_per_expert or {}
     out = []
     for m in extra_ms:
         base = cells.get((m, BASELINE), Cell(error="not measured"))
@@ -256,8 +257,8 @@ def build_extras(
                 if uniform.us:
                     over_uniform = finite_or_none(cell.us / uniform.us)
             bw = None
-            if cell.us and hbm_bps and weights_per_expert and m in experts_hit:
-                stream = experts_hit[m] * weights_per_expert * stack_bits(name) / 8
+            if cell.us and hbm_bps and name in bytes_per_expert and m in experts_hit:
+                stream = experts_hit[m] * bytes_per_expert[name]
                 bw = finite_or_none(stream / (cell.us * 1e-6) / hbm_bps)
             out.append(
                 {
@@ -421,6 +422,7 @@ def collect(
     cells: dict[tuple[int, str], Cell] = {}
     hit: dict[int, float] = {}
     per_expert = expert_bytes(args.hidden, args.intermediate, args.bits)
+    extra_bytes = {n: expert_bytes(args.hidden, args.intermediate, stack_bits(n)) for n in names}
 
     def refresh(complete: bool = False) -> None:
         report["rows"] = build_rows(
@@ -428,8 +430,7 @@ def collect(
             hbm_bps=report["anchors"]["hbm_copy_Bps"],
         )  # fmt: skip
         report["extras"] = build_extras(
-            args.extra_m, names, cells, experts_hit=hit,
-            weights_per_expert=3 * args.hidden * args.intermediate,
+            args.extra_m, names, cells, experts_hit=hit, bytes_per_expert=extra_bytes,
             hbm_bps=report["anchors"]["hbm_copy_Bps"],
         )  # fmt: skip
         report["elapsed_s"] = round(deadline.elapsed(), 3)
@@ -446,7 +447,7 @@ def collect(
             log(_cell_line(m, BASELINE, cells[m, BASELINE]))
         return cells[m, BASELINE]
 
-    def experts_hit(m: int) -> None:
+    def count_experts_hit(m: int) -> None:
         if m in hit:
             return
         try:
@@ -455,14 +456,14 @@ def collect(
             log(f"M={m}: experts hit unknown ({short_error(exc)})")
 
     for m in args.m:
-        experts_hit(m)
+        count_experts_hit(m)
         base = baseline(m)
         for name, fn in ((GRAPH, bench.trellis_graph), (EAGER, bench.trellis_eager)):
             cells[m, name] = measure(lambda fn=fn, m=m: fn(m), deadline)
             log(_cell_line(m, name, cells[m, name], base.us))
         refresh()
     for m in args.extra_m:
-        experts_hit(m)
+        count_experts_hit(m)
         base = baseline(m)
         for name in names:
             cells[m, name] = measure(lambda name=name, m=m: bench.extra(name, m), deadline)

@@ -17,7 +17,7 @@
 * ``--shuffle-seed N`` runs the tests in an order fixed by ``N`` (the same in every xdist worker;
   printed in the header), to show that no test depends on what ran before it.
 * :func:`slow_sweep` parametrises a ``slow``-marked sweep with one item per case only when ``-m``
-  names ``slow`` (:func:`slow_selected`); otherwise it is one placeholder item skipped at
+  names ``slow`` (:func:`marker_selected`); otherwise it is one placeholder item skipped at
   collection with the sweep's reason. ``--slow-slice I/N`` keeps the ``slow`` tests whose position
   in their sorted node ids is ``I`` mod ``N`` (disjoint slices that together hold them all, equal
   in every xdist worker; ``scripts/gpu_tier.sh``'s ``SLOW`` phase runs them on the device box).
@@ -86,9 +86,18 @@ def _cuda_device_count() -> int:
         return 0
 
 
-def slow_selected(config: pytest.Config) -> bool:
-    """Whether the run's ``-m`` expression names ``slow`` (the sweeps' opt-in)."""
-    return "slow" in (config.getoption("-m") or "")
+def marker_selected(config: pytest.Config, marker: str) -> bool:
+    """Whether the run's ``-m`` expression names ``marker`` (the ``slow`` sweeps' and the
+    ``deep`` tier's opt-in)."""
+    return marker in (config.getoption("-m") or "")
+
+
+def deselect(config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item]) -> None:
+    """Report ``dropped`` as deselected and remove them from ``items`` (in place)."""
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [it for it in items if id(it) not in gone]
 
 
 def slow_sweep(
@@ -115,7 +124,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if sweep is None:
         return
     argnames, cases, id_of, reason = sweep
-    if slow_selected(metafunc.config):
+    if marker_selected(metafunc.config, "slow"):
         values = list(cases() if callable(cases) else cases)
         metafunc.parametrize(argnames, values, ids=[id_of(v) for v in values])
         return
@@ -150,14 +159,7 @@ class _SlowSlice:
     ) -> None:
         slow = sorted(item.nodeid for item in items if item.get_closest_marker("slow"))
         dropped = {n for position, n in enumerate(slow) if position % self.count != self.index}
-        if dropped:
-            config.hook.pytest_deselected(items=[it for it in items if it.nodeid in dropped])
-            items[:] = [it for it in items if it.nodeid not in dropped]
-
-
-def deep_selected(config: pytest.Config) -> bool:
-    """Whether the run's ``-m`` expression names ``deep`` (the second CPU tier's opt-in)."""
-    return "deep" in (config.getoption("-m") or "")
+        deselect(config, items, [it for it in items if it.nodeid in dropped])
 
 
 def _named_files(config: pytest.Config) -> set[Path]:
@@ -168,16 +170,12 @@ def _named_files(config: pytest.Config) -> set[Path]:
 
 
 def _deselect_deep(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if deep_selected(config):
+    if marker_selected(config, "deep"):
         return
     named = _named_files(config)
-    deep = [
+    deselect(config, items, [
         it for it in items if it.get_closest_marker("deep") and Path(it.path).resolve() not in named
-    ]
-    if deep:
-        config.hook.pytest_deselected(items=deep)
-        dropped = set(map(id, deep))
-        items[:] = [it for it in items if id(it) not in dropped]
+    ])  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -287,7 +285,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [] if seed is None else [f"test order shuffled with --shuffle-seed {seed}"]
     if slow_slice is not None:
         lines.append(f"slow tests: slice {slow_slice.strip()} (--slow-slice)")
-    if not deep_selected(config):
+    if not marker_selected(config, "deep"):
         lines.append(
             "deep tests (kernel compiles, the mutation gate): deselected, -m deep runs them"
         )

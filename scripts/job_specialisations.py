@@ -19,11 +19,11 @@ import sys
 
 def main() -> int:
     from oracle.cases import declared
-    from oracle.judge.tiles import DEVICES
+    from oracle.cli.explain import simulated_device
     from oracle.run.grid import select_grid
     from oracle.run.runners import dense as dense_runner
 
-    part = next(d for d in DEVICES if d.name == "h200")
+    part = simulated_device(name="h200")
     cases, _ = select_grid()
     ops = collections.Counter(c.variant.op for c in cases)
     contract = declared.op_contract("dense")

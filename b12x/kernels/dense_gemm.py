@@ -1,71 +1,30 @@
 """Dense trellis GEMM: ``C[M, N] = A[M, K] · Wq[K, N]`` with Wq decoded in registers (mma.sync).
 
-Layout:
-* **Operands.** ``a``: the (already rotated) activations, fp16 or bf16 ``[M, K]`` viewed as
-  ``int32[M, K/2]`` (two elements per word). ``payload``: ``int32[K/16, N/16, 8b]`` (the int16
-  trellis viewed as int32; ring words, spec §1.2). Output: either the compute dtype ``[M, N]``
-  viewed as ``int32[M, N/2]`` (no split-K) or fp32 partials ``[S, M, N]`` (split-K), summed by
-  :class:`b12x.kernels.split_k_reduce.SplitKReduceKernel` in split order (deterministic).
-* **Work split.** A CTA has ``warps`` warps; warp w of CTA (x, y, z) owns N16 tiles ``(x·warps +
-  w)·n_tiles + [0, n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows ``[z·kps,
-  min((z+1)·kps, K/16))`` (``kps`` = K16 rows per split, a runtime argument).
-* **Mainloop** (:func:`decode_and_accumulate`, a shared body; lane setup, accumulators, A and ring
-  word pointers come from :mod:`b12x.kernels.mainloop`): per K16 row, each lane loads its A
-  fragments (rows g, g+8; k = 2r.., 2r+8..) and, per N16 tile, its 2–3 ring words, cuts its eight
-  windows, decodes them to four packed registers ``(w0,w1),(w2,w3),(w4,w5),(w6,w7)`` and issues two
-  ``mma.sync.m16n8k16`` per M16 block: n-block 0 with B = ``(w0w1, w2w3)`` and n-block 1 with B =
-  ``(w4w5, w6w7)`` (the EXL3 tile order is the B-fragment order, §1.5). fp32 accumulation. Loads go
-  through register stages ``depth`` rows ahead (ring words via per-lane byte pointers with immediate
-  per-tile offsets, ``ld.global.nc``; one ``IMAD.WIDE`` per pointer and row). The loop body covers
-  ``depth + 1`` rows, so each stage lives in fixed registers and no register is copied between
-  iterations; a row past the split's end (last group only) is skipped.
-* **Shared-memory ring** (opt-in, ``smem_stages`` = S in 2..4; 0 = the register stages above). Each
-  warp streams its own K16 rows through S slots of shared memory with ``cp.async``, so the loads are
-  issued S - 1 rows ahead and cannot be sunk to their use. A slot is one K16 row of one warp: its
-  ``n_tiles`` payload tiles (``n_tiles·32b`` contiguous bytes in global memory, copied as 16-byte
-  chunks, chunk c by lane c % 32, ``.cg``), then ``m_tiles`` A blocks of 16 rows x 32 B (lane l
-  copies half l % 2 of row l // 2, ``.ca``; rows >= M are zero-filled without a read, and the halves
-  of rows 4..7 mod 8 are swapped so that the fragment reads hit 32 distinct banks). Per row:
-  ``cp.async.wait_group S-2``, a warp barrier, refill of the slot read one row earlier with the row
-  S - 1 ahead, ``commit_group``, then the lane reads its ring words and A words from the slot
-  (``ld.shared``, immediate offsets) and calls :func:`decode_and_accumulate` as above. Rows past the
-  split's end are zero-size copies (no global read, never decoded); the kernel drains every group
-  before it exits. Shared memory per CTA: ``warps·S·(32b·n_tiles + 512·m_tiles)`` B
-  (:func:`ring_smem_bytes`): 12 KB for the headline K4 1x4 tile at S = 3 (8 CTAs of 4 warps per SM
-  fit in 96 KB), at most 40 KB. The default stays S = 0: docs/evidence/dense-smem-ring.md.
-* **Shared decode** (opt-in, ``m_warps`` >= 1; M tiles of ``16·m_tiles·m_warps`` rows; the mainloop
-  is :class:`b12x.kernels.shared_decode.SharedDecodeMainloop`, which the grouped MoE GEMM runs too:
-  this kernel supplies its rows, payload run and epilogue). The per-warp mainloops above decode a
-  weight once per warp, so every M16 block of the grid decodes it again; here the CTA decodes it
-  once and all its warps multiply it. A CTA covers ``cta_tiles = n_tiles·warps`` N16 tiles and
-  ``16·m_tiles·m_warps`` rows. A step is ``shared_rows`` K16 rows; ``smem_stages`` (3..4) cp.async
-  slots (:mod:`b12x.kernels.shared_layout`) bring the CTA's payload run and activation rows (all
-  threads copy; rows >= M and rows past the split's end are zero-filled without a read)
-  ``smem_stages - 1`` steps ahead. Software-pipelined, one barrier per step: after ``wait_group``
-  (step + 1 has landed) and the barrier, each warp (a) decodes its ``n_tiles`` N16 tiles of step + 1
-  (ring words read from the slot) into fragment buffer ``(s+1) % 2``, each lane storing its four B
-  registers as 16 B at ``16·lane`` of the tile's 512-byte block (a reader lane gets exactly its own
-  B fragment back, conflict-free), and (b) multiplies step s: warp ``w = wm·(warps/m_warps) + wn``
-  takes its ``m_tiles`` M16 blocks (rows ``wm·16·m_tiles ..``, A fragments from the slot with the
-  ring's bank swizzle) times the ``n_tiles·m_warps`` N16 tiles ``wn·n_tiles·m_warps ..`` of buffer
-  ``s % 2`` (decoded in the previous step; the prologue decodes step 0). The barrier also proves
-  every warp is done with step - 1, whose slot is refilled and whose buffer is overwritten after it.
-  The loop body unrolls ``lcm(smem_stages, 2)`` steps, so slot and buffer offsets are immediates.
-  Each output element sees the same ``mma.sync`` operands in the same K order as in the per-warp
-  mainloops, so the two give **bit-identical** results (checked on the H200 by
-  ``tests/b12x/test_dense_shared_decode_gpu.py``). A warp whose M blocks all lie past M skips its
-  MMAs (warp-uniform; barriers stay outside the branch).
-* **Epilogue.** Lane holds C rows ``g, g+8`` and columns ``2r, 2r+1`` of each n-block; rows ``>= M``
-  read row M-1 (clamped A pointers) and are never stored (MMA rows are independent, so their C rows
-  are don't-care values).
+Layout (the full account: docs/notes/b12x.md, "b12x/kernels/dense_gemm.py"):
+* **Operands.** ``a`` ``int32[M, K/2]`` (rotated activations, two halves per word); ``payload``
+  ``int32[K/16, N/16, 8b]`` (ring words, spec §1.2); out: the compute dtype ``int32[M, N/2]``, or
+  fp32 partials ``[S, M, N]`` that :class:`b12x.kernels.split_k_reduce.SplitKReduceKernel` sums
+  in split order.
+* **Work split.** Warp w of CTA (x, y, z) owns N16 tiles ``(x·warps + w)·n_tiles + [0,
+  n_tiles)``, M16 blocks ``y·m_tiles + [0, m_tiles)`` and K16 rows ``[z·kps, (z+1)·kps)``.
+* **Mainloop** (:func:`decode_and_accumulate`, a shared body called by keyword): per K16 row a lane
+  loads its A fragments and 2–3 ring words per N16 tile, decodes eight weights into four B
+  registers (the EXL3 tile order is the B-fragment order, §1.5) and issues two
+  ``mma.sync.m16n8k16`` per M16 block, fp32 accumulation, loads ``depth`` rows ahead.
+* **Shared-memory ring** (opt-in ``smem_stages``): a warp streams its rows through cp.async
+  slots.
+* **Shared decode** (opt-in ``m_warps``): the CTA decodes each weight once into shared memory and
+  all its warps multiply it (:class:`b12x.kernels.shared_decode.SharedDecodeMainloop`), with the
+  per-warp mainloops' operands in the same K order (bit-identical results).
+* **Epilogue.** Lane holds C rows ``g, g+8``, columns ``2r, 2r+1`` of each n-block; rows ``>= M``
+  are computed on a clamped A row and never stored.
 
 Invariants:
 * The codebook, bitrate, compute dtype and tile shape are compile-time (a
   :class:`~b12x.formats.DecodeFormat` plus ints); the LUT arrives in one Int64 slot (§2.8).
-* Requirements checked by the host wrapper: K % 16 == 0, N % (16·n_tiles·warps) == 0, all
-  buffers contiguous and 16-byte aligned. One K16 row of the payload (``2·b·N`` bytes) must fit
-  in 31 bits (N < 2^27), which every real layer does by six orders of magnitude.
-* Split-K partial sums are reduced in a fixed order, so results are bitwise reproducible, and on
+* Requirements checked by the host: K % 16 == 0, N % (16·n_tiles·warps) == 0, buffers contiguous
+  and 16-byte aligned, one payload K16 row (``2·b·N`` bytes) below 2^31 (``check_row_stride``).
+* Split-K partial sums are reduced in a fixed order: results are bitwise reproducible, and on
   one-hot activations every split-K setting gives bit-identical outputs.
 """
 

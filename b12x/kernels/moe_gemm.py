@@ -1,75 +1,27 @@
 """Grouped trellis GEMM over expert blocks: the MoE FC1/FC2 launch (spec §3.4, §4.1; R1, R7).
 
-Layout:
-* **Rows are routes, gathered per packed slot.** ``a``: the rotated activations of every route
-  (route order ``r = t·top_k + s``), fp16 or bf16 ``[n, K]`` viewed as ``int32[n, K/2]``;
-  ``route_rows`` int32 ``[capacity]`` is the packer's slot table: slot ``s`` (route block ``s //
-  B``, ``B = 16·m_tiles``) computes route ``route_rows[s]``; a value ``>= n`` (the sentinel) is a
-  padding slot, whose A row is not read for real (a clamped row is loaded) and whose result is never
-  stored. ``out``: the compute dtype ``[n, N_out]`` viewed as ``int32[n, N_out/2]``, written in
-  route order (the scatter is the epilogue); this launch writes the column window ``[2·out_col_word,
-  2·out_col_word + N)``, so the two projections of the ``proj`` layout land side by side in one FC1
-  buffer.
-* **Weights.** ``payload``: ``int32[E_payload·K/16, N/16, 8b]``, every expert's ``[K/16, N/16,
-  16b]`` int16 trellis stacked on the K16 axis (a contiguous ``[E, K/16, N/16, 16b]`` stack, or
-  ``[2, E, ...]`` for ``proj`` with ``expert_base`` = 0 for gate and E for up).
-* **Expert of a block.** ``block_expert_ids[b]`` is a combined expert id; a block is live when ``b·B
-  < route_count[0]`` and ``0 <= id < descriptors.shape[0]``. Only then is ``descriptors[id] = (tier
-  << 8) | local`` read; the CTA computes when its tier equals the ``tier`` argument, with payload
-  expert ``expert_base + local``. A uniform stack passes the identity descriptors (tier 0); two
-  tiers are two launches (tier 0, tier 1) over the same blocks, each with its own payload and bit
-  rate (spec §4.1, "a documented sequence").
-* **Work split.** CTA ``(x, b)`` runs ``k_split`` warp groups of ``warps`` warps (``32·warps·
-  k_split`` threads); warp ``w = group·warps + c`` owns N16 tiles ``(x·warps + c)·n_tiles + [0,
-  n_tiles)`` of block ``b``'s ``m_tiles`` M16 row blocks over the contiguous K16 slice ``group·S +
-  [0, S)``, ``S = K/16/k_split`` (K % 128·k_split == 0, so ``depth | S``), ``depth`` rows per
-  iteration with all their loads issued first, in ascending row order.
-* **K reduction** (``k_split > 1``): after the mainloop, groups 1.. stage their fp32 partial sums in
-  shared memory (``spec.smem_bytes``, rounds of ``reduce_chunk`` accumulators per lane, each between
-  CTA barriers) and group 0 adds them in a FIXED order, ``((acc_0 + acc_1) + acc_2) + …``; group 0
-  alone runs the epilogue. No split-K across CTAs, no global scratch, no atomics: each row's output
-  is a deterministic function of its own A row and the spec's ``k_split`` (m_tiles, n_tiles, warps
-  and depth never change a row's summation order), which keeps the MoE batch-invariant per route as
-  long as ``k_split`` depends on the weight geometry only
-  (:func:`b12x.ops.moe.plan.choose_k_split`).
-* **Mainloop.** Composed from the shared primitives of :mod:`b12x.kernels.mainloop` (lane setup,
-  accumulators, routed A pointers, ring word pointers, staged loads, the scatter epilogue): per K16
-  row each lane loads its A fragments and its 2–3 ring words per tile, and :func:`accumulate_tile`
-  calls the dense kernel's shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` **by
-  keyword**, with the codegen constants taken from one frozen :class:`MainloopBundle`.
-* **Shared decode** (``MoeGemmSpec.m_warps`` >= 1; unpaired only): the route block is
-  ``16·m_tiles·m_warps`` slots (128 for the planned wide geometry) and the CTA runs the mainloop of
-  :mod:`b12x.kernels.shared_decode`: its slots' A rows are gathered by ``cp.async`` through
-  ``route_rows`` (a padding slot is zero-filled, never read), each K16 row of the expert's payload
-  is decoded once per CTA into shared memory and multiplied by ``m_warps`` x ``warps/m_warps``
-  warps; a warp whose first slot is padding skips its MMAs (padding sits at the end of a block).
-  ``k_split`` is then no warp group but the fold's slice count: the K range is summed in ``k_split``
-  slices folded ``((s_0 + s_1) + s_2) + …`` (the partial sums in shared memory), the same order as
-  the per-warp kernel's reduction, so every route's result is bit-identical on both mainloops (batch
-  invariance across them; checked on the H200 by ``tests/b12x/test_moe_shared_decode_gpu.py``).
-  Shared memory: the slots and fragment buffers (<= 48 KB) plus, with a split, the fold (64 KB for
-  the wide geometry), so such a launch opts in past 48 KB and is planned only on a device that
-  grants it.
-* **QSRT pairs** (spec §4.2; ``MoeGemmSpec.pair`` set, ``bits`` the base 3) build
-  :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel` in its own module (composition of the same
-  primitives, not a subclass): FC1 with records on the N axis (one 256-column pair per CTA, LLHH
-  warp tiles), FC2 with records on the K axis (absolute K16 row ``16p + kt``: rows 0..7 of a pair at
-  ``b_lo``, 8..15 at ``b_hi``); one :class:`MainloopBundle` per record rate, so every tile loop has
-  a compile-time rate. ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and
-  branches CTA-uniformly into two fully specialised bodies.
-* **Host side.** :mod:`b12x.launch.moe_compile` builds either kernel from a spec
-  (``build_moe_gemm``, the builder of the ``moe_gemm`` kind of :mod:`b12x.launch.kinds`, through
-  which launches resolve); it imports this module and the pair module, neither imports it.
+Layout (the full account: docs/notes/b12x.md, "b12x/kernels/moe_gemm.py"):
+* **Rows are routes.** ``a`` ``int32[n, K/2]`` holds every route's rotated activations; slot ``s``
+  of route block ``s // B`` computes route ``route_rows[s]`` (``>= n``: padding, never stored);
+  ``out`` ``int32[n, N_out/2]`` is written in route order from column word ``out_col_word``.
+* **Weights.** ``payload`` ``int32[E_payload·K/16, N/16, 8b]``: every expert's trellis stacked
+  on the K16 axis; payload expert ``expert_base + local``.
+* **Expert of a block.** A block is live when it starts below ``route_count[0]`` and its id
+  indexes ``descriptors``; it computes when ``descriptors[id] >> 8`` equals ``tier``.
+* **Work split.** ``k_split`` warp groups of ``warps`` warps per CTA; group ``g`` runs K16 slice
+  ``g·S + [0, S)``, ``S = K/16/k_split``, ``depth`` rows per iteration, loads issued first.
+* **K reduction** (:func:`reduce_groups`): groups fold into group 0 in a fixed order through
+  shared memory; group 0 alone stores. Each row depends only on its own A row and ``k_split``,
+  so the MoE stays batch-invariant while ``k_split`` depends on the weight geometry only.
+* **Shared decode** (``m_warps`` >= 1): each K16 row decoded once per CTA into shared memory,
+  ``k_split`` the fold's slice count in the per-warp kernel's order (bit-identical results).
+* **QSRT pairs** build :class:`b12x.kernels.moe_pair_gemm.MoePairGemmKernel` from the same
+  primitives. :mod:`b12x.launch.moe_compile` builds either kernel from a spec.
 
 Invariants:
-* Inactive blocks (past the route count, or holding the sentinel id) never read ``descriptors``,
-  ``modes`` or ``payload`` and never write ``out``.
-* The codebook, bit rate(s), pair layout, dtype and tile shape are compile-time
-  (:class:`MoeGemmSpec`); the LUT address arrives in one Int64 slot like the dense kernel's (one
-  table per codebook serves every record rate).
-* The unpaired spec (``pair=None``) builds :class:`MoeGroupedGemmKernel` exactly as before.
-  The paired per-warp kernel splits K in the same warp groups (a K-axis group takes whole
-  pairs) and its shared decode folds at the same boundaries.
+* Inactive blocks never read ``descriptors``, ``modes`` or ``payload`` and never write ``out``.
+* Codebook, rates, pair layout, dtype and tile shape are compile-time (:class:`MoeGemmSpec`); the
+  LUT address is one Int64 slot.
 * Every thread of a live CTA reaches the reduction barriers: liveness and the tier test are
   CTA-uniform and every group runs the same number of slice iterations.
 """
@@ -299,6 +251,24 @@ class MoeGemmSpec:
         """K must be a multiple of this: per group 128 (8 K16 rows, every ``depth`` divides 8),
         or one whole pair (256, 16 K16 rows) for a K-axis pair launch."""
         return (256 if self.rate_axis == "k" else 128) * self.k_split
+
+    @property
+    def k_word_multiple(self) -> int:
+        """A's rows in int32 words are a multiple of this, as the kernel compiles them: one K16
+        row (8) unsplit, one pair (128) on the K axis, else :attr:`k_multiple` / 2."""
+        if self.k_split == 1 and self.rate_axis != "k":
+            return 8
+        return self.k_multiple // 2
+
+    def check_k(self, k: int) -> None:
+        """Refuse a launch whose reduction ``k`` the compiled kernel cannot split: ``ValueError``
+        naming K and the multiple (whole K16 rows, pairs or K groups)."""
+        multiple = 2 * self.k_word_multiple
+        if k % multiple:
+            raise ValueError(
+                f"a: K={k} is not a multiple of {multiple}, what this launch needs (k_split "
+                f"{self.k_split}{', whole pairs' if self.rate_axis == 'k' else ''})"
+            )
 
     @property
     def n_group(self) -> int:
@@ -613,7 +583,7 @@ class MoeGroupedGemmKernel:
             )
 
         if cutlass.const_expr(self.k_split > 1):
-            self._reduce_groups(acc, group, col_warp * 32 + lane)
+            reduce_groups(acc, reduce_buffer(self.spec), group, col_warp * 32 + lane, self.spec)
 
         # Group 0 holds the reduced sums and alone runs the epilogue (the scatter).
         if group == 0:
@@ -675,7 +645,3 @@ class MoeGroupedGemmKernel:
             n_rows=n_rows, tile0=bx * lay.cta_tiles + wn * lay.mma_tiles, r=r, g=g,
             out_col_word=out_col_word,
         )  # fmt: skip
-
-    def _reduce_groups(self, acc: cute.Tensor, group: Int32, slot: Int32):
-        """Sum the K groups' partial accumulators into group 0's (:func:`reduce_groups`)."""
-        reduce_groups(acc, reduce_buffer(self.spec), group, slot, self.spec)

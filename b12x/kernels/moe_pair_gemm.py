@@ -2,13 +2,11 @@
 
 Layout
 ------
-The launch, liveness, work split and epilogue follow
-:class:`b12x.kernels.moe_gemm.MoeGroupedGemmKernel` (see that module), composed from the same
-pieces rather than inherited: :func:`~b12x.kernels.moe_gemm.block_liveness`, the primitives of
-:mod:`b12x.kernels.mainloop` (lane setup, accumulators, routed A pointers, ring word pointers,
-staged loads, the scatter epilogue) and its own keyword call into the shared body. A
-paired spec
-(``MoeGemmSpec.pair`` set, ``bits`` the base 3) differs in where each tile's rate comes from:
+The launch, liveness, work split, K groups and epilogue follow
+:class:`b12x.kernels.moe_gemm.MoeGroupedGemmKernel`, composed from the same pieces rather than
+inherited (:func:`~b12x.kernels.moe_gemm.block_liveness`, the :mod:`b12x.kernels.mainloop`
+primitives, :func:`~b12x.kernels.moe_gemm.reduce_groups`). A paired spec (``MoeGemmSpec.pair``
+set, ``bits`` the base 3) differs in where each tile's rate comes from:
 
 * **FC1, records on the N axis.** One 256-column pair per CTA; warps take their tiles in LLHH
   order (:func:`_n_axis_tiles`), so every warp decodes the same mix of rates and the rate of
@@ -19,12 +17,9 @@ paired spec
   shared body :func:`b12x.kernels.dense_gemm.decode_and_accumulate` by keyword.
 * ``"dynamic"`` reads ``modes[local]`` (0 = P33, 1 = P24) once per live CTA and branches
   CTA-uniformly into two fully specialised bodies.
-* **K groups** (per-warp mainloop, ``k_split > 1``): as in the grouped kernel, warp ``group·warps
-  + c`` runs column warp ``c`` over K slice ``group`` (N axis: ``K/16/k_split`` K16 rows; K axis:
-  ``pairs/k_split`` whole pairs), the groups' sums fold into group 0's in group order
-  (:func:`~b12x.kernels.moe_gemm.reduce_groups`, its buffer allocated once per launch, before a
-  dynamic launch branches) and group 0 alone stores. The shared decode folds its running sum
-  at the same boundaries (:mod:`b12x.kernels.pair_decode`).
+* **K groups** (``k_split > 1``): a group's slice is ``K/16/k_split`` K16 rows (N axis) or
+  whole pairs (K axis); the reduction buffer is allocated once, before a dynamic launch
+  branches; the shared decode folds at the same boundaries (:mod:`b12x.kernels.pair_decode`).
 
 Invariants
 ----------

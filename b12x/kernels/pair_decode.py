@@ -2,11 +2,10 @@
 
 The mainloop of :class:`b12x.kernels.wgmma_decode.WgmmaDecodeMainloop` (cp.async slots, one
 barrier per step, every warp decodes while two warpgroups multiply) with the pair kernel's rule
-for where each tile's rate comes from (:mod:`b12x.kernels.moe_pair_gemm`, spec §4.2). Only the
-producer side changes: which bytes a slot row holds and at which rate each tile is decoded. The
-MMAs, the A rows, the fragment buffers and so the summation order (K16 rows in order, one fp32
-chain, folded at the per-warp pair kernel's K-group boundaries when ``k_split`` > 1) are the
-uniform mainloop's, so a route's bits do not depend on which of the two pair mainloops ran it.
+for where each tile's rate comes from (:mod:`b12x.kernels.moe_pair_gemm`, spec §4.2): only
+which bytes a slot row holds and at which rate each tile is decoded change. The MMAs, A rows,
+fragment buffers and summation order are the uniform mainloop's, so a route's bits do not
+depend on which of the two pair mainloops ran it.
 
 Layout per K16 row (``b_lo``, ``b_hi``: the record rates; a CTA covers 16 N16 tiles)
 -----------------------------------------------------------------------------------
@@ -24,9 +23,8 @@ Layout per K16 row (``b_lo``, ``b_hi``: the record rates; a CTA covers 16 N16 ti
 
 Invariants
 ----------
-* The K range starts at row 0 (the K-axis record of a row is absolute); with ``k_split`` > 1
-  the running sum folds every ``K/16/k_split`` rows (whole pairs on the K axis), as the uniform
-  shared decode does, which is the per-warp pair kernel's group order.
+* The K range starts at row 0 (the K-axis record of a row is absolute); a ``k_split`` > 1
+  folds every ``K/16/k_split`` rows, the per-warp pair kernel's group order.
 * The fill reads nothing past a record's run: a chunk beyond it, like a row past the K range,
   is a zero-byte copy.
 """

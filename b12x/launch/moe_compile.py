@@ -46,19 +46,15 @@ def build_moe_gemm(spec: MoeGemmSpec):
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     scalars = (Int64(0), Int32(0), Int32(0), Int32(0))
     if spec.pair is not None:
-        # K axis: K = 256·pairs (A rows of 128·pairs words); N axis: one 256-column pair per CTA;
-        # a K split: whole pairs (K axis) or whole 8-row units (N axis) per group.
-        a_div = (128 if spec.rate_axis == "k" else 8) if spec.k_split == 1 else spec.k_multiple // 2
-        a = fake(Int32, (rows, cute.sym_int(divisibility=a_div)))
+        # K axis: K = 256·pairs (A rows of 128·pairs words); N axis: one 256-column pair per CTA.
+        a = fake(Int32, (rows, cute.sym_int(divisibility=spec.k_word_multiple)))
         n_div = spec.n_group // 16 if spec.rate_axis == "k" else 1
         payload = fake(Int32, (cute.sym_int(), cute.sym_int(divisibility=n_div), spec.pair_words))
         out = fake(Int32, (rows, cute.sym_int(divisibility=spec.n_group // 2)))
         modes = fake(Int32, (cute.sym_int(),))
         args = (a, payload, out, blocks, count, route_rows, descriptors, modes, *scalars)
         return MoePairGemmKernel(spec), (*args, stream)
-    # K % (128·k_split) == 0 for a split launch: every group's slice is whole 8-row units.
-    a_div = 8 if spec.k_split == 1 else spec.k_multiple // 2
-    a = fake(Int32, (rows, cute.sym_int(divisibility=a_div)))
+    a = fake(Int32, (rows, cute.sym_int(divisibility=spec.k_word_multiple)))
     payload = fake(
         Int32, (cute.sym_int(), cute.sym_int(divisibility=spec.n_group // 16), 8 * spec.bits)
     )

@@ -13,10 +13,9 @@
   a direct launch writes only the live routes of live blocks (ids -1 / E, past the route count,
   padding slots stay poisoned).
 * Determinism and batch invariance (no split-K: a token's output at batch M equals batch 1).
-* K groups on the pair kernel (pinned specs, ``k_split`` 2 / 4 on both axes, static and dynamic):
-  every live route judged against the decoded pair weight by the GEMM envelope, within fp32
-  summation-order noise of the unsplit launch, and only live routes written; on sm_90 the pair
-  shared decode folding at the same K boundaries gives the split per-warp kernel's bits.
+* K groups on the pair kernel (pinned specs, ``k_split`` 2 / 4 on both axes, static and dynamic)
+  in the direct launch above, also within fp32 reordering of the unsplit launch; on sm_90 the
+  pair shared decode folding at the same K boundaries gives the split per-warp kernel's bits.
 * The custom op with pair arguments passes opcheck's schema / fake-tensor checks.
 """
 
@@ -260,31 +259,55 @@ def test_runs_are_deterministic_and_batch_invariant():
         assert torch.equal(one[0], runs[0][t]), f"token {t} differs from its batch-1 output"
 
 
-@pytest.mark.parametrize("phase, choice", [("fc1", "dynamic"), ("fc2", "P24"), ("fc2", "dynamic")])
-def test_paired_kernel_writes_only_live_routes_of_live_blocks(phase, choice):
-    """One direct launch over four 16-slot blocks: live (expert 1, one padding slot), id -1,
-    id E, and a block past the route count. Only the live block's real routes are written."""
-    e, h, i, rows = 4, 512, 256, 64
-    g = _gen(91)
-    k, n = (h, i) if phase == "fc1" else (i, h)
-    spec = pair_gemm_spec(codebook="mcg", bf16=False, m_tiles=1, choice=choice, phase=phase, n=n)
-    payload = _payload(g, e, (h // 16) * (i // 256) * 128 * RATE_SUM[choice]).to(DEV)
-    modes = _modes(g, e).to(DEV) if choice == "dynamic" else None
-    a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
-    route_rows = torch.arange(rows, dtype=torch.int32)  # slot s computes route s
-    route_rows[5] = rows  # the sentinel: a padding slot inside the live block
+def _direct_launch(spec, *, a, payload, modes, n, block_expert_ids, route_count, route_rows):
+    """One ``launch_paired_gemm`` of ``spec`` into a NaN-poisoned ``[rows, n]`` fp16 output
+    (identity descriptors: expert id = payload expert), returned."""
+    e = payload.shape[0]
     ctx = GemmContext(
         arch=launchers.device_arch(torch.device(DEV)),
-        block_expert_ids=torch.tensor([1, -1, e, 3], dtype=torch.int32, device=DEV),
-        route_count=torch.tensor([48], dtype=torch.int32, device=DEV),  # block 3 is past it
+        block_expert_ids=torch.tensor(block_expert_ids, dtype=torch.int32, device=DEV),
+        route_count=torch.tensor([route_count], dtype=torch.int32, device=DEV),
         route_rows=route_rows.to(DEV),
         descriptors=torch.arange(e, dtype=torch.int32, device=DEV),
     )
-    out = torch.full((rows, n), float("nan"), dtype=F16, device=DEV)
+    out = torch.full((a.shape[0], n), float("nan"), dtype=F16, device=DEV)
     launch_paired_gemm(
         spec=spec, codebook="mcg", ctx=ctx, a=a, payload=payload, num_payload_experts=e,
         modes=modes, out=out, n=n, expert_base=0, out_col=0,
     )  # fmt: skip
+    return out
+
+
+def _expert_weight(payload, expert, kind, axis, k, n):
+    """The decoded ``[K, N]`` weight of one expert's prepared pair payload at ``kind``."""
+    pairs = n // 256 if axis == "n" else k // 256
+    return decode_pair(payload[expert].cpu(), (kind,) * pairs, axis, k if axis == "n" else n,
+                       "mcg", layout="prepared")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "phase, choice, k_split",
+    [("fc1", "dynamic", 1), ("fc2", "P24", 1), ("fc2", "dynamic", 1),
+     ("fc1", "P33", 4), ("fc1", "dynamic", 2), ("fc2", "P33", 4), ("fc2", "dynamic", 2)],
+)  # fmt: skip
+def test_paired_kernel_writes_only_live_routes_of_live_blocks(phase, choice, k_split):
+    """One direct launch over four 16-slot blocks: live (expert 1, one padding slot), id -1,
+    id E, and a block past the route count. Only the live block's real routes are written, each
+    judged by the GEMM envelope against the decoded pair weight. With K groups (the planned
+    geometry, ``k_split`` replaced) the output also stays within fp32 reordering of the unsplit
+    launch's: a group's slice skipped or folded twice moves it by a whole slice's products (a
+    reasoned bound; that fault has not been planted on a GPU yet)."""
+    e, rows, k, n = 4, 64, 1024, 1024  # four pairs on either axis: K splits up to 4
+    g = _gen(91)
+    spec = pair_gemm_spec(codebook="mcg", bf16=False, m_tiles=1, choice=choice, phase=phase, n=n)
+    payload = _payload(g, e, (k // 16) * (n // 256) * 128 * RATE_SUM[choice]).to(DEV)
+    modes = _modes(g, e).to(DEV) if choice == "dynamic" else None
+    a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
+    route_rows = torch.arange(rows, dtype=torch.int32)  # slot s computes route s
+    route_rows[5] = rows  # the sentinel: a padding slot inside the live block
+    blocks = dict(block_expert_ids=[1, -1, e, 3], route_count=48, route_rows=route_rows)
+    launch = dict(a=a, payload=payload, modes=modes, n=n, **blocks)  # block 3 is past the count
+    out = _direct_launch(dataclasses.replace(spec, k_split=k_split), **launch)
     torch.cuda.synchronize()
     written = (~torch.isnan(out)).all(dim=1).cpu()
     untouched = torch.isnan(out).all(dim=1).cpu()
@@ -293,11 +316,14 @@ def test_paired_kernel_writes_only_live_routes_of_live_blocks(phase, choice):
     expect[5] = False
     assert torch.equal(written, expect) and torch.equal(untouched, ~expect)
     kind = choice if modes is None else ("P33", "P24")[int(modes[1])]
-    axis = "n" if phase == "fc1" else "k"
-    weight = decode_pair(payload[1].cpu(), (kind,) * (i // 256), axis, h, "mcg", layout="prepared")
+    weight = _expert_weight(payload, 1, kind, "n" if phase == "fc1" else "k", k, n)
     live = expect[:16]
     verdict = judge_gemm(out[:16][live].cpu(), a[:16][live].cpu(), weight, compute_dtype=F16)
     assert verdict.passed, verdict.reason
+    if k_split > 1:
+        unsplit = _direct_launch(spec, **launch)[:16][live].float()
+        diff = (out[:16][live].float() - unsplit).abs().max().item()
+        assert diff <= 1e-2 * unsplit.abs().max().item(), diff
 
 
 def test_custom_op_with_pairs_schema_and_fake(moe_judge):
@@ -314,61 +340,6 @@ def test_custom_op_with_pairs_schema_and_fake(moe_judge):
     )  # fmt: skip
     out = torch.ops.b12x.trellis_moe(*args, **kwargs)
     moe_judge(out, x, experts, w, ids, F16)
-
-
-@pytest.mark.parametrize(
-    "phase, choice, k_split",
-    [("fc1", "P33", 4), ("fc1", "dynamic", 2), ("fc2", "P33", 4), ("fc2", "dynamic", 2)],
-)
-def test_split_pair_kernel_matches_the_decoded_weight(phase, choice, k_split):
-    """A pinned pair spec with K groups (the planned geometry, ``k_split`` replaced) over one
-    live block of 16 slots with a padding slot, next to dead blocks: every live route judged by
-    the GEMM envelope against A @ W of the decoded pair weight, the unsplit launch's output
-    within fp32 reordering of it, padding and dead rows never written. What it is for: a group's
-    slice skipped or folded twice moves outputs by a whole slice's products, far outside both
-    bounds (a reasoned bound; the fault has not been planted on a GPU yet)."""
-    e, rows = 4, 64
-    k, n = (1024, 256) if phase == "fc1" else (1024, 512)
-    g = _gen(93 + k_split)
-    base = pair_gemm_spec(codebook="mcg", bf16=False, m_tiles=1, choice=choice, phase=phase, n=n)
-    spec = dataclasses.replace(base, k_split=k_split)
-    payload = _payload(g, e, (k // 16) * (n // 256) * 128 * RATE_SUM[choice]).to(DEV)
-    modes = _modes(g, e).to(DEV) if choice == "dynamic" else None
-    a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
-    route_rows = torch.arange(rows, dtype=torch.int32)
-    route_rows[5] = rows  # a padding slot inside the live block
-    ctx = GemmContext(
-        arch=launchers.device_arch(torch.device(DEV)),
-        block_expert_ids=torch.tensor([2, -1, e, 3], dtype=torch.int32, device=DEV),
-        route_count=torch.tensor([48], dtype=torch.int32, device=DEV),
-        route_rows=route_rows.to(DEV),
-        descriptors=torch.arange(e, dtype=torch.int32, device=DEV),
-    )
-    outs = {}
-    for s in (base, spec):
-        out = torch.full((rows, n), float("nan"), dtype=F16, device=DEV)
-        launch_paired_gemm(
-            spec=s, codebook="mcg", ctx=ctx, a=a, payload=payload, num_payload_experts=e,
-            modes=modes, out=out, n=n, expert_base=0, out_col=0,
-        )  # fmt: skip
-        outs[s.k_split] = out
-    torch.cuda.synchronize()
-    got, unsplit = outs[k_split], outs[1]
-    expect = torch.zeros(rows, dtype=torch.bool)
-    expect[:16] = True
-    expect[5] = False
-    assert torch.equal((~torch.isnan(got)).all(dim=1).cpu(), expect)
-    assert torch.equal(torch.isnan(got).all(dim=1).cpu(), ~expect)
-    kind = choice if modes is None else ("P33", "P24")[int(modes[2])]
-    axis = "n" if phase == "fc1" else "k"
-    weight = decode_pair(payload[2].cpu(), (kind,) * (n // 256 if axis == "n" else k // 256),
-                         axis, k if axis == "n" else n, "mcg", layout="prepared")  # fmt: skip
-    live = expect[:16]
-    verdict = judge_gemm(got[:16][live].cpu(), a[:16][live].cpu(), weight, compute_dtype=F16)
-    assert verdict.passed, verdict.reason
-    diff = (got[:16][live].float() - unsplit[:16][live].float()).abs().max().item()
-    scale = unsplit[:16][live].float().abs().max().item()
-    assert diff <= 1e-2 * scale, (diff, scale)
 
 
 @pytest.mark.parametrize("phase", ["fc1", "fc2"])
@@ -395,26 +366,15 @@ def test_folding_pair_shared_decode_equals_the_split_per_warp_kernel(phase):
     a = (0.1 * torch.randn(rows, k, generator=g)).half().to(DEV)
     route_rows = torch.arange(rows, dtype=torch.int32)
     route_rows[live_rows:] = rows  # padding at the end of the block
-    outs = []
-    for spec in (per_warp, shared):
-        blocks = rows // spec.block_size
-        ctx = GemmContext(
-            arch=launchers.device_arch(torch.device(DEV)),
-            block_expert_ids=torch.full((blocks,), 2, dtype=torch.int32, device=DEV),
-            route_count=torch.tensor([rows], dtype=torch.int32, device=DEV),
-            route_rows=route_rows.to(DEV),
-            descriptors=torch.arange(e, dtype=torch.int32, device=DEV),
-        )
-        out = torch.full((rows, n), float("nan"), dtype=F16, device=DEV)
-        launch_paired_gemm(
-            spec=spec, codebook="mcg", ctx=ctx, a=a, payload=payload, num_payload_experts=e,
-            modes=modes, out=out, n=n, expert_base=0, out_col=0,
-        )  # fmt: skip
-        outs.append(out[:live_rows])
+    outs = [
+        _direct_launch(
+            spec, a=a, payload=payload, modes=modes, n=n, route_rows=route_rows,
+            block_expert_ids=[2] * (rows // spec.block_size), route_count=rows,
+        )[:live_rows]
+        for spec in (per_warp, shared)
+    ]  # fmt: skip
     torch.cuda.synchronize()
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
-    kind = ("P33", "P24")[int(modes[2])]
-    weight = decode_pair(payload[2].cpu(), (kind,) * (n // 256 if axis == "n" else k // 256),
-                         axis, k if axis == "n" else n, "mcg", layout="prepared")  # fmt: skip
+    weight = _expert_weight(payload, 2, ("P33", "P24")[int(modes[2])], axis, k, n)
     verdict = judge_gemm(outs[0].cpu(), a[:live_rows].cpu(), weight, compute_dtype=F16)
     assert verdict.passed, verdict.reason

@@ -261,18 +261,24 @@ def test_barrier_check_flags_a_missing_barrier():
     assert _unguarded_shared_loads(ok.replace("bar.sync 0;", "add.s32 %r4, 1;")) == [3]
 
 
-def test_a_split_pair_launch_refuses_a_k_that_splits_a_pair():
-    """A K-axis pair launch of k_split 4 needs whole pairs per group (K % 1024 == 0): K = 512
-    is refused naming the multiple before anything is viewed or launched (the context is never
-    read). Planted: the check dropped, the launch reaches the payload view and fails there
-    with an unrelated message (or, on a GPU, the groups split a pair)."""
+def test_launches_refuse_a_k_their_groups_cannot_split():
+    """Both grouped-GEMM launchers ask the spec (``MoeGemmSpec.check_k``) before anything is
+    viewed or launched (the context is never read): a uniform k_split 4 launch needs K % 512,
+    a K-axis pair launch of k_split 4 whole pairs per group (K % 1024); an unsplit spec needs
+    whole K16 rows only. Planted: either launcher's call dropped, its launch reaches the payload
+    view and fails there with an unrelated error (or, on a GPU, the groups split a unit)."""
     from b12x.ops.moe.pairs import launch_paired_gemm
+    from b12x.ops.moe.run import launch_grouped_gemm
 
-    spec = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=4, pair="P33", rate_axis="k", k_split=4)
-    a = torch.zeros(16, 512, dtype=torch.float16)
-    with pytest.raises(ValueError, match="K=512 is not a multiple of 1024"):
-        launch_paired_gemm(
-            spec=spec, codebook="mcg", ctx=None, a=a, payload=torch.zeros(1, dtype=torch.int16),
-            num_payload_experts=1, modes=None, out=torch.zeros(16, 512, dtype=torch.float16),
-            n=512, expert_base=0, out_col=0,
-        )  # fmt: skip
+    uniform = MoeGemmSpec("mcg", 4, False, warps=4, k_split=4)
+    pair = MoeGemmSpec("mcg", 3, False, n_tiles=2, warps=4, pair="P33", rate_axis="k", k_split=4)
+    a = torch.zeros(16, 768, dtype=torch.float16)
+    common = dict(codebook=None, ctx=None, a=a, payload=torch.zeros(1, dtype=torch.int16),
+                  num_payload_experts=1, out=a, out_col=0, expert_base=0)  # fmt: skip
+    with pytest.raises(ValueError, match="K=768 is not a multiple of 512"):
+        launch_grouped_gemm(spec=uniform, tier=0, **{**common, "codebook": "mcg"})
+    with pytest.raises(ValueError, match="K=768 is not a multiple of 1024, .*whole pairs"):
+        launch_paired_gemm(spec=pair, modes=None, n=512, **{**common, "codebook": "mcg"})
+    MoeGemmSpec("mcg", 4, False).check_k(16)
+    with pytest.raises(ValueError, match="K=24 is not a multiple of 16"):
+        MoeGemmSpec("mcg", 4, False).check_k(24)

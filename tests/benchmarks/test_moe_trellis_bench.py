@@ -94,9 +94,10 @@ def test_extras_compare_with_the_same_m_baseline_and_uniform_step(moe):
         (4096, moe.GRAPH): moe.Cell(us=1000.0),
         (4096, "tiers K3/K4"): moe.Cell(us=880.0, detail="64 K3 + 64 K4 experts"),
     }
+    names = ["tiers K3/K4", "pair P33"]
     tiers, pair = moe.build_extras(
-        [4096], ["tiers K3/K4", "pair P33"], cells, experts_hit={4096: 128.0},
-        weights_per_expert=3 * 5120 * 1536, hbm_bps=4.0e12,
+        [4096], names, cells, experts_hit={4096: 128.0}, hbm_bps=4.0e12,
+        bytes_per_expert={n: moe.expert_bytes(5120, 1536, moe.stack_bits(n)) for n in names},
     )  # fmt: skip
     assert tiers["ratio_bf16_over_stack"] == pytest.approx(1.25)
     assert tiers["time_over_uniform"] == pytest.approx(0.88)
@@ -111,10 +112,15 @@ def test_extras_compare_with_the_same_m_baseline_and_uniform_step(moe):
 
 
 def test_stack_bits_are_the_mean_payload_rates(moe):
+    """The tiers' mean over the half/half split, each pair kind its records' mean rate as b12x
+    defines the kinds (``dynamic``: P33 or P24, both 3)."""
+    from b12x.kernels.moe_gemm import PAIR_KINDS
+
     assert moe.stack_bits("tiers K3/K4") == 3.5
-    assert [moe.stack_bits(f"pair {k}") for k in ("P22", "P33", "P24", "P43", "P44")] == [
-        2.0, 3.0, 3.0, 3.5, 4.0,
-    ]  # fmt: skip
+    for kind, rates in PAIR_KINDS.items():
+        assert moe.stack_bits(f"pair {kind}") == sum(rates) / 2, kind
+    assert moe.stack_bits("pair dynamic") == 3.0
+    assert set(moe.PAIR_MEAN_BITS) == set(moe.PAIR_CHOICES)
 
 
 def test_group_routes_groups_each_expert_with_its_tokens_and_weights(moe):

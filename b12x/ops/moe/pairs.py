@@ -235,11 +235,7 @@ def launch_paired_gemm(
     if (modes is None) == (spec.pair == DYNAMIC):
         raise ValueError(f"modes: a {spec.pair!r} launch takes a mode table iff it is dynamic")
     k = a.shape[1]
-    if spec.k_split > 1 and k % spec.k_multiple:
-        raise ValueError(
-            f"a: K={k} is not a multiple of {spec.k_multiple}, what a pair launch of k_split "
-            f"{spec.k_split} on the {spec.rate_axis} axis needs (whole units per K group)"
-        )
+    spec.check_k(k)
     view = payload_view(spec, payload, num_payload_experts=num_payload_experts, k=k, n=n)
     table = ctx.descriptors if modes is None else modes  # static kinds never read the slot
     fn = compiled(spec, ctx.arch)

@@ -223,6 +223,7 @@ def launch_grouped_gemm(
     ``[.., K/16, N/16, 16b]`` stacked experts)."""
     if codebook != spec.codebook:
         raise ValueError(f"codebook: {codebook!r} differs from the compiled {spec.codebook!r}")
+    spec.check_k(a.shape[1])
     k16, n16 = payload.shape[-3], payload.shape[-2]
     flat = payload.view(torch.int32).reshape(num_payload_experts * k16, n16, 8 * spec.bits)
     fn = compiled(spec, ctx.arch)
